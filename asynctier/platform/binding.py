@@ -1,0 +1,189 @@
+"""A binding: one topic bound to one Python function, with its limits and retry ladder.
+
+Bindings are checked when bound (:meth:`Binding.validate`) and stored as Avro
+(``schemas/binding.avsc``) in the compacted bindings topic. A bad binding raises
+:class:`BindingError` whose message names the field and says what to fix.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+import fastavro
+
+from asynctier.platform.durations import format_duration
+from asynctier.platform.errors import BindingError
+from asynctier.platform.schemas import load_schema
+
+Priority = Literal["urgent", "normal", "batch"]
+PayloadFormat = Literal["json", "avro", "bytes"]
+RedisPolicy = Literal["fail_open", "fail_closed"]
+
+PRIORITIES: tuple[Priority, ...] = ("urgent", "normal", "batch")
+FORMATS: tuple[PayloadFormat, ...] = ("json", "avro", "bytes")
+REDIS_POLICIES: tuple[RedisPolicy, ...] = ("fail_open", "fail_closed")
+DEFAULT_LADDER_S: tuple[float, ...] = (30.0, 60.0, 300.0, 1800.0)
+
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_FUNCTION_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+                          r":[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A topic bound to a function (see DESIGN.md, Contracts: Binding)."""
+
+    name: str
+    topic: str
+    function: str
+    tenant: str = "default"
+    priority: Priority = "normal"
+    format: PayloadFormat = "json"
+    schema: str | None = None
+    rate_per_s: float | None = None
+    burst: int | None = None
+    max_concurrency: int | None = None
+    max_attempts: int = 5
+    timeout_s: float = 30.0
+    retry_ladder_s: tuple[float, ...] = DEFAULT_LADDER_S
+    idempotent: bool = False
+    redis_policy: RedisPolicy = "fail_open"
+    source_kind: str = "kafka"
+    created_ms: int = 0
+    _parsed_schema: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def module(self) -> str:
+        """The module part of ``function``."""
+        return self.function.partition(":")[0]
+
+    @property
+    def ladder_names(self) -> tuple[str, ...]:
+        """The ladder as interval names (``30s``, ``1m`` ...), which name the delay topics."""
+        return tuple(format_duration(s) for s in self.retry_ladder_s)
+
+    def ladder_delay_s(self, attempt: int) -> float:
+        """How long attempt ``attempt`` (1-based, the one that just failed) waits."""
+        ladder = self.retry_ladder_s
+        return ladder[min(max(attempt, 1), len(ladder)) - 1]
+
+    def parsed_schema(self) -> Any:
+        """The parsed Avro schema of an ``avro`` binding (parsed once)."""
+        if self._parsed_schema is None and self.schema is not None:
+            object.__setattr__(self, "_parsed_schema",
+                               fastavro.parse_schema(json.loads(self.schema)))
+        return self._parsed_schema
+
+    # -- checking -------------------------------------------------------------------------
+
+    def validate(self) -> Binding:
+        """Return self if every field is acceptable, else raise BindingError saying why."""
+        _check(_NAME_RE.match(self.name) is not None, "name",
+               f"{self.name!r} is not a valid binding name: use 1-63 lower-case letters, "
+               "digits, '-' or '_', starting with a letter or digit")
+        _check(self.source_kind == "kafka", "source",
+               f"source kind {self.source_kind!r} is not supported: use kafka")
+        _check(_TOPIC_RE.match(self.topic) is not None and self.topic not in (".", ".."),
+               "topic", f"{self.topic!r} is not a valid Kafka topic name")
+        _check(_FUNCTION_RE.match(self.function) is not None, "function",
+               f"{self.function!r} is not a function path: write module:attr, "
+               "for example myapp.jobs:resize")
+        _check(_TENANT_RE.match(self.tenant) is not None, "tenant",
+               f"{self.tenant!r} is not a valid tenant: letters, digits, '.', '-', '_'")
+        _check(self.priority in PRIORITIES, "priority",
+               f"priority {self.priority!r} is not one of {', '.join(PRIORITIES)}")
+        _check(self.format in FORMATS, "format",
+               f"format {self.format!r} is not one of {', '.join(FORMATS)}")
+        _check(self.redis_policy in REDIS_POLICIES, "redis policy",
+               f"{self.redis_policy!r} is not one of {', '.join(REDIS_POLICIES)}")
+        self._validate_numbers()
+        self._validate_ladder()
+        self._validate_schema()
+        return self
+
+    def _validate_numbers(self) -> None:
+        if self.rate_per_s is not None:
+            _check(0 < self.rate_per_s <= 1_000_000, "rate",
+                   f"rate {self.rate_per_s:g}/s is out of range: give 0 < N <= 1000000")
+        if self.burst is not None:
+            _check(1 <= self.burst <= 1_000_000, "burst",
+                   f"burst {self.burst} is out of range: give 1 <= N <= 1000000")
+        if self.max_concurrency is not None:
+            _check(1 <= self.max_concurrency <= 10_000, "concurrency",
+                   f"concurrency {self.max_concurrency} is out of range: 1 <= N <= 10000")
+        _check(1 <= self.max_attempts <= 100, "max attempts",
+               f"max attempts {self.max_attempts} is out of range: 1 <= N <= 100")
+        _check(0 < self.timeout_s <= 3600, "timeout",
+               f"timeout {self.timeout_s:g}s is out of range: 0 < S <= 3600")
+
+    def _validate_ladder(self) -> None:
+        ladder = self.retry_ladder_s
+        _check(0 < len(ladder) <= 10, "retry ladder",
+               "the retry ladder needs 1 to 10 steps, such as 30s,1m,5m,30m")
+        for step in ladder:
+            _check(0.5 <= step <= 7 * 86400, "retry ladder",
+                   f"ladder step {step:g}s is out of range: 500ms to 7d")
+        for before, after in zip(ladder, ladder[1:], strict=False):
+            _check(after > before, "retry ladder",
+                   f"the retry ladder must increase strictly: {format_duration(after)} "
+                   f"comes after {format_duration(before)}")
+
+    def _validate_schema(self) -> None:
+        if self.format != "avro":
+            _check(self.schema is None, "schema",
+                   "--schema is only for --format avro")
+            return
+        _check(self.schema is not None, "schema",
+               "--format avro needs --schema FILE (an Avro schema in JSON)")
+        try:
+            self.parsed_schema()
+        except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException,
+                fastavro.schema.UnknownType) as exc:
+            raise BindingError(f"schema: the Avro schema does not parse: {exc}") from exc
+
+    # -- storage --------------------------------------------------------------------------
+
+    def to_record(self) -> dict[str, Any]:
+        """The Avro record of ``schemas/binding.avsc``."""
+        doc = asdict(self)
+        doc.pop("_parsed_schema")
+        doc["source"] = {"kind": doc.pop("source_kind"), "topic": doc.pop("topic")}
+        doc["retry_ladder_s"] = list(self.retry_ladder_s)
+        return doc
+
+    def encode(self) -> bytes:
+        """Avro bytes for the bindings topic."""
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, load_schema("binding"), self.to_record())
+        return buf.getvalue()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Binding:
+        """A binding from the bindings topic's Avro bytes."""
+        doc = fastavro.schemaless_reader(io.BytesIO(data), load_schema("binding"), None)
+        source = doc.pop("source")
+        doc["source_kind"] = source["kind"]
+        doc["topic"] = source["topic"]
+        doc["retry_ladder_s"] = tuple(doc["retry_ladder_s"])
+        return cls(**doc)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-friendly view, with the ladder spelt as ``30s,1m,...``."""
+        doc = self.to_record()
+        doc["retry_ladder"] = ",".join(self.ladder_names)
+        return doc
+
+    def with_changes(self, **changes: Any) -> Binding:
+        """A copy with some fields changed."""
+        return replace(self, _parsed_schema=None, **changes)
+
+
+def _check(condition: bool, field_name: str, message: str) -> None:
+    if not condition:
+        raise BindingError(f"{field_name}: {message}")

@@ -1,0 +1,171 @@
+"""Settings: one typed value, read from ``asynctier.toml`` and the environment, passed in.
+
+Nothing here is global. A process builds one :class:`Settings` at start (the CLI does it
+from ``--config`` / ``ASYNCTIER_CONFIG``) and hands it to what it runs.
+
+The file::
+
+    [asynctier]
+    prefix = "asynctier"                 # topic / group / Redis key prefix
+    data_dir = ".asynctier"              # the dev stack's data
+    allow_modules = ["myapp.jobs"]       # the scheduler runs functions from these only
+    schedulers = ["127.0.0.1:50051"]     # used when Redis membership is unavailable
+    scheduler_listen = "127.0.0.1:50051"
+    metrics_port = 0                     # 0: no metrics endpoint
+
+    [kafka]                              # passed to librdkafka as is
+    "bootstrap.servers" = "127.0.0.1:9092"
+    "security.protocol" = "SASL_PLAINTEXT"
+
+    [redis]
+    url = "redis://127.0.0.1:6379/0"
+
+Environment overrides: ``ASYNCTIER_KAFKA_BOOTSTRAP``, ``ASYNCTIER_REDIS_URL``,
+``ASYNCTIER_PREFIX``, ``ASYNCTIER_ALLOW_MODULES`` (comma separated),
+``ASYNCTIER_SCHEDULERS`` (comma separated), ``ASYNCTIER_DATA_DIR``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from asynctier.platform.errors import ConfigError
+from asynctier.platform.names import DEFAULT_PREFIX, Names
+
+DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:9092"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_SCHEDULER = "127.0.0.1:50051"
+
+#: librdkafka keys a binding may never set: they come only from the operator's config file.
+_SECRET_KEY_MARKERS = ("password", "secret", "sasl.", "ssl.key", "token")
+
+
+def _split(value: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a process needs to reach Kafka and Redis and to name things."""
+
+    kafka: Mapping[str, str] = field(
+        default_factory=lambda: {"bootstrap.servers": DEFAULT_KAFKA_BOOTSTRAP}
+    )
+    redis_url: str = DEFAULT_REDIS_URL
+    prefix: str = DEFAULT_PREFIX
+    data_dir: Path = Path(".asynctier")
+    allow_modules: tuple[str, ...] = ()
+    schedulers: tuple[str, ...] = (DEFAULT_SCHEDULER,)
+    scheduler_listen: str = DEFAULT_SCHEDULER
+    metrics_port: int = 0
+
+    @property
+    def names(self) -> Names:
+        """Topic, group and key names under this prefix."""
+        return Names(self.prefix)
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """The bootstrap servers (``host:port,...``)."""
+        return self.kafka.get("bootstrap.servers", DEFAULT_KAFKA_BOOTSTRAP)
+
+    def kafka_config(self, **extra: Any) -> dict[str, Any]:
+        """A librdkafka configuration: the ``[kafka]`` table plus ``extra``."""
+        conf: dict[str, Any] = dict(self.kafka)
+        conf.update(extra)
+        return conf
+
+    def redacted_kafka(self) -> dict[str, str]:
+        """The ``[kafka]`` table with every secret replaced, for logs and ``--show-config``."""
+        return {
+            k: ("***" if any(m in k for m in _SECRET_KEY_MARKERS) else v)
+            for k, v in self.kafka.items()
+        }
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        """A copy with some fields changed."""
+        return replace(self, **changes)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str] | None = None,
+             env: Mapping[str, str] | None = None) -> Settings:
+        """Settings from a TOML file (``path``, else ``$ASYNCTIER_CONFIG``, else
+        ``./asynctier.toml`` when present), then the environment on top."""
+        env = os.environ if env is None else env
+        chosen = path or env.get("ASYNCTIER_CONFIG")
+        if chosen is None and Path("asynctier.toml").is_file():
+            chosen = "asynctier.toml"
+        settings = cls.from_file(chosen) if chosen else cls()
+        return settings.from_env(env)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Settings:
+        """Settings from one TOML file; a bad file raises ConfigError saying what to fix."""
+        try:
+            with open(path, "rb") as fh:
+                doc = tomllib.load(fh)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {path} does not exist") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+        return cls.from_mapping(doc, source=str(path))
+
+    @classmethod
+    def from_mapping(cls, doc: Mapping[str, Any], source: str = "config") -> Settings:
+        """Settings from a parsed TOML document."""
+        unknown = set(doc) - {"asynctier", "kafka", "redis"}
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown table(s) {sorted(unknown)}; "
+                "expected [asynctier], [kafka], [redis]"
+            )
+        main = dict(doc.get("asynctier", {}))
+        kafka = {str(k): str(v) for k, v in dict(doc.get("kafka", {})).items()}
+        kafka.setdefault("bootstrap.servers", DEFAULT_KAFKA_BOOTSTRAP)
+        redis = dict(doc.get("redis", {}))
+        known = {"prefix", "data_dir", "allow_modules", "schedulers", "scheduler_listen",
+                 "metrics_port"}
+        bad = set(main) - known
+        if bad:
+            raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [asynctier]; "
+                              f"known keys: {sorted(known)}")
+        try:
+            return cls(
+                kafka=kafka,
+                redis_url=str(redis.get("url", DEFAULT_REDIS_URL)),
+                prefix=str(main.get("prefix", DEFAULT_PREFIX)),
+                data_dir=Path(main.get("data_dir", ".asynctier")),
+                allow_modules=tuple(main.get("allow_modules", ())),
+                schedulers=tuple(main.get("schedulers", (DEFAULT_SCHEDULER,))),
+                scheduler_listen=str(main.get("scheduler_listen", DEFAULT_SCHEDULER)),
+                metrics_port=int(main.get("metrics_port", 0)),
+            )
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{source}: {exc}") from exc
+
+    def from_env(self, env: Mapping[str, str] | None = None) -> Settings:
+        """A copy with the ``ASYNCTIER_*`` environment variables applied."""
+        env = os.environ if env is None else env
+        changes: dict[str, Any] = {}
+        if env.get("ASYNCTIER_KAFKA_BOOTSTRAP"):
+            kafka = dict(self.kafka)
+            kafka["bootstrap.servers"] = env["ASYNCTIER_KAFKA_BOOTSTRAP"]
+            changes["kafka"] = kafka
+        if env.get("ASYNCTIER_REDIS_URL"):
+            changes["redis_url"] = env["ASYNCTIER_REDIS_URL"]
+        if env.get("ASYNCTIER_PREFIX"):
+            changes["prefix"] = env["ASYNCTIER_PREFIX"]
+        if env.get("ASYNCTIER_DATA_DIR"):
+            changes["data_dir"] = Path(env["ASYNCTIER_DATA_DIR"])
+        if env.get("ASYNCTIER_ALLOW_MODULES"):
+            changes["allow_modules"] = _split(env["ASYNCTIER_ALLOW_MODULES"])
+        if env.get("ASYNCTIER_SCHEDULERS"):
+            changes["schedulers"] = _split(env["ASYNCTIER_SCHEDULERS"])
+        if env.get("ASYNCTIER_SCHEDULER_LISTEN"):
+            changes["scheduler_listen"] = env["ASYNCTIER_SCHEDULER_LISTEN"]
+        return replace(self, **changes) if changes else self

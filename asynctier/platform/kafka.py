@@ -1,0 +1,116 @@
+"""Small, shared pieces over confluent-kafka: topic admin and a producer that confirms.
+
+Third-party errors are translated here, at the boundary, into asynctier errors.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from asynctier.platform.config import Settings
+from asynctier.platform.errors import AsynctierError, HandoffError
+
+log = logging.getLogger(__name__)
+
+HeaderList = list[tuple[str, bytes | None]]
+
+
+def admin(settings: Settings) -> AdminClient:
+    """An AdminClient on the configured cluster."""
+    return AdminClient(settings.kafka_config())
+
+
+def topic_partitions(client: AdminClient, topic: str, timeout_s: float = 10.0) -> int | None:
+    """How many partitions ``topic`` has, or None when it does not exist."""
+    md = client.list_topics(topic=topic, timeout=timeout_s)
+    meta = md.topics.get(topic)
+    if meta is None or meta.error is not None:
+        return None
+    return len(meta.partitions)
+
+
+def ensure_topics(client: AdminClient, topics: Mapping[str, tuple[int, Mapping[str, str]]],
+                  timeout_s: float = 30.0) -> list[str]:
+    """Create each missing topic (name -> (partitions, configs)); return the ones created.
+
+    A topic that already exists is left as it is.
+    """
+    existing = set(client.list_topics(timeout=timeout_s).topics)
+    wanted = [NewTopic(name, num_partitions=parts, replication_factor=-1, config=dict(conf))
+              for name, (parts, conf) in topics.items() if name not in existing]
+    if not wanted:
+        return []
+    created = []
+    for name, future in client.create_topics(wanted, request_timeout=timeout_s).items():
+        try:
+            future.result()
+            created.append(name)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise AsynctierError(f"could not create topic {name}: {exc.args[0].str()}") from exc
+    return created
+
+
+class ConfirmingProducer:
+    """A producer whose :meth:`confirm` says whether everything produced since was delivered.
+
+    Every ``produce()`` is tracked; :meth:`confirm` flushes and raises HandoffError unless
+    ``flush()`` returned 0 and every delivery report was good. Synchronous ``produce()``
+    errors (queue full) are handled by polling; others are raised as HandoffError.
+    """
+
+    def __init__(self, settings: Settings, **extra: Any) -> None:
+        conf = settings.kafka_config(**{
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            "message.max.bytes": 8 * 1024 * 1024,
+        })
+        conf.update(extra)
+        self._producer = Producer(conf)
+        self._errors: list[str] = []
+        self._pending = 0
+
+    def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        self._pending -= 1
+        if err is not None:
+            self._errors.append(f"{msg.topic()}: {err.str()}")
+
+    def produce(self, topic: str, value: bytes | None, key: bytes | None = None,
+                headers: Sequence[tuple[str, bytes | None]] | None = None,
+                timestamp_ms: int = 0) -> None:
+        """Queue one record; its delivery is checked by the next :meth:`confirm`."""
+        while True:
+            try:
+                self._producer.produce(topic, value, key, headers=list(headers or ()),
+                                       timestamp=timestamp_ms, on_delivery=self._on_delivery)
+                self._pending += 1
+                return
+            except BufferError:
+                self._producer.poll(0.05)
+            except KafkaException as exc:
+                raise HandoffError(f"could not produce to {topic}: {exc.args[0].str()}") from exc
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Serve delivery reports."""
+        self._producer.poll(timeout_s)
+
+    def confirm(self, timeout_s: float = 30.0) -> None:
+        """Wait until everything produced so far is delivered; raise HandoffError if not."""
+        left = self._producer.flush(timeout_s)
+        errors, self._errors = self._errors, []
+        if left or errors:
+            detail = "; ".join(errors[:3]) + (f" (+{len(errors) - 3} more)"
+                                               if len(errors) > 3 else "")
+            raise HandoffError(
+                f"{left} record(s) still undelivered and {len(errors)} delivery failure(s)"
+                + (f": {detail}" if detail else ""))
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Flush what is left."""
+        self._producer.flush(timeout_s)

@@ -1,0 +1,142 @@
+"""The submit RPC on gRPC: one call carries one batch (Avro bytes) and returns its outcomes.
+
+No protobuf: the method takes and returns bytes encoded by :mod:`asynctier.platform.wire`.
+The server side is :func:`submit_handler` (mounted by the scheduler on a ``grpc.aio``
+server); the client side is :class:`SchedulerClient`, which spreads batches over the live
+schedulers and moves a batch to another scheduler when one dies mid-call. An outcome that
+never came back is unknown, never done: the whole batch is sent again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+
+from asynctier.platform.errors import SchedulerUnavailable
+from asynctier.platform.wire import Item, Outcome, decode_outcomes, encode_items
+
+log = logging.getLogger(__name__)
+
+SERVICE = "asynctier.Scheduler"
+SUBMIT = f"/{SERVICE}/Submit"
+MAX_MESSAGE = 64 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+SubmitFn = Callable[[bytes, Any], Awaitable[bytes]]
+
+
+def submit_handler(submit: SubmitFn) -> grpc.GenericRpcHandler:
+    """A gRPC handler for ``Submit`` calling ``await submit(request_bytes, context)``."""
+    method = grpc.unary_unary_rpc_method_handler(
+        submit, request_deserializer=None, response_serializer=None)
+    return grpc.method_handlers_generic_handler(SERVICE, {"Submit": method})
+
+
+Addresses = Callable[[], Sequence[str]]
+
+
+class PendingCall:
+    """A submit call under way; :meth:`result` waits for its outcomes."""
+
+    def __init__(self, client: SchedulerClient, items: list[Item], payload: bytes) -> None:
+        self.client = client
+        self.items = items
+        self.payload = payload
+        self.address, self.future = client._send(payload)
+
+    def result(self, stop: threading.Event | None = None) -> list[Outcome]:
+        """The outcomes; on a scheduler failure the batch is sent again elsewhere.
+
+        Raises SchedulerUnavailable only when ``stop`` is set before any scheduler answered.
+        """
+        while True:
+            try:
+                reply = self.future.result()
+                return decode_outcomes(reply)
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else None
+                log.warning("scheduler %s failed a batch of %d item(s) (%s); "
+                            "sending the batch again", self.address, len(self.items), code)
+                self.client._mark_down(self.address)
+            if stop is not None and stop.is_set():
+                raise SchedulerUnavailable("stopping before the batch was resolved")
+            self.client._wait_for_one(stop)
+            self.address, self.future = self.client._send(self.payload)
+
+
+class SchedulerClient:
+    """Sends batches to schedulers; ``addresses()`` gives the live ones (re-read often)."""
+
+    def __init__(self, addresses: Addresses, call_timeout_s: float = 900.0) -> None:
+        self._addresses = addresses
+        self._channels: dict[str, tuple[grpc.Channel, Any]] = {}
+        self._down: dict[str, float] = {}
+        self._rr = itertools.count()
+        self._timeout = call_timeout_s
+        self._lock = threading.Lock()
+
+    def submit(self, items: list[Item]) -> PendingCall:
+        """Start a submit call for one batch; :meth:`PendingCall.result` waits for it."""
+        return PendingCall(self, items, encode_items(items))
+
+    def _pick(self) -> str | None:
+        now = time.monotonic()
+        live = [a for a in self._addresses() if self._down.get(a, 0.0) <= now]
+        if not live:
+            return None
+        return live[next(self._rr) % len(live)]
+
+    def _send(self, payload: bytes) -> tuple[str, Any]:
+        address = self._pick()
+        if address is None:  # everyone is marked down: try the first known one anyway
+            known = list(self._addresses())
+            if not known:
+                raise SchedulerUnavailable("no scheduler is configured or registered")
+            address = known[next(self._rr) % len(known)]
+        return address, self._stub(address).future(payload, timeout=self._timeout,
+                                                    wait_for_ready=False)
+
+    def _stub(self, address: str) -> Any:
+        with self._lock:
+            entry = self._channels.get(address)
+            if entry is None:
+                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                stub = channel.unary_unary(SUBMIT, request_serializer=None,
+                                           response_deserializer=None)
+                entry = self._channels[address] = (channel, stub)
+            return entry[1]
+
+    def _mark_down(self, address: str, for_s: float = 2.0) -> None:
+        self._down[address] = time.monotonic() + for_s
+        with self._lock:
+            entry = self._channels.pop(address, None)
+        if entry is not None:
+            entry[0].close()
+
+    def _wait_for_one(self, stop: threading.Event | None) -> None:
+        """Back off briefly before resending (a bounded wait, interruptible by ``stop``)."""
+        delay = 0.2 if self._pick() else 1.0
+        if stop is not None:
+            stop.wait(delay)
+        else:
+            time.sleep(delay)
+
+    def close(self) -> None:
+        """Close every channel."""
+        with self._lock:
+            for channel, _ in self._channels.values():
+                channel.close()
+            self._channels.clear()
