@@ -1,0 +1,314 @@
+"""Every Prometheus metric the platform exports, and helpers that record a batch at once.
+
+The metrics are module-level prometheus-client objects on the default registry: creating
+them opens no socket and starts no thread. A process exposes them with :func:`serve`
+(``--metrics-port``); nothing is served until it asks.
+
+Names follow Prometheus conventions (``asynctier_`` prefix, ``_total`` for counters,
+``_seconds`` for durations) and carry few, fixed labels: ``binding``, ``tenant``,
+``outcome``, ``component``, ``tier``, ``step``, ``reason``, and for lag ``group``,
+``topic``, ``partition``.
+
+The hot path records a whole batch with one call per label set, never one call per item::
+
+    metrics.record_outcomes("orders", "acme", {"ok": 97, "retry": 3})
+    metrics.observe_durations("orders", durations_s)
+    metrics.record_retries("orders", {"30s": 3})
+
+A helper given an outcome or dead-letter reason outside :data:`OUTCOMES` /
+:data:`DEAD_LETTER_REASONS` raises ValueError: labels stay a small fixed set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger(__name__)
+
+#: The ``outcome`` label of :data:`ITEMS`.
+OUTCOMES: Final = frozenset({"ok", "retry", "failed", "dead_letter", "undecodable"})
+#: The ``reason`` label of :data:`DEAD_LETTERS`.
+DEAD_LETTER_REASONS: Final = frozenset(
+    {"undecodable", "rejected", "attempts_exhausted", "function_error"}
+)
+#: Suggested ``component`` label values.
+COMPONENTS: Final = ("tailer", "scheduler", "delay")
+
+#: Function run time: from 1 ms to the longest timeout people set (minutes).
+DURATION_BUCKETS_S: Final = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 120.0, 300.0,
+)
+#: Record time to function start: milliseconds when keeping up, an hour and more after
+#: retries through the delay ladder or a long outage.
+RECORD_TO_START_BUCKETS_S: Final = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+    300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0,
+)
+
+ITEMS = Counter(
+    "asynctier_items_total",
+    "Items resolved, by binding, tenant and outcome.",
+    ["binding", "tenant", "outcome"],
+)
+FUNCTION_DURATION = Histogram(
+    "asynctier_function_duration_seconds",
+    "Time the bound function ran for one item.",
+    ["binding"],
+    buckets=DURATION_BUCKETS_S,
+)
+RECORD_TO_START = Histogram(
+    "asynctier_record_to_start_seconds",
+    "Time from the record's timestamp to the start of the function on it.",
+    ["binding"],
+    buckets=RECORD_TO_START_BUCKETS_S,
+)
+IN_FLIGHT = Gauge(
+    "asynctier_in_flight_items",
+    "Items taken but not yet resolved, by component and binding.",
+    ["component", "binding"],
+)
+QUEUE_DEPTH = Gauge(
+    "asynctier_scheduler_queue_depth",
+    "Items queued in the scheduler, by priority tier.",
+    ["tier"],
+)
+THROTTLED = Counter(
+    "asynctier_throttled_total",
+    "Items held back by the binding's rate limit.",
+    ["binding"],
+)
+QUOTA_DELAYED = Counter(
+    "asynctier_quota_delayed_total",
+    "Items delayed because the tenant's quota was used up.",
+    ["binding", "tenant"],
+)
+CONCURRENCY_WAITS = Counter(
+    "asynctier_concurrency_waits_total",
+    "Items that waited for a concurrency lease of the binding.",
+    ["binding"],
+)
+REDIS_FALLBACK = Counter(
+    "asynctier_redis_fallback_total",
+    "Admission decisions taken without Redis (by the binding's redis policy).",
+    ["binding"],
+)
+RETRIES = Counter(
+    "asynctier_retries_total",
+    "Items sent to a delay step, by binding and ladder step (the step's interval).",
+    ["binding", "step"],
+)
+DEAD_LETTERS = Counter(
+    "asynctier_dead_letters_total",
+    "Items written to the binding's dead-letter topic, by reason.",
+    ["binding", "reason"],
+)
+CONSUMER_LAG = Gauge(
+    "asynctier_consumer_lag",
+    "Records not yet committed by the group: end offset minus committed offset.",
+    ["group", "topic", "partition"],
+)
+CONSUMER_LAG_SECONDS = Gauge(
+    "asynctier_consumer_lag_seconds",
+    "Age of the oldest record the group has not resolved (0 when caught up).",
+    ["group", "topic", "partition"],
+)
+DELAY_BACKLOG = Gauge(
+    "asynctier_delay_backlog",
+    "Records waiting in a delay topic (sum of its partitions' lag).",
+    ["topic"],
+)
+LIVE_SCHEDULERS = Gauge(
+    "asynctier_live_schedulers",
+    "Schedulers currently registered as live.",
+)
+BATCHES = Counter(
+    "asynctier_batches_total",
+    "Batches handled, by component and binding.",
+    ["component", "binding"],
+)
+HANDOFF_FAILURES = Counter(
+    "asynctier_handoff_failures_total",
+    "Failed hand-offs to a delay or dead-letter topic (delivery not confirmed).",
+    ["topic"],
+)
+
+#: Every metric above, by the name it is exported under (counters without ``_total``
+#: in prometheus-client's ``_name``; the keys here are the exported family names).
+ALL_METRICS: Final = {
+    "asynctier_items_total": ITEMS,
+    "asynctier_function_duration_seconds": FUNCTION_DURATION,
+    "asynctier_record_to_start_seconds": RECORD_TO_START,
+    "asynctier_in_flight_items": IN_FLIGHT,
+    "asynctier_scheduler_queue_depth": QUEUE_DEPTH,
+    "asynctier_throttled_total": THROTTLED,
+    "asynctier_quota_delayed_total": QUOTA_DELAYED,
+    "asynctier_concurrency_waits_total": CONCURRENCY_WAITS,
+    "asynctier_redis_fallback_total": REDIS_FALLBACK,
+    "asynctier_retries_total": RETRIES,
+    "asynctier_dead_letters_total": DEAD_LETTERS,
+    "asynctier_consumer_lag": CONSUMER_LAG,
+    "asynctier_consumer_lag_seconds": CONSUMER_LAG_SECONDS,
+    "asynctier_delay_backlog": DELAY_BACKLOG,
+    "asynctier_live_schedulers": LIVE_SCHEDULERS,
+    "asynctier_batches_total": BATCHES,
+    "asynctier_handoff_failures_total": HANDOFF_FAILURES,
+}
+
+
+def exported_series_names() -> frozenset[str]:
+    """Every series name a scrape can show for these metrics (``_bucket``, ``_sum``...)."""
+    names: set[str] = set()
+    for name, metric in ALL_METRICS.items():
+        if isinstance(metric, Histogram):
+            names.update(f"{name}{s}" for s in ("_bucket", "_sum", "_count", "_created"))
+        elif isinstance(metric, Counter):
+            names.update((name, name.removesuffix("_total") + "_created"))
+        else:
+            names.add(name)
+    return frozenset(names)
+
+
+# --- hot-path helpers: one call per batch and label set ---------------------------------
+
+
+def record_outcomes(binding: str, tenant: str, counts: Mapping[str, int]) -> None:
+    """Count a batch's resolved items: ``counts`` maps outcome -> number of items."""
+    for outcome, n in counts.items():
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r}; expected one of {sorted(OUTCOMES)}")
+        if n:
+            ITEMS.labels(binding, tenant, outcome).inc(n)
+
+
+def observe_durations(binding: str, seconds: Iterable[float]) -> None:
+    """Record the function run times of a batch's items."""
+    child = FUNCTION_DURATION.labels(binding)
+    for s in seconds:
+        child.observe(s)
+
+
+def observe_record_to_start(binding: str, seconds: Iterable[float]) -> None:
+    """Record, for a batch, the time from each record's timestamp to its function's start."""
+    child = RECORD_TO_START.labels(binding)
+    for s in seconds:
+        child.observe(max(0.0, s))
+
+
+def observe_record_ages(binding: str, record_ms: Iterable[int], start_s: float) -> None:
+    """Like :func:`observe_record_to_start`, from record timestamps (epoch ms) and one
+    start time (epoch s) shared by the batch."""
+    observe_record_to_start(binding, (start_s - ms / 1000.0 for ms in record_ms))
+
+
+def set_in_flight(component: str, binding: str, n: int) -> None:
+    """Set how many items ``component`` holds unresolved for ``binding``."""
+    IN_FLIGHT.labels(component, binding).set(n)
+
+
+def add_in_flight(component: str, binding: str, delta: int) -> None:
+    """Move the in-flight gauge by ``delta`` (negative when items resolve)."""
+    IN_FLIGHT.labels(component, binding).inc(delta)
+
+
+def set_queue_depths(depths: Mapping[str, int]) -> None:
+    """Set the scheduler queue depth of each tier (``urgent``, ``normal``, ``batch``)."""
+    for tier, n in depths.items():
+        QUEUE_DEPTH.labels(tier).set(n)
+
+
+def count_throttled(binding: str, n: int = 1) -> None:
+    """Count ``n`` items held back by the rate limit."""
+    if n:
+        THROTTLED.labels(binding).inc(n)
+
+
+def count_quota_delayed(binding: str, tenant: str, n: int = 1) -> None:
+    """Count ``n`` items delayed by the tenant's quota."""
+    if n:
+        QUOTA_DELAYED.labels(binding, tenant).inc(n)
+
+
+def count_concurrency_waits(binding: str, n: int = 1) -> None:
+    """Count ``n`` items that waited for a concurrency lease."""
+    if n:
+        CONCURRENCY_WAITS.labels(binding).inc(n)
+
+
+def count_redis_fallback(binding: str, n: int = 1) -> None:
+    """Count ``n`` admission decisions taken without Redis."""
+    if n:
+        REDIS_FALLBACK.labels(binding).inc(n)
+
+
+def record_retries(binding: str, steps: Mapping[str | int, int]) -> None:
+    """Count retries of a batch: ``steps`` maps ladder step (interval such as ``30s``,
+    or step index) -> number of items sent to it."""
+    for step, n in steps.items():
+        if n:
+            RETRIES.labels(binding, str(step)).inc(n)
+
+
+def record_dead_letters(binding: str, reasons: Mapping[str, int]) -> None:
+    """Count dead letters of a batch: ``reasons`` maps reason -> number of items."""
+    for reason, n in reasons.items():
+        if reason not in DEAD_LETTER_REASONS:
+            raise ValueError(f"unknown dead-letter reason {reason!r}; "
+                             f"expected one of {sorted(DEAD_LETTER_REASONS)}")
+        if n:
+            DEAD_LETTERS.labels(binding, reason).inc(n)
+
+
+def count_batch(component: str, binding: str, n: int = 1) -> None:
+    """Count ``n`` batches handled by ``component`` for ``binding``."""
+    BATCHES.labels(component, binding).inc(n)
+
+
+def count_handoff_failure(topic: str, n: int = 1) -> None:
+    """Count ``n`` hand-offs to ``topic`` whose delivery was not confirmed."""
+    HANDOFF_FAILURES.labels(topic).inc(n)
+
+
+def set_live_schedulers(n: int) -> None:
+    """Set how many schedulers are live."""
+    LIVE_SCHEDULERS.set(n)
+
+
+def set_delay_backlog(topic: str, n: int) -> None:
+    """Set how many records wait in delay topic ``topic``."""
+    DELAY_BACKLOG.labels(topic).set(n)
+
+
+def set_consumer_lag(group: str, topic: str, partition: int, lag: int,
+                     lag_seconds: float) -> None:
+    """Set one partition's lag in records and in seconds."""
+    labels = (group, topic, str(partition))
+    CONSUMER_LAG.labels(*labels).set(lag)
+    CONSUMER_LAG_SECONDS.labels(*labels).set(lag_seconds)
+
+
+def forget_consumer_lag(group: str, topic: str, partition: int) -> None:
+    """Drop one partition's lag series (its binding was removed)."""
+    labels = (group, topic, str(partition))
+    for gauge in (CONSUMER_LAG, CONSUMER_LAG_SECONDS):
+        with contextlib.suppress(KeyError):
+            gauge.remove(*labels)
+
+
+# --- the endpoint -----------------------------------------------------------------------
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> int:
+    """Serve every metric on ``http://addr:port/metrics`` from a daemon thread.
+
+    ``port`` 0 picks a free port. Returns the port actually bound, and logs it.
+    """
+    server, _thread = start_http_server(port, addr=addr, registry=REGISTRY)
+    real = int(server.server_port)
+    log.info("metrics on http://%s:%d/metrics", addr, real)
+    return real
