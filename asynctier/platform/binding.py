@@ -8,6 +8,7 @@ Bindings are checked when bound (:meth:`Binding.validate`) and stored as Avro
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import re
 from dataclasses import asdict, dataclass, field, replace
@@ -129,7 +130,7 @@ class Binding:
         for step in ladder:
             _check(0.5 <= step <= 7 * 86400, "retry ladder",
                    f"ladder step {step:g}s is out of range: 500ms to 7d")
-        for before, after in zip(ladder, ladder[1:], strict=False):
+        for before, after in itertools.pairwise(ladder):
             _check(after > before, "retry ladder",
                    f"the retry ladder must increase strictly: {format_duration(after)} "
                    f"comes after {format_duration(before)}")
@@ -166,7 +167,7 @@ class Binding:
     @classmethod
     def decode(cls, data: bytes) -> Binding:
         """A binding from the bindings topic's Avro bytes."""
-        doc = fastavro.schemaless_reader(io.BytesIO(data), load_schema("binding"), None)
+        doc: Any = fastavro.schemaless_reader(io.BytesIO(data), load_schema("binding"), None)
         source = doc.pop("source")
         doc["source_kind"] = source["kind"]
         doc["topic"] = source["topic"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -43,7 +44,7 @@ def parse_ladder(text: str) -> tuple[float, ...]:
         raise ValueError("the retry ladder is empty: give steps such as 30s,1m,5m,30m")
     if len(steps) > 10:
         raise ValueError(f"the retry ladder has {len(steps)} steps: 10 at the most")
-    for before, after in zip(steps, steps[1:], strict=False):
+    for before, after in itertools.pairwise(steps):
         if after <= before:
             raise ValueError(
                 f"the retry ladder {text!r} must increase strictly: "

@@ -39,7 +39,7 @@ class ServiceError(AsynctierError):
     """A local service (Kafka, Redis) could not be started, reached or stopped."""
 
 
-class Retry(Exception):  # noqa: N818 - control flow, named as the user raises it
+class Retry(Exception):
     """Raise from a function to run the record again after ``after`` seconds.
 
     ``after=None`` follows the binding's retry ladder.
@@ -53,7 +53,7 @@ class Retry(Exception):  # noqa: N818 - control flow, named as the user raises i
         self.reason = reason
 
 
-class Reject(Exception):  # noqa: N818 - control flow, named as the user raises it
+class Reject(Exception):
     """Raise from a function to fail a record for good: it goes to the dead-letter topic."""
 
     def __init__(self, reason: str = "rejected") -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 
@@ -106,8 +107,6 @@ def _read_to_end(consumer: Consumer, topic: str, state: dict[str, Binding],
         if high > low:
             ends[tp.partition] = high
     consumer.assign(parts)
-    import time
-
     deadline = time.monotonic() + timeout_s
     while ends:
         if time.monotonic() > deadline:
@@ -115,13 +114,14 @@ def _read_to_end(consumer: Consumer, topic: str, state: dict[str, Binding],
                                  f"within {timeout_s:g}s; is the broker healthy?")
         for msg in consumer.consume(500, 0.5):
             err = msg.error()
+            part = msg.partition() or 0
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
-                    ends.pop(msg.partition(), None)
+                    ends.pop(part, None)
                 continue
             _apply(state, msg.key(), msg.value(), f"at offset {msg.offset()}")
-            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
-                ends.pop(msg.partition(), None)
+            if (msg.offset() or 0) + 1 >= ends.get(part, 0):
+                ends.pop(part, None)
 
 
 class RegistryFollower:

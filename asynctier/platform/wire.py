@@ -9,7 +9,7 @@ hot path builds and reads thousands of them a second; no Kafka type crosses this
 from __future__ import annotations
 
 import io
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 import fastavro
 
@@ -80,7 +80,7 @@ def encode_items(items: list[Item]) -> bytes:
 
 def decode_items(data: bytes) -> list[Item]:
     """The items of one submit request."""
-    doc = fastavro.schemaless_reader(io.BytesIO(data), load_schema("submit"), None)
+    doc: Any = fastavro.schemaless_reader(io.BytesIO(data), load_schema("submit"), None)
     items: list[Item] = doc["items"]
     return items
 
@@ -94,6 +94,6 @@ def encode_outcomes(outcomes: list[Outcome]) -> bytes:
 
 def decode_outcomes(data: bytes) -> list[Outcome]:
     """The outcomes of one submit response."""
-    doc = fastavro.schemaless_reader(io.BytesIO(data), load_schema("outcomes"), None)
+    doc: Any = fastavro.schemaless_reader(io.BytesIO(data), load_schema("outcomes"), None)
     outcomes: list[Outcome] = doc["outcomes"]
     return outcomes

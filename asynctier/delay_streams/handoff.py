@@ -1,0 +1,150 @@
+"""The hand-off: records that did not succeed go to a delay topic or the dead-letter topic.
+
+Every tailer resolves outcomes through :class:`Handoff`, so the main tailer and the delay
+tailers treat a ``retry`` or ``failed`` outcome the same way. Nothing is committed by the
+caller until :meth:`Handoff.confirm` returned (every record delivered).
+
+Delay and dead-letter records keep the original value and key; the platform's headers
+(``asynctier.*``, see :mod:`asynctier.platform.names`) say where the record came from,
+which attempt comes next, when it is due and why it failed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from asynctier.delay_streams.ladder import ladder_delay, next_hop
+from asynctier.platform import names as n
+from asynctier.platform.binding import Binding
+from asynctier.platform.config import Settings
+from asynctier.platform.durations import format_duration
+from asynctier.platform.kafka import ConfirmingProducer
+from asynctier.platform.wire import Outcome
+
+ERROR_MAX_CHARS = 1000
+Resolution = Literal["ok", "retry", "dead_letter"]
+
+
+@dataclass(slots=True)
+class Parcel:
+    """A record that is leaving its topic: its bytes and what the platform knows of it."""
+
+    value: bytes | None
+    key: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    origin: str
+    attempt: int
+    first_seen_ms: int
+    due_ms: int = 0
+    error: str = ""
+
+
+def _int(value: bytes | None, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+def parcel_from_message(msg: Any, now_ms: int | None = None) -> Parcel:
+    """A Parcel from a confluent-kafka Message of a source, delay or dead-letter topic.
+
+    Platform headers, when present, say the origin and attempt; otherwise the record is
+    new: attempt 1, its origin is where it sits now.
+    """
+    user: list[tuple[str, bytes | None]] = []
+    plat: dict[str, bytes | None] = {}
+    for name, value in msg.headers() or ():
+        if name in n.PLATFORM_HEADERS:
+            plat[name] = value
+        else:
+            user.append((name, value))
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    origin = plat.get(n.H_ORIGIN)
+    return Parcel(
+        value=msg.value(),
+        key=msg.key(),
+        headers=user,
+        origin=origin.decode("utf-8", "replace") if origin else
+        f"{msg.topic()}/{msg.partition()}/{msg.offset()}",
+        attempt=_int(plat.get(n.H_ATTEMPT), 1),
+        first_seen_ms=_int(plat.get(n.H_FIRST_SEEN), now_ms),
+        due_ms=_int(plat.get(n.H_DUE), 0),
+        error=(plat.get(n.H_ERROR) or b"").decode("utf-8", "replace"),
+    )
+
+
+class Handoff:
+    """Writes delay and dead-letter records through one confirming producer."""
+
+    def __init__(self, settings: Settings, producer: ConfirmingProducer | None = None) -> None:
+        self.names = settings.names
+        self.producer = producer or ConfirmingProducer(settings)
+
+    def resolve(self, binding: Binding, parcel: Parcel, outcome: Outcome,
+                now_ms: int | None = None) -> Resolution:
+        """Hand off one outcome; return what became of the record."""
+        status = outcome["status"]
+        if status == "ok":
+            return "ok"
+        error = outcome["error"] or status
+        if status == "failed":
+            reason = "undecodable" if error.startswith("undecodable") else "rejected"
+            self.dead_letter(binding, parcel, reason, error, parcel.attempt)
+            return "dead_letter"
+        spends = outcome["spends_attempt"]
+        if spends and parcel.attempt >= binding.max_attempts:
+            self.dead_letter(binding, parcel, "attempts_exhausted", error, parcel.attempt)
+            return "dead_letter"
+        after = outcome["after_s"]
+        if after is None:
+            after = ladder_delay(parcel.attempt, binding.retry_ladder_s)
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        due_ms = now_ms + int(after * 1000 + 0.999)
+        next_attempt = parcel.attempt + 1 if spends else parcel.attempt
+        self.delay(binding, parcel, due_ms, next_attempt, error, now_ms)
+        return "retry"
+
+    def delay(self, binding: Binding, parcel: Parcel, due_ms: int, attempt: int,
+              error: str, now_ms: int | None = None) -> str:
+        """Write the record to the delay topic of its first hop towards ``due_ms``."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        hop = next_hop((due_ms - now_ms) / 1000.0, binding.retry_ladder_s)
+        if hop is None:
+            hop = min(binding.retry_ladder_s)
+        topic = self.names.delay_topic(format_duration(hop))
+        headers = self._headers(binding, parcel, attempt, error)
+        headers.append((n.H_DUE, str(due_ms).encode()))
+        self.producer.produce(topic, parcel.value, parcel.key, headers)
+        return topic
+
+    def dead_letter(self, binding: Binding | str, parcel: Parcel, reason: str, error: str,
+                    attempts_made: int) -> str:
+        """Write the record to the binding's dead-letter topic with every header."""
+        name = binding if isinstance(binding, str) else binding.name
+        topic = self.names.dlq_topic(name)
+        headers = self._headers(binding, parcel, parcel.attempt, error)
+        headers.append((n.H_ATTEMPTS_MADE, str(attempts_made).encode()))
+        headers.append((n.H_REASON, reason.encode()))
+        if parcel.due_ms:
+            headers.append((n.H_DUE, str(parcel.due_ms).encode()))
+        self.producer.produce(topic, parcel.value, parcel.key, headers)
+        return topic
+
+    def _headers(self, binding: Binding | str, parcel: Parcel, attempt: int,
+                 error: str) -> list[tuple[str, bytes | None]]:
+        name = binding if isinstance(binding, str) else binding.name
+        return [
+            *parcel.headers,
+            (n.H_BINDING, name.encode()),
+            (n.H_ATTEMPT, str(attempt).encode()),
+            (n.H_ORIGIN, parcel.origin.encode()),
+            (n.H_ERROR, error[:ERROR_MAX_CHARS].encode("utf-8", "replace")),
+            (n.H_FIRST_SEEN, str(parcel.first_seen_ms).encode()),
+        ]
+
+    def confirm(self, timeout_s: float = 30.0) -> None:
+        """Raise HandoffError unless every record handed off so far is delivered."""
+        self.producer.confirm(timeout_s)

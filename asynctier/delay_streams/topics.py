@@ -1,0 +1,40 @@
+"""Creation of the delay and dead-letter topics a binding needs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from asynctier.platform.binding import Binding
+from asynctier.platform.config import Settings
+from asynctier.platform.durations import format_duration
+from asynctier.platform.kafka import admin, ensure_topics
+
+DELAY_PARTITIONS = 8
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+_WEEK_MS = 7 * 86400 * 1000
+
+
+def delay_topic_config(interval_s: float) -> dict[str, str]:
+    """Config of a delay topic: broker time stamps (never early), long retention."""
+    return {
+        "message.timestamp.type": "LogAppendTime",
+        "retention.ms": str(max(_WEEK_MS, int(interval_s * 1000 * 20))),
+        "max.message.bytes": str(MAX_MESSAGE_BYTES),
+    }
+
+
+def dlq_topic_config() -> dict[str, str]:
+    """Config of a dead-letter topic: kept 30 days, large records fit."""
+    return {"retention.ms": str(30 * 86400 * 1000), "max.message.bytes": str(MAX_MESSAGE_BYTES)}
+
+
+def ensure_binding_topics(settings: Settings, bindings: Iterable[Binding]) -> list[str]:
+    """Create the delay topics of every ladder step and the dead-letter topic of each binding."""
+    names = settings.names
+    wanted: dict[str, tuple[int, dict[str, str]]] = {}
+    for binding in bindings:
+        for step in binding.retry_ladder_s:
+            wanted[names.delay_topic(format_duration(step))] = (
+                DELAY_PARTITIONS, delay_topic_config(step))
+        wanted[names.dlq_topic(binding.name)] = (1, dlq_topic_config())
+    return ensure_topics(admin(settings), wanted) if wanted else []
