@@ -1,0 +1,114 @@
+"""``asynctier dev up | down | status | reset | env | fetch``: the local Kafka and Redis."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from asynctier.cli import settings_of
+from asynctier.platform.devstack import DevStack, KafkaJars
+
+
+def _stack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The options every ``dev`` command shares, each with its environment variable."""
+    options = [
+        click.option("--kafka-port", type=int, envvar="ASYNCTIER_DEV_KAFKA_PORT",
+                     help="Kafka's port (default 9092, or the last `dev up`'s) "
+                          "[env ASYNCTIER_DEV_KAFKA_PORT]."),
+        click.option("--controller-port", type=int, envvar="ASYNCTIER_DEV_CONTROLLER_PORT",
+                     help="The KRaft controller's port (default 9093) "
+                          "[env ASYNCTIER_DEV_CONTROLLER_PORT]."),
+        click.option("--redis-port", type=int, envvar="ASYNCTIER_DEV_REDIS_PORT",
+                     help="Redis's port (default 6379) [env ASYNCTIER_DEV_REDIS_PORT]."),
+        click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+                     envvar="ASYNCTIER_DATA_DIR",
+                     help="Where the data is kept (default: the config's data_dir, "
+                          ".asynctier) [env ASYNCTIER_DATA_DIR]."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _stack(ctx: click.Context, kafka_port: int | None, controller_port: int | None,
+           redis_port: int | None, data_dir: Path | None) -> DevStack:
+    return DevStack.resolve(data_dir or settings_of(ctx).data_dir, kafka_port,
+                            controller_port, redis_port)
+
+
+def _with_stack(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn the shared options into one ``stack`` argument."""
+
+    @functools.wraps(fn)
+    def wrapper(kafka_port: int | None, controller_port: int | None,
+                redis_port: int | None, data_dir: Path | None, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        return fn(_stack(ctx, kafka_port, controller_port, redis_port, data_dir), **kwargs)
+
+    return _stack_options(wrapper)
+
+
+@click.group()
+def dev() -> None:
+    """A local Kafka (KRaft) and Redis for development, data kept in .asynctier/."""
+
+
+@dev.command()
+@_with_stack
+def up(stack: DevStack) -> None:
+    """Start Kafka and Redis; return once both answer."""
+    for status in stack.up():
+        click.echo(status.describe())
+    for line in stack.env_lines():
+        click.echo(line)
+
+
+@dev.command()
+@_with_stack
+def down(stack: DevStack) -> None:
+    """Stop Kafka and Redis (SIGTERM, then wait); the data is kept."""
+    for name, was_running in stack.down():
+        click.echo(f"{name:<6} {'stopped' if was_running else 'was not running'}")
+
+
+@dev.command()
+@_with_stack
+def status(stack: DevStack) -> None:
+    """Say whether each answers; exit 0 only when both are healthy."""
+    statuses = stack.status()
+    for st in statuses:
+        click.echo(st.describe())
+    if not all(st.healthy for st in statuses):
+        raise SystemExit(1)
+
+
+@dev.command()
+@click.option("--yes", is_flag=True, help="Do not ask.")
+@_with_stack
+def reset(stack: DevStack, yes: bool) -> None:
+    """Stop both and wipe the data folder (asks first unless --yes)."""
+    if not yes:
+        click.confirm(f"Delete every topic, offset and key in {stack.data_dir}?", abort=True)
+    stack.reset()
+    click.echo(f"wiped {stack.data_dir}")
+
+
+@dev.command()
+@_with_stack
+def env(stack: DevStack) -> None:
+    """Print the export lines that point a shell at the local stack."""
+    for line in stack.env_lines():
+        click.echo(line)
+
+
+@dev.command()
+def fetch() -> None:
+    """Fetch Kafka's jars with Maven into the cache (done by `up` when needed)."""
+    click.echo(f"Kafka jars ready in {KafkaJars().ensure()}")
+
+
+COMMANDS = [dev]

@@ -1,0 +1,1 @@
+"""asynctier's tests (a package, so that test modules can import ``tests.helpers``)."""
