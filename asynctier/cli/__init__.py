@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 from typing import Any
 
@@ -45,6 +46,8 @@ def main(ctx: click.Context, config_path: str | None, log_level: str, log_format
     from asynctier.platform.logs import setup_logging
 
     setup_logging(log_level.upper(), log_format)
+    if config_path:  # child processes of `asynctier run` read the same file
+        os.environ["ASYNCTIER_CONFIG"] = str(config_path)
     ctx.obj = Settings.load(config_path)
 
 

@@ -1,0 +1,5 @@
+"""``python -m asynctier`` is the ``asynctier`` command."""
+
+from asynctier.cli import main
+
+main()

@@ -1,0 +1,132 @@
+"""``asynctier bind``, ``unbind`` and ``bindings``."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from asynctier.cli import settings_of
+from asynctier.delay_streams.topics import ensure_binding_topics
+from asynctier.platform.allowlist import check_function_allowed
+from asynctier.platform.binding import FORMATS, PRIORITIES, Binding
+from asynctier.platform.durations import parse_duration, parse_ladder
+from asynctier.platform.errors import BindingError, ModuleNotAllowed
+from asynctier.platform.kafka import admin, ensure_topics, topic_partitions
+from asynctier.platform.registry import BindingRegistry
+
+
+def _ladder(text: str | None) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        return parse_ladder(text)
+    except ValueError as exc:
+        raise BindingError(f"retry ladder: {exc}") from exc
+
+
+def _timeout(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise BindingError(f"timeout: {exc}") from exc
+
+
+@click.command()
+@click.argument("name")
+@click.option("--topic", required=True, help="The Kafka topic to run the function on.")
+@click.option("--function", "function", required=True, help="module:attr of the function.")
+@click.option("--tenant", default="default", show_default=True)
+@click.option("--priority", type=click.Choice(PRIORITIES), default="normal", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="json", show_default=True)
+@click.option("--schema", "schema_file", type=click.Path(dir_okay=False),
+              help="Avro schema file (JSON) for --format avro.")
+@click.option("--rate", type=float, help="Items per second, across all schedulers.")
+@click.option("--burst", type=int, help="Token-bucket burst (default: the rate).")
+@click.option("--concurrency", type=int, help="Items of this binding running at once.")
+@click.option("--max-attempts", type=int, default=5, show_default=True)
+@click.option("--timeout", "timeout", default="30s", show_default=True,
+              help="Per-call time limit (30s, 2m...).")
+@click.option("--retry-ladder", help="Delays between attempts [default: 30s,1m,5m,30m].")
+@click.option("--idempotent/--not-idempotent", default=False, show_default=True)
+@click.option("--redis-policy", type=click.Choice(["fail_open", "fail_closed"]),
+              default="fail_open", show_default=True,
+              help="When Redis is down: local limits (fail_open) or pause (fail_closed).")
+@click.option("--create-topic", type=int, metavar="N",
+              help="Create the topic with N partitions when it does not exist.")
+@click.pass_context
+def bind(ctx: click.Context, name: str, topic: str, function: str, tenant: str, priority: str,
+         fmt: str, schema_file: str | None, rate: float | None, burst: int | None,
+         concurrency: int | None, max_attempts: int, timeout: str, retry_ladder: str | None,
+         idempotent: bool, redis_policy: str, create_topic: int | None) -> None:
+    """Bind topic --topic to function --function under NAME."""
+    settings = settings_of(ctx)
+    schema = None
+    if schema_file is not None:
+        try:
+            schema = Path(schema_file).read_text()
+        except OSError as exc:
+            raise BindingError(f"schema: cannot read {schema_file}: {exc.strerror}") from exc
+    fields: dict[str, object] = {}
+    ladder = _ladder(retry_ladder)
+    if ladder is not None:
+        fields["retry_ladder_s"] = ladder
+    binding = Binding(
+        name=name, topic=topic, function=function, tenant=tenant, priority=priority,  # type: ignore[arg-type]
+        format=fmt, schema=schema, rate_per_s=rate, burst=burst,  # type: ignore[arg-type]
+        max_concurrency=concurrency, max_attempts=max_attempts, timeout_s=_timeout(timeout),
+        idempotent=idempotent, redis_policy=redis_policy,  # type: ignore[arg-type]
+        **fields,  # type: ignore[arg-type]
+    ).validate()
+    try:
+        check_function_allowed(function, settings.allow_modules or None)
+    except ModuleNotAllowed as exc:
+        raise BindingError(f"function: {exc}") from exc
+    client = admin(settings)
+    if topic_partitions(client, topic) is None:
+        if create_topic is None:
+            raise BindingError(f"topic: {topic!r} does not exist; create it first or pass "
+                               "--create-topic N")
+        if not 1 <= create_topic <= 1000:
+            raise BindingError("create-topic: give 1 to 1000 partitions")
+        ensure_topics(client, {topic: (create_topic, {})})
+    binding = binding.with_changes(created_ms=int(time.time() * 1000))
+    ensure_binding_topics(settings, [binding])
+    BindingRegistry(settings).put(binding)
+    click.echo(f"bound {name}: {topic} -> {function} (tenant {tenant}, {priority}, "
+               f"ladder {','.join(binding.ladder_names)})")
+
+
+@click.command()
+@click.argument("name")
+@click.pass_context
+def unbind(ctx: click.Context, name: str) -> None:
+    """Remove binding NAME; its tailer stops after its in-flight batch."""
+    BindingRegistry(settings_of(ctx)).delete(name)
+    click.echo(f"unbound {name}")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON array, for scripts.")
+@click.pass_context
+def bindings(ctx: click.Context, as_json: bool) -> None:
+    """List the bindings."""
+    found = BindingRegistry(settings_of(ctx)).load()
+    if as_json:
+        click.echo(json.dumps([b.to_json() for b in found.values()], indent=2))
+        return
+    table = Table("name", "topic", "function", "tenant", "priority", "format", "rate",
+                  "concurrency", "attempts", "timeout", "ladder")
+    for b in sorted(found.values(), key=lambda b: b.name):
+        table.add_row(b.name, b.topic, b.function, b.tenant, b.priority, b.format,
+                      f"{b.rate_per_s:g}/s" if b.rate_per_s else "-",
+                      str(b.max_concurrency or "-"), str(b.max_attempts), f"{b.timeout_s:g}s",
+                      ",".join(b.ladder_names))
+    Console().print(table)
+
+
+COMMANDS = [bind, unbind, bindings]

@@ -1,0 +1,172 @@
+"""``asynctier run [scheduler | tailers | delay]``: run the platform's processes.
+
+With no component named, the three run as three child processes of this one (the scheduler
+first, then the tailers and the delay tailers); SIGTERM or Ctrl-C stops the tailers first
+(they finish and commit their in-flight batches), then the scheduler, and exits 0.
+
+Metrics: each process serves its own ``/metrics``. With ``--metrics-port P`` the scheduler
+uses P, the tailers P+1 and the delay tailers P+2; a single component uses P.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+
+import click
+
+from asynctier.cli import settings_of
+from asynctier.platform import metrics
+from asynctier.platform.config import Settings
+from asynctier.platform.rpc import SchedulerClient
+
+log = logging.getLogger("asynctier.run")
+
+COMPONENTS = ("scheduler", "tailers", "delay")
+
+
+def stop_on_signals(stop: threading.Event) -> None:
+    """Set ``stop`` on SIGTERM or SIGINT (a second one exits at once)."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            log.warning("second %s: exiting now", signal.Signals(signum).name)
+            os._exit(1)
+        log.info("%s received: finishing in-flight work, then exiting",
+                 signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def scheduler_addresses(settings: Settings) -> Callable[[], Sequence[str]]:
+    """Live schedulers from Redis membership, falling back to the configured list."""
+    try:
+        from asynctier.platform.scheduler.membership import SchedulerDirectory
+    except ImportError:  # pragma: no cover - membership not built
+        return lambda: settings.schedulers
+    directory = SchedulerDirectory(settings)
+    return directory.addresses  # type: ignore[no-any-return]
+
+
+def run_tailers(settings: Settings, stop: threading.Event, batch_size: int) -> None:
+    """Run one tailer per binding until ``stop``; then finish, commit and return."""
+    from asynctier.tailers.kafka import TailerOptions
+    from asynctier.tailers.manager import TailerManager
+
+    client = SchedulerClient(scheduler_addresses(settings))
+    manager = TailerManager(settings, client, TailerOptions(batch_size=batch_size))
+    manager.start()
+    log.info("tailers running for %d binding(s): %s", len(manager.bindings),
+             ", ".join(manager.bindings) or "none yet (waiting for `asynctier bind`)")
+    stop.wait()
+    manager.stop()
+    client.close()
+
+
+def _serve_metrics(port: int | None) -> None:
+    if port is not None:
+        real = metrics.serve(port)
+        log.info("metrics on http://127.0.0.1:%d/metrics", real)
+
+
+def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen: str | None,
+             metrics_port: int | None, batch_size: int) -> None:
+    stop = threading.Event()
+    stop_on_signals(stop)
+    _serve_metrics(metrics_port)
+    if component == "scheduler":
+        from asynctier.platform.scheduler import run_scheduler
+
+        run_scheduler(settings, listen=listen or settings.scheduler_listen,
+                      allow_modules=allow or settings.allow_modules, stop=stop)
+    elif component == "tailers":
+        run_tailers(settings, stop, batch_size)
+    else:
+        from asynctier.delay_streams.tailer import run_delay_tailers
+
+        client = SchedulerClient(scheduler_addresses(settings))
+        run_delay_tailers(settings, stop, client=client)
+        client.close()
+
+
+def _child_args(component: str, allow: tuple[str, ...], listen: str | None,
+                port: int | None, batch_size: int) -> list[str]:
+    args = [sys.executable, "-m", "asynctier", "run", component, "--batch-size", str(batch_size)]
+    for module in allow:
+        args += ["--allow-module", module]
+    if listen and component == "scheduler":
+        args += ["--listen", listen]
+    if port is not None:
+        args += ["--metrics-port", str(port)]
+    return args
+
+
+def _run_all(allow: tuple[str, ...], listen: str | None, metrics_port: int | None,
+             batch_size: int) -> None:
+    stop = threading.Event()
+    stop_on_signals(stop)
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    for offset, component in enumerate(COMPONENTS):
+        port = None if metrics_port is None else (metrics_port + offset if metrics_port else 0)
+        children[component] = subprocess.Popen(
+            _child_args(component, allow, listen, port, batch_size))
+    log.info("asynctier running: scheduler (pid %d), tailers (pid %d), delay (pid %d)",
+             *(c.pid for c in children.values()))
+    code = 0
+    while not stop.is_set():
+        for component, child in children.items():
+            if child.poll() is not None:
+                log.error("the %s process exited with code %s; stopping the others",
+                          component, child.returncode)
+                code = 1
+                stop.set()
+        stop.wait(0.5)
+    for component in ("tailers", "delay", "scheduler"):
+        child = children[component]
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+            _wait(child, 60.0, component)
+    sys.exit(code)
+
+
+def _wait(child: subprocess.Popen[bytes], timeout_s: float, name: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if child.poll() is None:
+        log.error("the %s process did not stop within %gs; killing it", name, timeout_s)
+        child.kill()
+        child.wait()
+
+
+@click.command()
+@click.argument("component", required=False, type=click.Choice(COMPONENTS))
+@click.option("--allow-module", "allow", multiple=True, metavar="PREFIX",
+              help="Module (prefix) whose functions the scheduler may run; repeatable. "
+                   "Also allow_modules in asynctier.toml or ASYNCTIER_ALLOW_MODULES.")
+@click.option("--listen", envvar="ASYNCTIER_SCHEDULER_LISTEN",
+              help="host:port the scheduler serves on [default: 127.0.0.1:50051].")
+@click.option("--metrics-port", type=int, envvar="ASYNCTIER_METRICS_PORT",
+              help="Serve /metrics (0: a free port, printed at start).")
+@click.option("--batch-size", type=int, default=1000, show_default=True,
+              help="Records a tailer reads and submits at once.")
+@click.pass_context
+def run(ctx: click.Context, component: str | None, allow: tuple[str, ...], listen: str | None,
+        metrics_port: int | None, batch_size: int) -> None:
+    """Run the scheduler, the tailers and the delay tailers (all three when none is named)."""
+    settings = settings_of(ctx)
+    if component is None:
+        _run_all(allow, listen, metrics_port, batch_size)
+    else:
+        _run_one(settings, component, allow, listen, metrics_port, batch_size)
+
+
+COMMANDS = [run]

@@ -1,0 +1,261 @@
+"""The Kafka tailer: one consumer group per binding, at-least-once checkpoints.
+
+Loop: ``consume(n)`` a batch, turn it into Items (no decoding here: the scheduler decodes),
+start the submit call, and while it runs fetch the next batch (at most ``max_in_flight``
+batches under way). Batches are resolved in order: every non-ok outcome is handed off to a
+delay or dead-letter topic, the hand-off is confirmed (flush returned 0, every delivery
+report good), and only then the batch's offsets are committed, per partition highest + 1.
+A failed hand-off means no commit and another try. A partition that is revoked gets its
+batches finished and committed in the revoke callback; a lost partition is never committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from asynctier.delay_streams.handoff import Handoff, parcel_from_message
+from asynctier.platform import metrics, wire
+from asynctier.platform.binding import Binding
+from asynctier.platform.config import Settings
+from asynctier.platform.errors import HandoffError, SchedulerUnavailable
+from asynctier.platform.rpc import PendingCall, SchedulerClient
+from asynctier.platform.wire import Item, Outcome
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "tailer"
+
+
+@dataclass
+class TailerOptions:
+    """Knobs of a Kafka tailer."""
+
+    batch_size: int = 1000
+    max_in_flight: int = 2
+    idle_poll_s: float = 0.5
+    handoff_retry_s: float = 1.0
+    session_timeout_ms: int = 30_000
+    max_poll_interval_ms: int = 300_000
+
+
+@dataclass
+class _Batch:
+    messages: list[Any]
+    call: PendingCall
+    started: float = field(default_factory=time.monotonic)
+
+
+def consumer_config(settings: Settings, group: str, options: TailerOptions) -> dict[str, Any]:
+    """The consumer settings every asynctier tailer uses (no auto commit, cooperative)."""
+    return settings.kafka_config(**{
+        "group.id": group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "cooperative-sticky",
+        "session.timeout.ms": options.session_timeout_ms,
+        "max.poll.interval.ms": options.max_poll_interval_ms,
+        "fetch.wait.max.ms": 50,
+        "queued.max.messages.kbytes": 32768,
+    })
+
+
+def to_item(index: int, binding: str, msg: Any) -> Item:
+    """The wire Item of one consumed record of a source topic (attempt 1)."""
+    headers = msg.headers()
+    return {
+        "id": index,
+        "binding": binding,
+        "payload": msg.value(),
+        "key": msg.key(),
+        "headers": [{"name": k, "value": v} for k, v in headers] if headers else [],
+        "attempt": 1,
+        "source_ref": f"{msg.topic()}/{msg.partition()}/{msg.offset()}",
+        "record_time_ms": msg.timestamp()[1],
+    }
+
+
+def _complete(outcomes: list[Outcome], n: int) -> list[Outcome]:
+    """One outcome per item: an item the scheduler said nothing about is unknown, so it is
+    retried, never taken as done."""
+    if len(outcomes) == n and len({o["id"] for o in outcomes}) == n:
+        return outcomes
+    seen = {o["id"] for o in outcomes if 0 <= o["id"] < n}
+    missing = [wire.retry(i, "the scheduler returned no outcome for this item")
+               for i in range(n) if i not in seen]
+    log.error("a scheduler answered %d outcome(s) for %d item(s); retrying %d unknown",
+              len(outcomes), n, len(missing))
+    return [o for o in outcomes if 0 <= o["id"] < n] + missing
+
+
+class KafkaTailer:
+    """Tails one binding's topic in the group ``<prefix>.<binding>``."""
+
+    def __init__(self, settings: Settings, binding: Binding, client: SchedulerClient,
+                 options: TailerOptions | None = None) -> None:
+        self.settings = settings
+        self.binding = binding
+        self.client = client
+        self.options = options or TailerOptions()
+        self.group = settings.names.group(binding.name)
+        self.handoff = Handoff(settings)
+        self._in_flight: deque[_Batch] = deque()
+        self._lost: set[tuple[str, int]] = set()
+        self._consumer: Consumer | None = None
+        self._stop = threading.Event()
+        self.stats: Counter[str] = Counter()
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Tail until ``stop`` is set, then finish and commit the batches under way."""
+        self._stop = stop
+        consumer = Consumer(consumer_config(self.settings, self.group, self.options))
+        self._consumer = consumer
+        consumer.subscribe([self.binding.topic], on_assign=self._on_assign,
+                           on_revoke=self._on_revoke, on_lost=self._on_lost)
+        log.info("tailer for binding %s started: topic %s, group %s",
+                 self.binding.name, self.binding.topic, self.group)
+        try:
+            while not stop.is_set():
+                self._step(consumer)
+            self._drain()
+        except SchedulerUnavailable:
+            log.warning("binding %s: stopping with a batch unresolved; its records will be "
+                        "read again (not committed)", self.binding.name)
+        finally:
+            consumer.close()
+            metrics.set_in_flight(COMPONENT, self.binding.name, 0)
+            log.info("tailer for binding %s stopped", self.binding.name)
+
+    def _step(self, consumer: Consumer) -> None:
+        in_flight = self._in_flight
+        if in_flight and (len(in_flight) >= self.options.max_in_flight
+                          or in_flight[0].call.future.done()):
+            self._resolve_oldest()
+            return
+        timeout = 0.005 if in_flight else self.options.idle_poll_s
+        messages = consumer.consume(self.options.batch_size, timeout)
+        if messages:
+            self._submit(messages)
+        elif in_flight:
+            self._resolve_oldest()
+
+    def _submit(self, messages: list[Any]) -> None:
+        name = self.binding.name
+        good: list[Any] = []
+        items: list[Item] = []
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                self._log_consume_error(err)
+                continue
+            items.append(to_item(len(good), name, msg))
+            good.append(msg)
+        if not items:
+            return
+        self._in_flight.append(_Batch(good, self.client.submit(items)))
+        metrics.add_in_flight(COMPONENT, name, len(items))
+
+    def _log_consume_error(self, err: KafkaError) -> None:
+        if err.code() == KafkaError._PARTITION_EOF:
+            return
+        log.error("binding %s: consume error on %s: %s", self.binding.name,
+                  self.binding.topic, err.str())
+        if err.fatal():
+            raise KafkaException(err)
+
+    # -- resolving and committing ---------------------------------------------------------
+
+    def _resolve_oldest(self) -> None:
+        batch = self._in_flight[0]
+        outcomes = batch.call.result(self._stop)
+        counts = self._hand_off(batch, outcomes)
+        self._in_flight.popleft()
+        self._commit(batch.messages)
+        metrics.add_in_flight(COMPONENT, self.binding.name, -len(batch.messages))
+        metrics.count_batch(COMPONENT, self.binding.name)
+        metrics.record_outcomes(self.binding.name, self.binding.tenant, counts)
+        self.stats.update(counts)
+
+    def _hand_off(self, batch: _Batch, outcomes: list[Outcome]) -> Counter[str]:
+        """Hand off every non-ok outcome and confirm; retry until delivered or stopping."""
+        outcomes = _complete(outcomes, len(batch.messages))
+        while True:
+            counts: Counter[str] = Counter()
+            for outcome in outcomes:
+                if outcome["status"] == "ok":
+                    counts["ok"] += 1
+                    continue
+                msg = batch.messages[outcome["id"]]
+                counts[self.handoff.resolve(self.binding, parcel_from_message(msg), outcome)] += 1
+            if counts["ok"] == len(batch.messages):
+                return counts
+            try:
+                self.handoff.confirm()
+                return counts
+            except HandoffError as exc:
+                metrics.count_handoff_failure(self.binding.topic)
+                log.error("binding %s: hand-off of %d record(s) to delay/dead-letter topics "
+                          "was not confirmed (%s); not committing, trying again in %gs. "
+                          "Check that the delay and dead-letter topics exist and accept "
+                          "records of this size.", self.binding.name,
+                          len(batch.messages) - counts["ok"], exc, self.options.handoff_retry_s)
+                if self._stop.wait(self.options.handoff_retry_s):
+                    raise SchedulerUnavailable("stopping with an unconfirmed hand-off") from exc
+
+    def _commit(self, messages: list[Any]) -> None:
+        high: dict[tuple[str, int], int] = {}
+        for msg in messages:
+            tp = (msg.topic(), msg.partition())
+            off = msg.offset()
+            if off >= high.get(tp, -1):
+                high[tp] = off
+        offsets = [TopicPartition(t, p, o + 1) for (t, p), o in high.items()
+                   if (t, p) not in self._lost]
+        if not offsets or self._consumer is None:
+            return
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            log.warning("binding %s: commit of %s failed (%s); those records will be read "
+                        "again", self.binding.name,
+                        ", ".join(f"{t.topic}/{t.partition}@{t.offset}" for t in offsets),
+                        exc.args[0].str())
+
+    def _drain(self) -> None:
+        while self._in_flight:
+            self._resolve_oldest()
+
+    # -- rebalancing ----------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self._lost.discard((tp.topic, tp.partition))
+        log.info("binding %s: assigned %s", self.binding.name,
+                 ", ".join(f"{tp.topic}/{tp.partition}" for tp in partitions) or "nothing")
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if partitions:
+            log.info("binding %s: revoking %s; finishing %d batch(es) under way",
+                     self.binding.name,
+                     ", ".join(f"{tp.topic}/{tp.partition}" for tp in partitions),
+                     len(self._in_flight))
+        try:
+            self._drain()
+        except SchedulerUnavailable:
+            self._in_flight.clear()
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.warning("binding %s: lost %s; their batches under way will not be committed",
+                    self.binding.name,
+                    ", ".join(f"{tp.topic}/{tp.partition}" for tp in partitions))
+        for tp in partitions:
+            self._lost.add((tp.topic, tp.partition))

@@ -1,0 +1,99 @@
+"""Runs one tailer thread per binding and follows the bindings topic live.
+
+A new binding gets its tailer within seconds; a removed binding's tailer is told to stop
+and finishes its in-flight batch first; a changed binding's tailer is restarted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from asynctier.delay_streams.topics import ensure_binding_topics
+from asynctier.platform.binding import Binding
+from asynctier.platform.config import Settings
+from asynctier.platform.kafka import admin, topic_partitions
+from asynctier.platform.registry import RegistryFollower
+from asynctier.platform.rpc import SchedulerClient
+from asynctier.tailers.kafka import KafkaTailer, TailerOptions
+
+log = logging.getLogger(__name__)
+
+
+class _Running:
+    def __init__(self, tailer: KafkaTailer) -> None:
+        self.tailer = tailer
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"tailer-{tailer.binding.name}",
+                                       daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.tailer.run(self.stop)
+        except Exception:
+            log.exception("tailer for binding %s died; it will be restarted on the next "
+                          "binding change or process restart", self.tailer.binding.name)
+
+
+TailerFactory = Callable[[Settings, Binding, SchedulerClient], KafkaTailer]
+
+
+class TailerManager:
+    """Keeps exactly one running tailer per binding of the registry."""
+
+    def __init__(self, settings: Settings, client: SchedulerClient,
+                 options: TailerOptions | None = None,
+                 only: Callable[[Binding], bool] | None = None) -> None:
+        self.settings = settings
+        self.client = client
+        self.options = options or TailerOptions()
+        self.only = only
+        self._running: dict[str, _Running] = {}
+        self._lock = threading.Lock()
+        self.follower = RegistryFollower(settings, self._apply)
+
+    def start(self) -> None:
+        """Read the bindings and start their tailers; then follow changes."""
+        self.follower.start()
+
+    def _apply(self, bindings: dict[str, Binding]) -> None:
+        wanted = {k: b for k, b in bindings.items() if self.only is None or self.only(b)}
+        with self._lock:
+            for name in list(self._running):
+                current = self._running[name]
+                if name not in wanted or wanted[name] != current.tailer.binding:
+                    log.info("binding %s removed or changed: stopping its tailer after its "
+                             "in-flight batch", name)
+                    current.stop.set()
+                    current.thread.join()
+                    del self._running[name]
+            new = [b for name, b in wanted.items() if name not in self._running]
+            if new:
+                ensure_binding_topics(self.settings, new)
+            for binding in new:
+                self._start(binding)
+
+    def _start(self, binding: Binding) -> None:
+        if topic_partitions(admin(self.settings), binding.topic) is None:
+            log.error("binding %s: topic %s does not exist; its tailer starts and waits for "
+                      "it (create the topic, or unbind)", binding.name, binding.topic)
+        running = _Running(KafkaTailer(self.settings, binding, self.client, self.options))
+        self._running[binding.name] = running
+        running.thread.start()
+
+    @property
+    def bindings(self) -> list[str]:
+        """Names of the bindings whose tailers run."""
+        with self._lock:
+            return sorted(self._running)
+
+    def stop(self) -> None:
+        """Stop every tailer (each finishes and commits its in-flight batches)."""
+        self.follower.stop()
+        with self._lock:
+            for running in self._running.values():
+                running.stop.set()
+            for running in self._running.values():
+                running.thread.join()
+            self._running.clear()
