@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Idempotent set-up of a machine for asynctier (Debian / Ubuntu):
+#   1. apt-get install what is missing: redis-server, prometheus, maven, a Java 17+ runtime
+#      (when not root it prints the exact command and stops);
+#   2. a virtual environment in .venv with asynctier installed in editable mode;
+#   3. Kafka's jars fetched by Maven into ~/.cache/asynctier (once).
+# Environment: PYTHON (default python3, 3.11+), ASYNCTIER_EXTRAS (default "dev").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+EXTRAS=${ASYNCTIER_EXTRAS:-dev}
+VENV=.venv
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+
+java_major() {
+  # Prints the major version of `java` on PATH (0 when there is none).
+  command -v java >/dev/null 2>&1 || { echo 0; return; }
+  java -version 2>&1 | sed -n 's/.*version "\([0-9][0-9]*\).*/\1/p' | head -n1
+}
+
+missing_packages() {
+  local pkgs=()
+  command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
+  command -v prometheus >/dev/null 2>&1 || pkgs+=(prometheus)
+  command -v mvn >/dev/null 2>&1 || pkgs+=(maven)
+  [ "$(java_major)" -ge 17 ] || pkgs+=(openjdk-17-jre-headless)
+  command -v make >/dev/null 2>&1 || pkgs+=(make)
+  if ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then pkgs+=(python3-venv); fi
+  echo "${pkgs[@]:-}"
+}
+
+install_packages() {
+  local pkgs
+  read -r -a pkgs <<<"$(missing_packages)"
+  [ "${#pkgs[@]}" -eq 0 ] && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    say "missing: ${pkgs[*]}. Install them as root, then run this again:"
+    say "  sudo apt-get update && sudo apt-get install -y ${pkgs[*]}"
+    exit 1
+  fi
+  say "installing ${pkgs[*]} with apt-get"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  local i
+  for i in "${!pkgs[@]}"; do  # no openjdk-17 on newer releases: take their default JRE
+    if [ "${pkgs[$i]}" = openjdk-17-jre-headless ] &&
+       ! apt-cache policy openjdk-17-jre-headless | grep -q 'Candidate: [0-9]'; then
+      pkgs[$i]=default-jre-headless
+    fi
+  done
+  apt-get install -y -q --no-install-recommends "${pkgs[@]}"
+}
+
+check_python() {
+  "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+    say "$PYTHON is older than 3.11: set PYTHON to a Python 3.11+ interpreter"; exit 1; }
+}
+
+install_venv() {
+  [ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
+  local stamp="$VENV/.asynctier-setup"
+  local want
+  want="$(cat pyproject.toml <(echo "$EXTRAS") <(pwd) | sha256sum | cut -d' ' -f1)"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] &&
+     "$VENV/bin/python" -c 'import asynctier' >/dev/null 2>&1; then
+    return 0
+  fi
+  say "pip install -e .[$EXTRAS]"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"
+  echo "$want" >"$stamp"
+}
+
+install_packages
+check_python
+install_venv
+"$VENV/bin/python" -m asynctier.platform.devstack fetch >&2
+say "ready"
