@@ -123,7 +123,7 @@ def _export(settings: Settings, port: int, interval_s: float) -> None:
                "Ctrl-C stops")
     follower = RegistryFollower(settings, lambda _bindings: None)
     follower.start()
-    collector = LagCollector(settings, lambda: follower.bindings, delay=True,
+    collector = LagCollector(settings, lambda: dict(follower.bindings), delay=True,
                              interval_s=interval_s)
     collector.start()
     try:

@@ -1,0 +1,171 @@
+"""The metrics module: names and labels by convention, batch helpers, the HTTP endpoint."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+import uuid
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.parser import text_string_to_metric_families
+
+from asynctier.platform import metrics
+
+ALLOWED_LABELS = {"binding", "tenant", "outcome", "component", "tier", "step", "reason",
+                  "group", "topic", "partition"}
+
+
+def _value(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def _fresh(kind: str) -> str:
+    """A label value no other test used, so counters start at zero."""
+    return f"{kind}-{uuid.uuid4().hex[:8]}"
+
+
+def test_names_follow_prometheus_conventions() -> None:
+    for name, metric in metrics.ALL_METRICS.items():
+        assert re.fullmatch(r"asynctier_[a-z_]+", name), name
+        if isinstance(metric, Counter):
+            assert name.endswith("_total"), name
+        if isinstance(metric, Histogram):
+            assert name.endswith("_seconds"), name
+        if isinstance(metric, Gauge):
+            assert not name.endswith("_total"), name
+        labels = set(metric._labelnames)
+        assert labels <= ALLOWED_LABELS, (name, labels - ALLOWED_LABELS)
+        assert len(labels) <= 3, name
+
+
+def test_every_metric_of_the_issue_is_defined() -> None:
+    wanted = {
+        "asynctier_items_total": ("binding", "tenant", "outcome"),
+        "asynctier_function_duration_seconds": ("binding",),
+        "asynctier_record_to_start_seconds": ("binding",),
+        "asynctier_in_flight_items": ("component", "binding"),
+        "asynctier_scheduler_queue_depth": ("tier",),
+        "asynctier_throttled_total": ("binding",),
+        "asynctier_quota_delayed_total": ("binding", "tenant"),
+        "asynctier_concurrency_waits_total": ("binding",),
+        "asynctier_redis_fallback_total": ("binding",),
+        "asynctier_retries_total": ("binding", "step"),
+        "asynctier_dead_letters_total": ("binding", "reason"),
+        "asynctier_consumer_lag": ("group", "topic", "partition"),
+        "asynctier_consumer_lag_seconds": ("group", "topic", "partition"),
+        "asynctier_delay_backlog": ("topic",),
+        "asynctier_live_schedulers": (),
+        "asynctier_batches_total": ("component", "binding"),
+        "asynctier_handoff_failures_total": ("topic",),
+    }
+    assert {n: tuple(m._labelnames) for n, m in metrics.ALL_METRICS.items()} == wanted
+
+
+def test_record_outcomes_counts_a_batch_with_one_call() -> None:
+    binding = _fresh("b")
+    metrics.record_outcomes(binding, "acme", {"ok": 97, "retry": 3, "failed": 0})
+    metrics.record_outcomes(binding, "acme", {"ok": 3})
+    assert _value("asynctier_items_total", binding=binding, tenant="acme", outcome="ok") == 100
+    assert _value("asynctier_items_total", binding=binding, tenant="acme",
+                  outcome="retry") == 3
+    # a zero count creates no series
+    assert REGISTRY.get_sample_value("asynctier_items_total", {
+        "binding": binding, "tenant": "acme", "outcome": "failed"}) is None
+
+
+def test_unknown_outcome_or_reason_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown outcome"):
+        metrics.record_outcomes("b", "t", {"okay": 1})
+    with pytest.raises(ValueError, match="unknown dead-letter reason"):
+        metrics.record_dead_letters("b", {"boom": 1})
+
+
+def test_histograms_take_a_batch_of_observations() -> None:
+    binding = _fresh("b")
+    metrics.observe_durations(binding, [0.002, 0.2, 3.0])
+    metrics.observe_record_ages(binding, [1_000_000, 1_000_500], start_s=1_001.0)
+    assert _value("asynctier_function_duration_seconds_count", binding=binding) == 3
+    assert _value("asynctier_function_duration_seconds_sum", binding=binding) == \
+        pytest.approx(3.202)
+    assert _value("asynctier_record_to_start_seconds_count", binding=binding) == 2
+    assert _value("asynctier_record_to_start_seconds_sum", binding=binding) == \
+        pytest.approx(1.5)
+    assert _value("asynctier_record_to_start_seconds_bucket", binding=binding,
+                  le="0.5") == 1
+
+
+def test_retries_dead_letters_and_limits() -> None:
+    binding = _fresh("b")
+    metrics.record_retries(binding, {"30s": 4, 1: 2})
+    metrics.record_dead_letters(binding, {"attempts_exhausted": 2, "undecodable": 1})
+    metrics.count_throttled(binding, 5)
+    metrics.count_quota_delayed(binding, "acme", 6)
+    metrics.count_concurrency_waits(binding, 7)
+    metrics.count_redis_fallback(binding, 8)
+    metrics.count_batch("tailer", binding)
+    assert _value("asynctier_retries_total", binding=binding, step="30s") == 4
+    assert _value("asynctier_retries_total", binding=binding, step="1") == 2
+    assert _value("asynctier_dead_letters_total", binding=binding,
+                  reason="attempts_exhausted") == 2
+    assert _value("asynctier_throttled_total", binding=binding) == 5
+    assert _value("asynctier_quota_delayed_total", binding=binding, tenant="acme") == 6
+    assert _value("asynctier_concurrency_waits_total", binding=binding) == 7
+    assert _value("asynctier_redis_fallback_total", binding=binding) == 8
+    assert _value("asynctier_batches_total", component="tailer", binding=binding) == 1
+
+
+def test_gauges_set_and_forget() -> None:
+    group = _fresh("g")
+    metrics.set_consumer_lag(group, "t", 3, 42, 1.5)
+    assert _value("asynctier_consumer_lag", group=group, topic="t", partition="3") == 42
+    assert _value("asynctier_consumer_lag_seconds", group=group, topic="t",
+                  partition="3") == 1.5
+    metrics.forget_consumer_lag(group, "t", 3)
+    metrics.forget_consumer_lag(group, "t", 3)  # twice is fine
+    assert REGISTRY.get_sample_value("asynctier_consumer_lag", {
+        "group": group, "topic": "t", "partition": "3"}) is None
+    binding = _fresh("b")
+    metrics.set_in_flight("tailer", binding, 10)
+    metrics.add_in_flight("tailer", binding, -4)
+    assert _value("asynctier_in_flight_items", component="tailer", binding=binding) == 6
+    metrics.set_queue_depths({"urgent": 1, "normal": 2, "batch": 3})
+    assert _value("asynctier_scheduler_queue_depth", tier="batch") == 3
+    metrics.set_live_schedulers(2)
+    assert _value("asynctier_live_schedulers") == 2
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.dictionaries(st.sampled_from(sorted(metrics.OUTCOMES)),
+                                st.integers(0, 1000)), max_size=10))
+def test_outcome_totals_are_the_sums_of_the_batches(batches: list[dict[str, int]]) -> None:
+    binding = _fresh("p")
+    for counts in batches:
+        metrics.record_outcomes(binding, "t", counts)
+    for outcome in metrics.OUTCOMES:
+        expected = sum(c.get(outcome, 0) for c in batches)
+        assert _value("asynctier_items_total", binding=binding, tenant="t",
+                      outcome=outcome) == expected
+
+
+def test_serve_picks_a_free_port_and_exports_every_metric() -> None:
+    binding = _fresh("s")
+    metrics.record_outcomes(binding, "t", {"ok": 1})
+    port = metrics.serve(0, addr="127.0.0.1")
+    assert port > 0
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    # prometheus-client's parser drops the _total suffix of counter families
+    exported = {f.name + ("_total" if f.type == "counter" else "") for f in families.values()}
+    assert set(metrics.ALL_METRICS) <= exported
+    assert f'asynctier_items_total{{binding="{binding}",outcome="ok",tenant="t"}} 1.0' in text
+
+
+def test_every_exported_series_name_is_known() -> None:
+    names = metrics.exported_series_names()
+    assert "asynctier_function_duration_seconds_bucket" in names
+    assert "asynctier_items_total" in names
+    assert "asynctier_consumer_lag_seconds" in names
