@@ -9,8 +9,14 @@ ARGS ?=
 setup:
 	scripts/setup.sh
 
+# Until `asynctier demo` exists: bring the local stack up and prove a round trip.
 demo: setup
-	$(VENV)/bin/asynctier demo
+	@if $(VENV)/bin/asynctier demo --help >/dev/null 2>&1; then \
+	  $(VENV)/bin/asynctier demo; \
+	else \
+	  echo "asynctier demo is not built yet: starting the local stack and checking it"; \
+	  $(VENV)/bin/asynctier dev up && $(VENV)/bin/asynctier dev check; \
+	fi
 
 lint: setup
 	$(VENV)/bin/ruff check .

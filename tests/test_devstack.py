@@ -94,6 +94,9 @@ def test_up_round_trip_down_up_keeps_topics_and_records(
 
     status = dev("status")
     assert status.exit_code == 0, status.output
+    check = dev("check")
+    assert check.exit_code == 0, check.output
+    assert "produced and consumed a record" in check.output
 
     again = dev("up")
     assert again.exit_code == 0, again.output
@@ -280,3 +283,14 @@ def test_wait_until_returns_the_value_and_fails_with_the_message() -> None:
     assert wait_until(lambda: 42, 1, "answer") == 42
     with pytest.raises(AssertionError, match="never true"):
         wait_until(lambda: False, 0.2, "never true")
+
+
+def test_a_relative_data_dir_works(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert devstack.KafkaNode(Path("rel/kafka")).data_dir == tmp_path / "rel" / "kafka"
+    node = devstack.RedisNode(Path("rel/redis"), port=devstack.free_port())
+    node.start()
+    try:
+        assert node.healthy()
+    finally:
+        node.stop()

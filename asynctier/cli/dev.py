@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from asynctier.cli import settings_of
-from asynctier.platform.devstack import DevStack, KafkaJars
+from asynctier.platform.devstack import DevStack, KafkaJars, redis_answers, round_trip
 
 
 def _stack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -103,6 +103,18 @@ def env(stack: DevStack) -> None:
     """Print the export lines that point a shell at the local stack."""
     for line in stack.env_lines():
         click.echo(line)
+
+
+@dev.command()
+@_with_stack
+def check(stack: DevStack) -> None:
+    """Prove the stack works: a produce/consume round trip through Kafka, a Redis PING."""
+    offset = round_trip(stack.kafka.bootstrap)
+    click.echo(f"kafka  {stack.kafka.bootstrap}: produced and consumed a record "
+               f"(asynctier.devcheck, offset {offset})")
+    if not redis_answers(stack.redis.url):
+        raise SystemExit(f"redis  {stack.redis.address}: no answer to PING")
+    click.echo(f"redis  {stack.redis.address}: PING answered")
 
 
 @dev.command()

@@ -444,6 +444,9 @@ class KafkaNode:
     heap: str = "512m"
     name: str = "kafka"
 
+    def __post_init__(self) -> None:
+        self.data_dir = self.data_dir.absolute()  # the broker runs with cwd=data_dir
+
     @property
     def address(self) -> str:
         """The bootstrap servers string."""
@@ -580,6 +583,9 @@ class RedisNode:
     password: str | None = None
     path: str | None = None  # PATH used to look for redis-server (None: the process's own)
     name: str = "redis"
+
+    def __post_init__(self) -> None:
+        self.data_dir = self.data_dir.absolute()  # the server runs with cwd=data_dir
 
     @property
     def address(self) -> str:
@@ -780,6 +786,42 @@ def _load_state(data_dir: Path) -> dict[str, int]:
     except (OSError, ValueError):
         return {}
     return {k: int(v) for k, v in raw.items() if isinstance(v, int)}
+
+
+def round_trip(bootstrap: str, topic: str = "asynctier.devcheck",
+               timeout_s: float = 30.0) -> int:
+    """Produce one record to ``topic`` (created when missing) and read it back.
+
+    Returns the record's offset; raises ServiceError when either side fails.
+    """
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    if topic not in admin.list_topics(timeout=timeout_s).topics:
+        with contextlib.suppress(KafkaException):  # created meanwhile: fine
+            admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout_s)
+    value = uuid.uuid4().bytes
+    offsets: list[int | None] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    producer.produce(topic, value=value, partition=0,
+                     on_delivery=lambda err, msg: offsets.append(-1 if err else msg.offset()))
+    if producer.flush(timeout_s) != 0 or not offsets or offsets[0] is None or offsets[0] < 0:
+        raise ServiceError(f"Kafka at {bootstrap} did not confirm a record to {topic}")
+    offset = offsets[0]
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "asynctier.devcheck",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, offset)])
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None and msg.value() == value:
+                return offset
+    finally:
+        consumer.close()
+    raise ServiceError(f"the record produced to {topic} did not come back within {timeout_s} s")
 
 
 # --------------------------------------------------------------------------- test harness
