@@ -1,0 +1,133 @@
+"""The Grafana dashboards: every PromQL expression parses (promtool) and names only metrics
+that asynctier exports; every panel is described in deploy/grafana/README.md."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from asynctier.platform import metrics
+
+REPO = Path(__file__).resolve().parent.parent
+DASHBOARDS = sorted((REPO / "deploy" / "grafana" / "dashboards").glob("*.json"))
+README = REPO / "deploy" / "grafana" / "README.md"
+
+_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
+             "or", "unless", "offset", "atan2", "inf", "nan", "Inf", "NaN"}
+_GRAFANA_VARS = {"__rate_interval": "1m", "__interval": "1m", "__range": "1h"}
+
+
+def panels_of(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every panel, rows' nested panels included."""
+    for panel in dashboard.get("panels", []):
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def expressions(dashboard: dict[str, Any]) -> list[str]:
+    """Every PromQL expression of the panels' targets."""
+    return [t["expr"] for p in panels_of(dashboard) for t in p.get("targets", []) if "expr" in t]
+
+
+def variable_queries(dashboard: dict[str, Any]) -> list[str]:
+    """The queries of the dashboard's query variables (``label_values(...)``)."""
+    out = []
+    for var in dashboard.get("templating", {}).get("list", []):
+        if var.get("type") == "query":
+            query = var["query"]
+            out.append(query["query"] if isinstance(query, dict) else query)
+    return out
+
+
+def substitute(expr: str) -> str:
+    """Replace Grafana variables by sample values so the text is plain PromQL."""
+    return re.sub(r"\$\{?([A-Za-z_]\w*)(?::\w+)?\}?",
+                  lambda m: _GRAFANA_VARS.get(m.group(1), "x"), expr)
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects (a small lexer, enough for ours)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', substitute(expr))  # string literals
+    text = re.sub(r"\{[^}]*\}", " ", text)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", " ", text)  # ranges
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    names = set()
+    for match in re.finditer(r"(?<![\w.])[A-Za-z_:][A-Za-z0-9_:]*", text):
+        following = text[match.end():].lstrip()
+        if following.startswith("(") or match.group() in _KEYWORDS:
+            continue
+        names.add(match.group())
+    return names
+
+
+def _load(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc
+
+
+def test_there_is_a_dashboard() -> None:
+    assert DASHBOARDS, "no dashboard JSON under deploy/grafana/dashboards"
+
+
+def test_the_lexer_finds_metric_names() -> None:
+    expr = ('histogram_quantile(0.99, sum by (binding, le) (rate(asynctier_x_bucket'
+            '{binding=~"$binding"}[$__rate_interval]))) / on (binding) group_left '
+            'asynctier_y offset 5m or vector(0)')
+    assert metric_names(expr) == {"asynctier_x_bucket", "asynctier_y"}
+    assert metric_names('label_replace(a_b, "binding", "$1", "group", "[^.]+\\\\.(.+)")') \
+        == {"a_b"}
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_every_expression_names_only_exported_metrics(path: Path) -> None:
+    exported = metrics.exported_series_names()
+    dashboard = _load(path)
+    exprs = expressions(dashboard) + [
+        re.sub(r"^label_values\((.*),\s*\w+\)$", r"\1", q) for q in variable_queries(dashboard)]
+    assert exprs
+    for expr in exprs:
+        names = metric_names(expr)
+        assert names, f"no metric in {expr!r}"
+        unknown = names - exported
+        assert not unknown, f"{expr!r} names {sorted(unknown)}, not defined in metrics.py"
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_every_expression_parses(path: Path, tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is not installed (Debian package prometheus)")
+    exprs = expressions(_load(path))
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:expr{i}", "expr": substitute(e)} for i, e in enumerate(exprs)]}]}
+    file = tmp_path / "rules.yml"
+    file.write_text(yaml.safe_dump(rules))
+    done = subprocess.run([promtool, "check", "rules", str(file)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_panels_are_well_formed_and_described(path: Path) -> None:
+    dashboard = _load(path)
+    readme = README.read_text()
+    ids = [p["id"] for p in panels_of(dashboard)]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    for panel in panels_of(dashboard):
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, panel["title"]
+        if panel["type"] == "row":
+            continue
+        assert panel.get("description"), f"panel {panel['title']!r} has no description"
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        assert f"**{panel['title']}**" in readme, \
+            f"panel {panel['title']!r} is not described in {README.relative_to(REPO)}"
+    assert dashboard["uid"] and dashboard["title"]
