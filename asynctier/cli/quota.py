@@ -1,0 +1,103 @@
+"""``asynctier quota set | show``: tenants' quotas per minute and per day, kept in Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import click
+from redis.asyncio import Redis
+
+from asynctier.cli import settings_of
+from asynctier.platform.config import Settings
+from asynctier.platform.errors import ServiceError
+from asynctier.platform.limits.outage import REDIS_DOWN
+from asynctier.platform.limits.quota import Quota, QuotaStore
+
+T = TypeVar("T")
+
+#: The tenant names a binding accepts (asynctier.platform.binding).
+_TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def _with_store(settings: Settings, fn: Callable[[QuotaStore], Awaitable[T]]) -> T:
+    """Run ``fn`` on a QuotaStore of the configured Redis; an unreachable Redis is an
+    error that names it."""
+
+    async def run() -> T:
+        client = Redis.from_url(settings.redis_url, socket_timeout=5.0,
+                                socket_connect_timeout=5.0)
+        try:
+            return await fn(QuotaStore(client, settings.names))
+        except REDIS_DOWN as exc:
+            raise ServiceError(f"Redis at {settings.redis_url} does not answer: {exc}") from exc
+        finally:
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+async def quota_rows(store: QuotaStore) -> list[dict[str, Any]]:
+    """Every tenant's quota and its usage in the current minute and UTC day."""
+    rows = []
+    for tenant, quota in (await store.all()).items():
+        usage = await store.usage(tenant)
+        rows.append({"tenant": tenant, **quota.to_json(),
+                     "used_minute": usage.minute, "used_day": usage.day})
+    return rows
+
+
+@click.group()
+def quota() -> None:
+    """Tenants' quotas: items per minute and per UTC day; over it, items are delayed."""
+
+
+@quota.command("set")
+@click.argument("tenant")
+@click.option("--per-minute", type=click.IntRange(min=1),
+              help="Items per minute (omit: no limit per minute).")
+@click.option("--per-day", type=click.IntRange(min=1),
+              help="Items per UTC day (omit: no limit per day).")
+@click.pass_context
+def set_(ctx: click.Context, tenant: str, per_minute: int | None, per_day: int | None) -> None:
+    """Replace TENANT's quota (a window not given has no limit)."""
+    if not _TENANT_RE.match(tenant):
+        raise click.BadParameter("letters, digits, '.', '-', '_' (at most 63)",
+                                 param_hint="TENANT")
+    if per_minute is None and per_day is None:
+        raise click.UsageError("give --per-minute N, --per-day N or both")
+    new = Quota(per_minute=per_minute, per_day=per_day)
+    _with_store(settings_of(ctx), lambda store: store.set(tenant, new))
+    click.echo(f"{tenant}: {_describe(new.to_json())}")
+
+
+@quota.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON list instead of a table.")
+@click.pass_context
+def show(ctx: click.Context, as_json: bool) -> None:
+    """Every tenant's quota and what it used in the current minute and day."""
+    rows = _with_store(settings_of(ctx), quota_rows)
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    if not rows:
+        click.echo("no quotas set")
+        return
+    click.echo(f"{'TENANT':<24} {'PER MINUTE':>12} {'USED':>8} {'PER DAY':>12} {'USED':>10}")
+    for row in rows:
+        click.echo(f"{row['tenant']:<24} {_limit(row['per_minute']):>12} "
+                   f"{row['used_minute']:>8} {_limit(row['per_day']):>12} {row['used_day']:>10}")
+
+
+def _limit(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _describe(doc: dict[str, int | None]) -> str:
+    return ", ".join(f"{_limit(v)} {k.replace('_', ' ')}" for k, v in doc.items())
+
+
+COMMANDS = [quota]

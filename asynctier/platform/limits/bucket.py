@@ -1,0 +1,77 @@
+"""Token buckets: a binding's rate (items per second) with a burst, handed out as reservations.
+
+A take never fails and never polls: the tokens are taken at once, the bucket may go into
+debt, and the caller sleeps for exactly the time the debt needs to refill. Callers are
+thereby served first come, first served, and a take larger than the burst works in one
+step.
+
+:class:`TokenBucket` is the algorithm in memory (the per-scheduler fallback);
+:class:`RedisBucket` runs the same algorithm in Redis (:data:`~.scripts.TAKE_TOKENS`), so
+that every scheduler draws from one bucket per binding, one round trip per take.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from redis.asyncio import Redis
+
+from asynctier.platform.binding import Binding
+from asynctier.platform.limits.scripts import TAKE_TOKENS
+from asynctier.platform.names import Names
+
+
+def burst_of(binding: Binding) -> float:
+    """The binding's burst: its own, else one second's worth of its rate (at least 1)."""
+    if binding.burst is not None:
+        return float(binding.burst)
+    return float(max(1, math.ceil(binding.rate_per_s or 1.0)))
+
+
+class TokenBucket:
+    """A token bucket in memory: ``reserve(n)`` returns the seconds to wait (0: at once)."""
+
+    def __init__(self, rate_per_s: float, burst: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate_per_s = rate_per_s
+        self.burst = burst
+        self._clock = clock
+        self._tokens = burst
+        self._ts = clock()
+
+    def reserve(self, n: int) -> float:
+        """Take ``n`` tokens now; the seconds until they are all refilled (0 when they were
+        there)."""
+        now = self._clock()
+        if now > self._ts:
+            self._tokens = min(self.burst, self._tokens + (now - self._ts) * self.rate_per_s)
+        self._ts = now
+        self._tokens -= n
+        return max(0.0, -self._tokens / self.rate_per_s)
+
+    def reconfigure(self, rate_per_s: float, burst: float) -> None:
+        """Take a new rate and burst (a binding changed); the tokens held are kept."""
+        self.rate_per_s = rate_per_s
+        self.burst = burst
+        self._tokens = min(self._tokens, burst)
+
+
+class RedisBucket:
+    """One token bucket per binding in Redis, shared by every scheduler."""
+
+    def __init__(self, client: Redis, names: Names) -> None:
+        self._names = names
+        self._take = client.register_script(TAKE_TOKENS)
+
+    def key(self, binding: str) -> str:
+        """The bucket's Redis key."""
+        return self._names.redis_key("rate", binding)
+
+    async def reserve(self, binding: Binding, n: int) -> float:
+        """Take ``n`` tokens of ``binding``'s bucket; the seconds to wait (0: at once)."""
+        assert binding.rate_per_s is not None
+        wait_us = await self._take(keys=[self.key(binding.name)],
+                                   args=[binding.rate_per_s, burst_of(binding), n])
+        return int(wait_us) / 1_000_000

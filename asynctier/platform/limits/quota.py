@@ -1,0 +1,136 @@
+"""Tenant quotas: items per minute and per UTC day, charged once per record.
+
+A quota lives in Redis under ``<prefix>:quota:<tenant>`` (hash ``per_minute``,
+``per_day``; a missing field means no limit on that window) and is set with
+``asynctier quota set``. The usage of the current windows lives under
+``<prefix>:quota-used:<tenant>``.
+
+:class:`RedisQuota` charges a chunk in one round trip (:data:`~.scripts.CHARGE_QUOTA`):
+the items that fit are charged and admitted, the rest come back with the seconds until
+their window resets (the dispatcher delays them without spending an attempt). Each charged
+item leaves an idempotency key (binding + ``source_ref``) with a TTL, so a record read
+again after a crash is admitted without being charged twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from asynctier.platform.binding import Binding
+from asynctier.platform.limits.scripts import CHARGE_QUOTA
+from asynctier.platform.names import Names
+from asynctier.platform.wire import Item
+
+#: Idempotency keys live this long by default: a record re-read after a crash comes back
+#: within minutes, and one key per charged item must not pile up for days.
+DEFAULT_CHARGE_TTL_S = 3600
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A tenant's quota; ``None`` is no limit on that window."""
+
+    per_minute: int | None = None
+    per_day: int | None = None
+
+    def __post_init__(self) -> None:
+        for value in (self.per_minute, self.per_day):
+            if value is not None and value < 1:
+                raise ValueError("a quota is a positive number of items (omit it for none)")
+
+    def to_json(self) -> dict[str, int | None]:
+        """``{"per_minute": N, "per_day": N}``."""
+        return {"per_minute": self.per_minute, "per_day": self.per_day}
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Items charged in the current minute and the current UTC day."""
+
+    minute: int
+    day: int
+
+
+class QuotaStore:
+    """Reads and writes tenants' quotas (the ``asynctier quota`` commands)."""
+
+    def __init__(self, client: Redis, names: Names) -> None:
+        self._client = client
+        self._names = names
+
+    def key(self, tenant: str) -> str:
+        """The Redis key of a tenant's quota."""
+        return self._names.redis_key("quota", tenant)
+
+    def usage_key(self, tenant: str) -> str:
+        """The Redis key of a tenant's usage in the current windows."""
+        return self._names.redis_key("quota-used", tenant)
+
+    async def set(self, tenant: str, quota: Quota) -> None:
+        """Replace a tenant's quota (windows left ``None`` become unlimited)."""
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.delete(self.key(tenant))
+            for name, value in quota.to_json().items():
+                if value is not None:
+                    pipe.hset(self.key(tenant), name, value)
+            await pipe.execute()
+
+    async def get(self, tenant: str) -> Quota | None:
+        """A tenant's quota, or None when it has none."""
+        raw = await self._client.hgetall(self.key(tenant))
+        return _quota(raw) if raw else None
+
+    async def all(self) -> dict[str, Quota]:
+        """Every tenant that has a quota."""
+        start = len(self.key(""))
+        found: dict[str, Quota] = {}
+        async for key in self._client.scan_iter(match=self.key("*"), count=500):
+            tenant = _text(key)[start:]
+            quota = await self.get(tenant)
+            if quota is not None:
+                found[tenant] = quota
+        return dict(sorted(found.items()))
+
+    async def usage(self, tenant: str) -> Usage:
+        """What the tenant used in the current minute and day (by Redis ``TIME``)."""
+        seconds, _micros = await self._client.time()
+        raw = await self._client.hmget(self.usage_key(tenant), ["m", "mc", "d", "dc"])
+        minute, day = seconds // 60, seconds // 86400
+        m, mc, d, dc = (int(v) if v is not None else None for v in raw)
+        return Usage(minute=(mc or 0) if m == minute else 0, day=(dc or 0) if d == day else 0)
+
+
+class RedisQuota:
+    """Charges chunks of items to their tenant's quota, in one round trip each."""
+
+    def __init__(self, client: Redis, names: Names,
+                 charge_ttl_s: int = DEFAULT_CHARGE_TTL_S) -> None:
+        self._names = names
+        self._store = QuotaStore(client, names)
+        self._charge = client.register_script(CHARGE_QUOTA)
+        self._ttl_s = charge_ttl_s
+
+    def charged_key(self, binding: str, source_ref: str) -> str:
+        """The idempotency key of one record of one binding."""
+        return self._names.redis_key("charged", binding, source_ref)
+
+    async def charge(self, binding: Binding, items: Sequence[Item]) -> dict[int, float]:
+        """Charge what fits; ``{item id: seconds until it may run}`` for the rest."""
+        keys = [self._store.key(binding.tenant), self._store.usage_key(binding.tenant)]
+        keys.extend(self.charged_key(binding.name, item["source_ref"]) for item in items)
+        flat = await self._charge(keys=keys, args=[self._ttl_s])
+        return {items[int(flat[i]) - 1]["id"]: int(flat[i + 1]) / 1000
+                for i in range(0, len(flat), 2)}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _quota(raw: dict[Any, Any]) -> Quota:
+    fields = {_text(k): int(v) for k, v in raw.items()}
+    return Quota(per_minute=fields.get("per_minute"), per_day=fields.get("per_day"))

@@ -1,0 +1,197 @@
+"""The Redis-backed :class:`~asynctier.platform.admission.Admission`.
+
+Per chunk of items of one binding, each step is at most one Redis round trip:
+``over_quota`` (quota and idempotency keys, one script), ``take_tokens`` (token bucket, one
+script) and ``slot`` (a lease: one script to take it when free, one command to give it
+back). Nothing is refused for being throttled: items wait, or are delayed without spending
+an attempt when over quota.
+
+When Redis does not answer, each binding follows its ``redis_policy``: ``fail_open`` (the
+default) admits through this scheduler's local limiter (:mod:`.local`) and counts it;
+``fail_closed`` waits, retrying Redis with a growing backoff. Shared limits apply again as
+soon as Redis answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from asynctier.platform.binding import Binding
+from asynctier.platform.config import Settings
+from asynctier.platform.limits.aimd import Aimd, AimdConfig
+from asynctier.platform.limits.bucket import RedisBucket
+from asynctier.platform.limits.concurrency import DEFAULT_LEASE_S, LeasePool, LocalLimit
+from asynctier.platform.limits.local import LocalLimiter
+from asynctier.platform.limits.outage import REDIS_DOWN, Backoff, Outage
+from asynctier.platform.limits.quota import DEFAULT_CHARGE_TTL_S, QuotaStore, RedisQuota
+from asynctier.platform.limits.stats import AdmissionStats
+from asynctier.platform.wire import Item
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """Tuning of :class:`RedisAdmission`; the defaults suit production."""
+
+    lease_s: float = DEFAULT_LEASE_S
+    charge_ttl_s: int = DEFAULT_CHARGE_TTL_S
+    socket_timeout_s: float = 1.0
+    probe_interval_s: float = 1.0
+    aimd: AimdConfig = field(default_factory=AimdConfig)
+
+
+class _Local:
+    """A binding's state in this scheduler: its adaptive limit and its local cap."""
+
+    def __init__(self, binding: Binding, aimd: AimdConfig) -> None:
+        self.cap = binding.max_concurrency
+        self.aimd = Aimd(self.cap or aimd.uncapped_ceiling, aimd)
+        self.limit = LocalLimit(self.cap)
+
+    def update(self, binding: Binding, aimd: AimdConfig) -> None:
+        if binding.max_concurrency != self.cap:
+            self.cap = binding.max_concurrency
+            self.aimd.resize(self.cap or aimd.uncapped_ceiling)
+            self.apply()
+
+    def apply(self) -> None:
+        capped = self.cap is not None or not self.aimd.at_ceiling
+        self.limit.resize(self.aimd.current if capped else None)
+
+
+class RedisAdmission:
+    """Rate limits, quotas and concurrency caps shared by every scheduler through Redis.
+
+    Build one per scheduler process and :meth:`close` it when the process stops; the Redis
+    client is created here (not at import) and connects on first use.
+    """
+
+    def __init__(self, settings: Settings, config: AdmissionConfig | None = None,
+                 client: Redis | None = None) -> None:
+        self.config = config or AdmissionConfig()
+        self._own_client = client is None
+        self._client = client or _client(settings.redis_url, self.config.socket_timeout_s)
+        names = self._names = settings.names
+        self._bucket = RedisBucket(self._client, names)
+        self._quota = RedisQuota(self._client, names, self.config.charge_ttl_s)
+        self._leases = LeasePool(self._client, names, self.config.lease_s)
+        self._fallback = LocalLimiter()
+        self._outage = Outage(self.config.probe_interval_s)
+        self._locals: dict[str, _Local] = {}
+        self.stats = AdmissionStats()
+
+    @property
+    def quotas(self) -> QuotaStore:
+        """The tenants' quotas, on this admission's Redis client."""
+        return QuotaStore(self._client, self._names)
+
+    @property
+    def redis_down(self) -> bool:
+        """True while Redis does not answer."""
+        return self._outage.down
+
+    async def over_quota(self, binding: Binding, items: Sequence[Item]) -> dict[int, float]:
+        """Charge the tenant for what fits; ``{item id: seconds to wait}`` for the rest."""
+        if not items:
+            return {}
+        over = await self._guarded(binding, lambda: self._quota.charge(binding, items),
+                                   _nothing_over)
+        if over:
+            self.stats.count_quota_delayed(binding.name, binding.tenant, len(over))
+        return over
+
+    async def take_tokens(self, binding: Binding, n: int) -> None:
+        """Return once ``n`` items may start under the binding's rate limit."""
+        if binding.rate_per_s is None or n <= 0:
+            return
+        wait_s = await self._guarded(binding, lambda: self._bucket.reserve(binding, n),
+                                     lambda: self._fallback.reserve(binding, n))
+        if wait_s > 0:
+            self.stats.count_throttled(binding.name, n)
+            await asyncio.sleep(wait_s)
+
+    @contextlib.asynccontextmanager
+    async def slot(self, binding: Binding) -> AsyncIterator[None]:
+        """Hold a local place and, for a capped binding, a global lease."""
+        local = self._local(binding)
+        waited = await local.limit.acquire()
+        try:
+            lease, lease_waited = await self._lease(binding)
+            if waited or lease_waited:
+                self.stats.count_concurrency_wait(binding.name)
+            try:
+                yield
+            finally:
+                if lease is not None:
+                    await self._leases.release(binding.name, lease)
+        finally:
+            local.limit.release()
+
+    def report(self, binding: Binding, ok: int, failed: int) -> None:
+        """Feed the binding's adaptive limit with a chunk's outcomes."""
+        local = self._local(binding)
+        local.aimd.record(ok, failed)
+        local.apply()
+
+    def concurrency_limit(self, binding: Binding) -> int | None:
+        """This scheduler's current local limit of ``binding`` (None: no limit)."""
+        return self._local(binding).limit.size
+
+    async def close(self) -> None:
+        """Give back every lease and close the Redis client (if it was created here)."""
+        await self._leases.close()
+        if self._own_client:
+            await self._client.aclose()
+
+    def _local(self, binding: Binding) -> _Local:
+        local = self._locals.get(binding.name)
+        if local is None:
+            local = self._locals[binding.name] = _Local(binding, self.config.aimd)
+        else:
+            local.update(binding, self.config.aimd)
+        return local
+
+    async def _lease(self, binding: Binding) -> tuple[str | None, bool]:
+        if binding.max_concurrency is None:
+            return None, False
+        no_lease: tuple[str | None, bool] = (None, False)
+        return await self._guarded(binding, lambda: self._leases.acquire(binding),
+                                   lambda: no_lease)
+
+    async def _guarded(self, binding: Binding, call: Callable[[], Awaitable[T]],
+                       fallback: Callable[[], T]) -> T:
+        """``call`` Redis; when it does not answer, follow the binding's policy."""
+        backoff = Backoff()
+        while True:
+            if binding.redis_policy == "fail_closed" or self._outage.may_try():
+                try:
+                    value = await call()
+                except REDIS_DOWN as exc:
+                    self._outage.failed(binding, exc)
+                else:
+                    self._outage.recovered()
+                    return value
+            if binding.redis_policy == "fail_open":
+                self.stats.count_fallback(binding.name)
+                return fallback()
+            await asyncio.sleep(backoff.next())
+
+
+def _nothing_over() -> dict[int, float]:
+    """Quotas are not enforced without Redis."""
+    return {}
+
+
+def _client(url: str, timeout_s: float) -> Redis:
+    """A client that fails fast (one immediate retry, for a stale pooled connection)."""
+    return Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                          retry=Retry(NoBackoff(), 1))
