@@ -267,3 +267,43 @@ def test_lag_without_bindings(settings: Settings, as_json: bool) -> None:
     result = CliRunner().invoke(main, args, env=env)
     assert result.exit_code == 0, result.output
     assert (json.loads(result.stdout) == []) if as_json else "no bindings" in result.stdout
+
+
+# --- with the real platform ------------------------------------------------------------
+
+
+def _binding_lag(plat: Any, name: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = json.loads(plat.cli("lag", "--json", "--binding", name).stdout)
+    return [r for r in rows if r["kind"] == "binding"]
+
+
+def test_lag_grows_while_the_platform_is_down_and_drains_after_a_restart(
+        settings: Settings, unique_topic: Callable[..., str], tmp_path: Any) -> None:
+    from tests.platform_harness import Platform, produce_json
+
+    topic = unique_topic(partitions=2)
+    plat = Platform(settings, tmp_path, allow=("tests.ledger",))
+    try:
+        plat.cli("bind", "orders", "--topic", topic, "--function", "tests.ledger:record")
+        plat.start("scheduler")
+        plat.start("tailers")
+        produce_json(settings, topic, [{"id": i} for i in range(100)])
+        wait_until(lambda: sum(r["lag"] for r in _binding_lag(plat, "orders")) == 0 and
+                   all(r["committed"] is not None for r in _binding_lag(plat, "orders")),
+                   60, "the running platform drained the topic")
+
+        assert plat.stop("tailers") == 0  # the platform's tailers are down: lag must grow
+        produce_json(settings, topic, [{"id": i} for i in range(100, 150)])
+        assert sum(r["lag"] for r in _binding_lag(plat, "orders")) == 50
+        produce_json(settings, topic, [{"id": i} for i in range(150, 180)])
+        rows = _binding_lag(plat, "orders")
+        assert sum(r["lag"] for r in rows) == 80
+        assert all(r["lag_seconds"] > 0 for r in rows if r["lag"])
+
+        plat.start("tailers", "tailers2")
+        wait_until(lambda: sum(r["lag"] for r in _binding_lag(plat, "orders")) == 0, 60,
+                   "lag back to 0 after the restart")
+        assert [r["end"] for r in _binding_lag(plat, "orders")] == \
+            [r["committed"] for r in _binding_lag(plat, "orders")]
+    finally:
+        plat.stop_all()
