@@ -308,3 +308,22 @@ def test_a_tenant_without_quota_is_never_charged(settings: Settings,
 
     assert asyncio.run(scenario()) == {}
     assert list(redis_client.scan_iter(match=f"{settings.prefix}:*")) == []
+
+
+def test_a_quota_set_later_applies_within_the_recheck_time(settings: Settings,
+                                                           redis_client: redis.Redis) -> None:
+    config = AdmissionConfig(quota_recheck_s=0.5)
+
+    async def scenario() -> float:
+        async with admissions(settings, 1, config) as (a,):
+            assert await a.over_quota(BASE, make_items(["a", "b"])) == {}
+            await a.quotas.set("acme", Quota(per_minute=1))
+            set_at = time.monotonic()
+            n = 0
+            while not await a.over_quota(BASE, make_items([f"later{n}", f"later{n}b"])):
+                n += 1
+                assert time.monotonic() - set_at < 3, "the new quota never applied"
+                await asyncio.sleep(0.05)
+            return time.monotonic() - set_at
+
+    assert asyncio.run(scenario()) <= 0.5 + 0.3

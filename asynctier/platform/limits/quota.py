@@ -9,12 +9,14 @@ A quota lives in Redis under ``<prefix>:quota:<tenant>`` (hash ``per_minute``,
 the items that fit are charged and admitted, the rest come back with the seconds until
 their window resets (the dispatcher delays them without spending an attempt). Each charged
 item leaves an idempotency key (binding + ``source_ref``) with a TTL, so a record read
-again after a crash is admitted without being charged twice.
+again after a crash is admitted without being charged twice. A tenant without a quota costs
+one round trip per ``recheck_s`` (1 s), not one per chunk.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +27,8 @@ from asynctier.platform.limits.scripts import CHARGE_QUOTA
 from asynctier.platform.names import Names
 from asynctier.platform.wire import Item
 
+#: A tenant found without a quota is not asked about again for this long.
+DEFAULT_RECHECK_S = 1.0
 #: Idempotency keys live this long by default: a record re-read after a crash comes back
 #: within minutes, and one key per charged item must not pile up for days.
 DEFAULT_CHARGE_TTL_S = 3600
@@ -105,26 +109,58 @@ class QuotaStore:
 
 
 class RedisQuota:
-    """Charges chunks of items to their tenant's quota, in one round trip each."""
+    """Charges chunks of items to their tenant's quota, in one round trip each.
 
-    def __init__(self, client: Redis, names: Names,
-                 charge_ttl_s: int = DEFAULT_CHARGE_TTL_S) -> None:
+    A tenant found without a quota is remembered for ``recheck_s``: its chunks then cost no
+    round trip at all, and a quota set for it applies within ``recheck_s``.
+    """
+
+    def __init__(self, client: Redis, names: Names, charge_ttl_s: int = DEFAULT_CHARGE_TTL_S,
+                 recheck_s: float = DEFAULT_RECHECK_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._names = names
         self._store = QuotaStore(client, names)
         self._charge = client.register_script(CHARGE_QUOTA)
         self._ttl_s = charge_ttl_s
+        self._recheck_s = recheck_s
+        self._clock = clock
+        self._no_quota_until: dict[str, float] = {}
 
     def charged_key(self, binding: str, source_ref: str) -> str:
         """The idempotency key of one record of one binding."""
-        return self._names.redis_key("charged", binding, source_ref)
+        return self._names.redis_key("charged", binding, escape_ref(source_ref))
 
     async def charge(self, binding: Binding, items: Sequence[Item]) -> dict[int, float]:
         """Charge what fits; ``{item id: seconds until it may run}`` for the rest."""
-        keys = [self._store.key(binding.tenant), self._store.usage_key(binding.tenant)]
-        keys.extend(self.charged_key(binding.name, item["source_ref"]) for item in items)
-        flat = await self._charge(keys=keys, args=[self._ttl_s])
+        tenant = binding.tenant
+        if not items or self._no_quota_until.get(tenant, 0.0) > self._clock():
+            return {}
+        keys = [self._store.key(tenant), self._store.usage_key(tenant)]
+        args: list[str | int] = [self._ttl_s, self.charged_key(binding.name, ""),
+                join_refs([item["source_ref"] for item in items])]
+        flat = await self._charge(keys=keys, args=args)
+        if not int(flat[0]):
+            self._no_quota_until[tenant] = self._clock() + self._recheck_s
+            return {}
+        self._no_quota_until.pop(tenant, None)
         return {items[int(flat[i]) - 1]["id"]: int(flat[i + 1]) / 1000
-                for i in range(0, len(flat), 2)}
+                for i in range(1, len(flat), 2)}
+
+
+def escape_ref(ref: str) -> str:
+    """A source reference that holds no newline, one to one: unchanged when it holds
+    neither ``%`` nor a newline, else percent-escaped (and then it holds a ``%``)."""
+    if "%" not in ref and "\n" not in ref:
+        return ref
+    return ref.replace("%", "%25").replace("\n", "%0A")
+
+
+def join_refs(refs: list[str]) -> str:
+    """The references of a chunk as one argument, one per line (escaped when needed)."""
+    joined = "\n".join(refs)
+    if "%" in joined or joined.count("\n") != len(refs) - 1:
+        joined = "\n".join(escape_ref(ref) for ref in refs)
+    return joined
 
 
 def _text(value: Any) -> str:

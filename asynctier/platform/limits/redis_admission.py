@@ -31,7 +31,12 @@ from asynctier.platform.limits.bucket import RedisBucket
 from asynctier.platform.limits.concurrency import DEFAULT_LEASE_S, LeasePool, LocalLimit
 from asynctier.platform.limits.local import LocalLimiter
 from asynctier.platform.limits.outage import REDIS_DOWN, Backoff, Outage
-from asynctier.platform.limits.quota import DEFAULT_CHARGE_TTL_S, QuotaStore, RedisQuota
+from asynctier.platform.limits.quota import (
+    DEFAULT_CHARGE_TTL_S,
+    DEFAULT_RECHECK_S,
+    QuotaStore,
+    RedisQuota,
+)
 from asynctier.platform.limits.stats import AdmissionStats
 from asynctier.platform.wire import Item
 
@@ -44,6 +49,7 @@ class AdmissionConfig:
 
     lease_s: float = DEFAULT_LEASE_S
     charge_ttl_s: int = DEFAULT_CHARGE_TTL_S
+    quota_recheck_s: float = DEFAULT_RECHECK_S
     socket_timeout_s: float = 1.0
     probe_interval_s: float = 1.0
     aimd: AimdConfig = field(default_factory=AimdConfig)
@@ -82,7 +88,8 @@ class RedisAdmission:
         self._client = client or _client(settings.redis_url, self.config.socket_timeout_s)
         names = self._names = settings.names
         self._bucket = RedisBucket(self._client, names)
-        self._quota = RedisQuota(self._client, names, self.config.charge_ttl_s)
+        self._quota = RedisQuota(self._client, names, self.config.charge_ttl_s,
+                                 self.config.quota_recheck_s)
         self._leases = LeasePool(self._client, names, self.config.lease_s)
         self._fallback = LocalLimiter()
         self._outage = Outage(self.config.probe_interval_s)

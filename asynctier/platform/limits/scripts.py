@@ -48,19 +48,25 @@ return math.ceil(-tokens * 1000000 / rate)
 #: admitted free; an item that does not fit is returned with the time until the exhausted
 #: window resets. Windows are fixed: the minute and the UTC day of Redis ``TIME``.
 #:
-#: KEYS[1]    the tenant's quota (hash: ``per_minute``, ``per_day``; a missing field is
-#:            no limit; no hash at all: nothing is charged and nothing is written)
-#: KEYS[2]    the tenant's usage (hash: ``m``, ``mc``, ``d``, ``dc``: window ids and counts)
-#: KEYS[3..]  one idempotency key per item, in the chunk's order
-#: ARGV[1]    seconds an idempotency key lives
-#: Returns    a flat list: for each item over quota, its position (1-based) in the chunk
-#:            and the milliseconds until it may run.
+#: The idempotency keys are ARGV[2] .. source reference. They are built here rather than
+#: passed as KEYS because packing one argument per item cost the scheduler more CPU than
+#: the rest of admission (a single-instance Redis is assumed, as for every script here).
+#:
+#: KEYS[1]  the tenant's quota (hash: ``per_minute``, ``per_day``; a missing field is
+#:          no limit; no hash at all: nothing is charged and nothing is written)
+#: KEYS[2]  the tenant's usage (hash: ``m``, ``mc``, ``d``, ``dc``: window ids and counts)
+#: ARGV[1]  seconds an idempotency key lives
+#: ARGV[2]  the idempotency keys' prefix
+#: ARGV[3]  the chunk's source references, in order, joined by newlines
+#: Returns  a flat list: 1 when the tenant has a quota (0: none, and nothing else), then
+#:          for each item over quota its position (1-based) in the chunk and the
+#:          milliseconds until it may run.
 CHARGE_QUOTA: Final = """
 local limits = redis.call('HMGET', KEYS[1], 'per_minute', 'per_day')
 local per_minute = tonumber(limits[1])
 local per_day = tonumber(limits[2])
 if per_minute == nil and per_day == nil then
-  return {}
+  return {0}
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -72,10 +78,18 @@ local dc = 0
 if tonumber(used[1]) == minute then mc = tonumber(used[2]) or 0 end
 if tonumber(used[3]) == day then dc = tonumber(used[4]) or 0 end
 local ttl = tonumber(ARGV[1])
-local over = {}
+local prefix = ARGV[2]
+local refs = ARGV[3]
+local over = {1}
 local charged = 0
-for i = 3, #KEYS do
-  if redis.call('EXISTS', KEYS[i]) == 0 then
+local position = 0
+local start = 1
+while start <= #refs + 1 do
+  local stop = string.find(refs, '\\n', start, true) or (#refs + 1)
+  local key = prefix .. string.sub(refs, start, stop - 1)
+  start = stop + 1
+  position = position + 1
+  if redis.call('EXISTS', key) == 0 then
     local wait = 0
     if per_minute ~= nil and mc >= per_minute then
       wait = (minute + 1) * 60000 - now
@@ -84,13 +98,13 @@ for i = 3, #KEYS do
       wait = math.max(wait, (day + 1) * 86400000 - now)
     end
     if wait > 0 then
-      over[#over + 1] = i - 2
+      over[#over + 1] = position
       over[#over + 1] = wait
     else
       mc = mc + 1
       dc = dc + 1
       charged = charged + 1
-      redis.call('SET', KEYS[i], '1', 'EX', ttl)
+      redis.call('SET', key, '1', 'EX', ttl)
     end
   end
 end
