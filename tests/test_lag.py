@@ -307,3 +307,33 @@ def test_lag_grows_while_the_platform_is_down_and_drains_after_a_restart(
             [r["committed"] for r in _binding_lag(plat, "orders")]
     finally:
         plat.stop_all()
+
+
+def test_watch_json_prints_one_document_per_read(
+        settings: Settings, unique_topic: Callable[..., str]) -> None:
+    import os
+    import subprocess
+    import sys
+
+    topic = unique_topic(partitions=1)
+    BindingRegistry(settings).put(Binding(name="w", topic=topic, function="m:f"))
+    env = dict(os.environ, ASYNCTIER_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
+               ASYNCTIER_PREFIX=settings.prefix, ASYNCTIER_CONFIG="")
+    proc = subprocess.Popen([sys.executable, "-m", "asynctier", "lag", "--watch", "--json",
+                             "--interval", "0.2"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())
+        assert [r["lag"] for r in first if r["kind"] == "binding"] == [0]
+        _produce(settings.kafka_bootstrap, topic, 5, 1)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            rows = json.loads(proc.stdout.readline())
+            if [r["lag"] for r in rows if r["kind"] == "binding"] == [5]:
+                break
+        else:
+            raise AssertionError("--watch never showed the new lag")
+    finally:
+        proc.terminate()
+        proc.wait(10)

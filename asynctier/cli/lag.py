@@ -17,7 +17,7 @@ from rich.table import Table
 from asynctier.cli import settings_of
 from asynctier.platform import metrics
 from asynctier.platform.config import Settings
-from asynctier.platform.errors import BindingError
+from asynctier.platform.errors import AsynctierError, BindingError
 from asynctier.platform.lag import LagCollector, LagReader, LagRow, read_lag
 from asynctier.platform.registry import BindingRegistry, RegistryFollower
 
@@ -56,11 +56,13 @@ def lag_table(rows: list[LagRow]) -> Table:
 
 
 def _rows(settings: Settings, binding: str | None, reader: LagReader) -> list[LagRow]:
-    bindings = BindingRegistry(settings).load()
+    parts = reader.topics()  # fails with a clear message when the broker does not answer
+    has_bindings = settings.names.bindings_topic in parts
+    bindings = BindingRegistry(settings).load() if has_bindings else {}
     if binding is not None and binding not in bindings:
         raise BindingError(f"binding: there is no binding named {binding!r} "
                            "(see `asynctier bindings`)")
-    return read_lag(settings, bindings.values(), binding, reader)
+    return read_lag(settings, bindings.values(), binding, reader, parts)
 
 
 @click.command("lag")
@@ -91,7 +93,10 @@ def lag(ctx: click.Context, binding: str | None, as_json: bool, watch: bool,
             _show(_rows(settings, binding, reader), as_json, pretty=True)
         elif as_json:
             while True:
-                _show(_rows(settings, binding, reader), as_json, pretty=False)
+                try:
+                    _show(_rows(settings, binding, reader), as_json, pretty=False)
+                except AsynctierError as exc:  # the broker may come back: keep watching
+                    click.echo(f"error: {exc}", err=True)
                 time.sleep(interval_s)
         else:
             _watch_table(settings, binding, reader, interval_s)
@@ -111,10 +116,19 @@ def _show(rows: list[LagRow], as_json: bool, pretty: bool) -> None:
 
 def _watch_table(settings: Settings, binding: str | None, reader: LagReader,
                  interval_s: float) -> None:
-    with Live(lag_table(_rows(settings, binding, reader)), auto_refresh=False) as live:
+    with Live(_table_or_error(settings, binding, reader), auto_refresh=False) as live:
         while True:
             time.sleep(interval_s)
-            live.update(lag_table(_rows(settings, binding, reader)), refresh=True)
+            live.update(_table_or_error(settings, binding, reader), refresh=True)
+
+
+def _table_or_error(settings: Settings, binding: str | None, reader: LagReader) -> Table:
+    try:
+        return lag_table(_rows(settings, binding, reader))
+    except AsynctierError as exc:  # the broker may come back: keep watching
+        table = lag_table([])
+        table.caption = f"[red]error: {exc}[/red] (retrying every few seconds)"
+        return table
 
 
 def _export(settings: Settings, port: int, interval_s: float) -> None:

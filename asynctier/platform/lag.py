@@ -316,12 +316,16 @@ def _note_time(msg: Any, wanted: Mapping[Position, int],
 
 
 def read_lag(settings: Settings, bindings: Iterable[Binding], only: str | None = None,
-             reader: LagReader | None = None) -> list[LagRow]:
-    """Every lag row of ``bindings`` (and of the delay topics), read from the broker."""
+             reader: LagReader | None = None,
+             partitions: Mapping[str, int] | None = None) -> list[LagRow]:
+    """Every lag row of ``bindings`` (and of the delay topics), read from the broker.
+
+    ``partitions`` (topic -> partition count) saves a metadata request when known.
+    """
     own = reader is None
     lag_reader = reader or LagReader(settings)
     try:
-        parts = lag_reader.topics()
+        parts = lag_reader.topics() if partitions is None else partitions
         targets = targets_for(settings.names, bindings, parts, only)
         return lag_reader.read(targets, parts)
     finally:
