@@ -248,8 +248,9 @@ class LagReader:
     def record_times(self, wanted: Iterable[Spot]) -> dict[Spot, int | None]:
         """The timestamp (epoch ms) of the first record at or after each (topic, partition,
         offset). Times found are remembered until a pass no longer asks for them."""
-        known = {spot: self._times[spot] for spot in wanted if spot in self._times}
-        missing = [spot for spot in wanted if spot not in known]
+        spots = list(wanted)
+        known = {spot: self._times[spot] for spot in spots if spot in self._times}
+        missing = [spot for spot in spots if spot not in known]
         found: dict[Spot, int | None] = {}
         while missing:  # a consumer reads one offset per partition at a time
             batch: dict[Position, int] = {}
