@@ -1,0 +1,118 @@
+"""Sending records that left a delay or dead-letter topic back to the scheduler.
+
+Shared by the delay tailers and ``dlq replay``: build the wire Items, submit the batch as
+one call, and hand off every outcome that is not a success through :class:`Handoff`,
+retrying the hand-off until the broker confirmed every record (or the process stops).
+The caller commits only after :func:`hand_off` returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from asynctier.delay_streams.handoff import Handoff, Parcel
+from asynctier.platform import wire
+from asynctier.platform.binding import Binding
+from asynctier.platform.errors import HandoffError
+from asynctier.platform.rpc import SchedulerClient
+from asynctier.platform.wire import Item, Outcome
+
+log = logging.getLogger(__name__)
+
+#: One write to a delay or dead-letter topic; returns what became of the record.
+Action = Callable[[], str]
+
+
+@dataclass(slots=True)
+class Entry:
+    """A record going back to the scheduler: its binding, what is known of it, its Item."""
+
+    binding: Binding
+    parcel: Parcel
+    item: Item
+
+
+def make_entry(index: int, binding: Binding, parcel: Parcel, source_ref: str,
+               extra_headers: Sequence[tuple[str, bytes | None]] = ()) -> Entry:
+    """An Entry whose Item carries ``parcel.attempt`` and the record's first-seen time."""
+    headers: list[wire.Header] = [{"name": k, "value": v}
+                                  for k, v in (*parcel.headers, *extra_headers)]
+    item: Item = {
+        "id": index,
+        "binding": binding.name,
+        "payload": parcel.value,
+        "key": parcel.key,
+        "headers": headers,
+        "attempt": parcel.attempt,
+        "source_ref": source_ref,
+        "record_time_ms": parcel.first_seen_ms,
+    }
+    return Entry(binding, parcel, item)
+
+
+def submit(client: SchedulerClient, entries: Sequence[Entry],
+           stop: threading.Event | None) -> list[Outcome]:
+    """The outcome of every entry, in entry order (one batch, one call).
+
+    An entry the scheduler said nothing about gets a ``retry`` outcome: unknown is never
+    taken as done. Raises SchedulerUnavailable when ``stop`` is set while no scheduler
+    answers.
+    """
+    if not entries:
+        return []
+    answered = client.submit([e.item for e in entries]).result(stop)
+    by_id = {o["id"]: o for o in answered}
+    missing = [i for i in range(len(entries)) if i not in by_id]
+    if missing:
+        log.error("a scheduler answered %d outcome(s) for %d item(s); retrying %d unknown",
+                  len(answered), len(entries), len(missing))
+    return [by_id.get(i) or wire.retry(i, "the scheduler returned no outcome for this item")
+            for i in range(len(entries))]
+
+
+def resolutions(handoff: Handoff, entries: Sequence[Entry],
+                outcomes: Sequence[Outcome]) -> tuple[list[str], list[Action]]:
+    """Per entry, ``ok`` or an Action that hands its outcome off (index-aligned)."""
+    immediate: list[str] = []
+    actions: list[Action] = []
+    for entry, outcome in zip(entries, outcomes, strict=True):
+        if outcome["status"] == "ok":
+            immediate.append("ok")
+            continue
+        immediate.append("")
+        actions.append(_resolver(handoff, entry.binding, entry.parcel, outcome))
+    return immediate, actions
+
+
+def _resolver(handoff: Handoff, binding: Binding, parcel: Parcel, outcome: Outcome) -> Action:
+    return lambda: handoff.resolve(binding, parcel, outcome)
+
+
+def hand_off(handoff: Handoff, actions: Sequence[Action], stop: threading.Event | None,
+             what: str, retry_s: float = 1.0, max_retry_s: float = 30.0) -> list[str]:
+    """Run every action and confirm delivery; on HandoffError write them all again.
+
+    Returns each action's result once the broker confirmed every record. Raises
+    HandoffError when ``stop`` is set before that: the caller must not commit.
+    """
+    wait = retry_s
+    while True:
+        results = [action() for action in actions]
+        if not actions:
+            return results
+        try:
+            handoff.confirm()
+            return results
+        except HandoffError as exc:
+            log.error("%s: hand-off of %d record(s) to delay/dead-letter topics was not "
+                      "confirmed (%s); not committing, writing them again in %gs. Check "
+                      "that the broker is up and the delay and dead-letter topics exist.",
+                      what, len(actions), exc, wait)
+            if stop is not None and stop.wait(wait):
+                raise
+            if stop is None:
+                threading.Event().wait(wait)
+            wait = min(wait * 2, max_retry_s)
