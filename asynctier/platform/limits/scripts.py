@@ -89,23 +89,22 @@ while start <= #refs + 1 do
   local key = prefix .. string.sub(refs, start, stop - 1)
   start = stop + 1
   position = position + 1
-  if redis.call('EXISTS', key) == 0 then
-    local wait = 0
-    if per_minute ~= nil and mc >= per_minute then
-      wait = (minute + 1) * 60000 - now
-    end
-    if per_day ~= nil and dc >= per_day then
-      wait = math.max(wait, (day + 1) * 86400000 - now)
-    end
-    if wait > 0 then
-      over[#over + 1] = position
-      over[#over + 1] = wait
-    else
+  local wait = 0
+  if per_minute ~= nil and mc >= per_minute then
+    wait = (minute + 1) * 60000 - now
+  end
+  if per_day ~= nil and dc >= per_day then
+    wait = math.max(wait, (day + 1) * 86400000 - now)
+  end
+  if wait == 0 then
+    if redis.call('SET', key, '1', 'NX', 'EX', ttl) then
       mc = mc + 1
       dc = dc + 1
       charged = charged + 1
-      redis.call('SET', key, '1', 'EX', ttl)
     end
+  elseif redis.call('EXISTS', key) == 0 then
+    over[#over + 1] = position
+    over[#over + 1] = wait
   end
 end
 if charged > 0 then
