@@ -1,0 +1,111 @@
+"""The scheduler's bounded queue: the fair queue of :mod:`queues`, on asyncio, with room.
+
+At most ``max_items`` items wait in it. A :meth:`BoundedQueue.put` that does not fit
+waits (backpressure: the tailer's submit call takes longer and memory stays flat). When
+room frees, the waiting chunk whose tenant has the fewest items queued goes first, so a
+flooding tenant cannot hold the door shut on a trickling one. A chunk larger than the
+whole room is let in when the queue is empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+from asynctier.platform.binding import Binding
+from asynctier.platform.scheduler.queues import FairQueue, pick_waiter
+from asynctier.platform.wire import Item, Outcome
+
+
+@dataclass(eq=False)
+class Chunk:
+    """Items of one binding queued together; ``future`` gets their outcomes."""
+
+    binding: Binding
+    items: list[Item]
+    future: asyncio.Future[list[Outcome]]
+    queued_at: float = field(default=0.0)
+
+    @property
+    def cost(self) -> int:
+        """Its cost in the fair queue: one per item."""
+        return len(self.items)
+
+
+class BoundedQueue:
+    """A :class:`FairQueue` of chunks holding at most ``max_items`` items."""
+
+    def __init__(self, fair: FairQueue[Chunk], max_items: int) -> None:
+        if max_items < 1:
+            raise ValueError("max_items must be at least 1")
+        self.fair = fair
+        self.max_items = max_items
+        self.peak_items = 0
+        self._waiting: dict[int, tuple[Chunk, asyncio.Future[None]]] = {}
+        self._getters: deque[asyncio.Future[None]] = deque()
+        self._seq = itertools.count()
+
+    @property
+    def items(self) -> int:
+        """Items queued now."""
+        return self.fair.items
+
+    @property
+    def waiting_puts(self) -> int:
+        """Chunks waiting for room."""
+        return len(self._waiting)
+
+    async def put(self, chunk: Chunk) -> None:
+        """Queue ``chunk``, waiting for room when the queue is full."""
+        if not self._waiting and self._fits(chunk.cost):
+            self._push(chunk)
+            return
+        seq = next(self._seq)
+        admitted = asyncio.get_running_loop().create_future()
+        self._waiting[seq] = (chunk, admitted)
+        try:
+            await admitted
+        finally:
+            self._waiting.pop(seq, None)
+
+    async def get(self) -> Chunk:
+        """The next chunk by tier and tenant; waits while the queue is empty."""
+        while not self.fair:
+            woken = asyncio.get_running_loop().create_future()
+            self._getters.append(woken)
+            try:
+                await woken
+            finally:
+                if woken in self._getters:
+                    self._getters.remove(woken)
+        chunk = self.fair.pop()
+        self._admit_waiting()
+        return chunk
+
+    def _fits(self, cost: int) -> bool:
+        return self.fair.items == 0 or self.fair.items + cost <= self.max_items
+
+    def _push(self, chunk: Chunk) -> None:
+        self.fair.push(chunk.binding.priority, chunk.binding.tenant, chunk, chunk.cost)
+        self.peak_items = max(self.peak_items, self.fair.items)
+        while self._getters:
+            getter = self._getters.popleft()
+            if not getter.done():
+                getter.set_result(None)
+                break
+
+    def _admit_waiting(self) -> None:
+        while self._waiting:
+            tenants = {chunk.binding.tenant for chunk, _ in self._waiting.values()}
+            queued = {t: self.fair.items_of_tenant(t) for t in tenants}
+            seq = pick_waiter(((s, c.binding.tenant) for s, (c, _) in self._waiting.items()),
+                              queued)
+            chunk, admitted = self._waiting[seq]
+            if not self._fits(chunk.cost):
+                return
+            del self._waiting[seq]
+            if not admitted.done():  # a cancelled put leaves its chunk out
+                self._push(chunk)
+                admitted.set_result(None)

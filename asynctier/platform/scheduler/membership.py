@@ -1,0 +1,210 @@
+"""Scheduler membership in Redis: who is alive, where, and how loaded.
+
+Each scheduler beats every ``interval_s`` (about 1 s): its address goes into the sorted set
+``<prefix>:schedulers`` scored by its expiry (Redis ``TIME`` + ``ttl_s``, about 5 s) and
+its load (items queued or running) into the hash ``<prefix>:schedulers:load``. A
+scheduler that stops beating (killed, hung, cut off) drops out within the TTL. Tailers read
+the live ones with :class:`SchedulerDirectory`, which falls back to
+``settings.schedulers`` when Redis cannot be reached or no scheduler is registered.
+
+When Redis is down a scheduler keeps serving: it logs once, keeps trying, and logs again
+when its beat gets through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from asynctier.platform.config import Settings
+from asynctier.platform.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+#: KEYS[1] members (sorted set: address -> expiry ms), KEYS[2] loads (hash: address ->
+#: items); ARGV[1] address, ARGV[2] ttl ms, ARGV[3] load. Prunes expired members. O(dead).
+HEARTBEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+for _, address in ipairs(dead) do
+  redis.call('ZREM', KEYS[1], address)
+  redis.call('HDEL', KEYS[2], address)
+end
+redis.call('PEXPIRE', KEYS[1], ttl * 12)
+redis.call('PEXPIRE', KEYS[2], ttl * 12)
+return now
+"""
+
+#: KEYS[1] members, KEYS[2] loads. Returns a flat list: address, load, address, load ...
+LIVE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+for _, address in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
+  out[#out + 1] = address
+  out[#out + 1] = redis.call('HGET', KEYS[2], address) or '0'
+end
+return out
+"""
+
+
+def member_keys(settings: Settings) -> tuple[str, str]:
+    """The Redis keys of membership: the members' sorted set and their loads' hash."""
+    names = settings.names
+    return names.redis_key("schedulers"), names.redis_key("schedulers", "load")
+
+
+@dataclass(frozen=True)
+class Member:
+    """A live scheduler and its load (items queued or running)."""
+
+    address: str
+    load: int
+
+
+def _members(reply: list[Any]) -> list[Member]:
+    pairs = zip(reply[::2], reply[1::2], strict=True)
+    return sorted((Member(_text(a), int(_text(n))) for a, n in pairs),
+                  key=lambda m: m.address)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def live_members(settings: Settings, script: Any = None) -> list[Member]:
+    """The live schedulers with their loads; ServiceError when Redis cannot answer.
+
+    ``script`` is the :data:`LIVE` script registered on a client (one is made if None).
+    """
+    client = None
+    if script is None:
+        client = redis.Redis.from_url(settings.redis_url, socket_timeout=1.0,
+                                      socket_connect_timeout=1.0)
+        script = client.register_script(LIVE)
+    try:
+        return _members(script(keys=list(member_keys(settings))))
+    except redis.RedisError as exc:
+        raise ServiceError(f"Redis at {settings.redis_url} did not answer: {exc}") from exc
+    finally:
+        if client is not None:
+            client.close()
+
+
+def live_schedulers(settings: Settings) -> list[str]:
+    """Addresses of the live schedulers; ServiceError when Redis cannot answer."""
+    return [m.address for m in live_members(settings)]
+
+
+class SchedulerDirectory:
+    """Live scheduler addresses for tailers, cached ``cache_s``; ``settings.schedulers``
+    when Redis fails or none is registered. Pass :meth:`addresses` to SchedulerClient."""
+
+    def __init__(self, settings: Settings, cache_s: float = 1.0) -> None:
+        self.settings = settings
+        self.cache_s = cache_s
+        self._client = redis.Redis.from_url(settings.redis_url, socket_timeout=0.5,
+                                            socket_connect_timeout=0.5)
+        self._live = self._client.register_script(LIVE)
+        self._cached: list[str] = list(settings.schedulers)
+        self._until = 0.0
+        self._failing = False
+        self._lock = threading.Lock()
+
+    def addresses(self) -> list[str]:
+        """The live schedulers' addresses (never empty when any is configured)."""
+        with self._lock:
+            if time.monotonic() >= self._until:
+                self._cached = self._read()
+                self._until = time.monotonic() + self.cache_s
+            return list(self._cached)
+
+    def _read(self) -> list[str]:
+        try:
+            live = [m.address for m in live_members(self.settings, self._live)]
+        except ServiceError as exc:
+            if not self._failing:
+                log.warning("scheduler membership unavailable (%s); using the configured "
+                            "schedulers %s", exc, ", ".join(self.settings.schedulers))
+            self._failing = True
+            return list(self.settings.schedulers)
+        if self._failing:
+            log.info("scheduler membership is back: %d live scheduler(s)", len(live))
+            self._failing = False
+        return live or list(self.settings.schedulers)
+
+    def close(self) -> None:
+        """Close the Redis connection."""
+        self._client.close()
+
+
+class Heartbeat:
+    """Keeps one scheduler's address registered while it runs (an asyncio task)."""
+
+    def __init__(self, settings: Settings, address: str, load: Callable[[], int],
+                 interval_s: float = 1.0, ttl_s: float = 5.0) -> None:
+        self.settings = settings
+        self.address = address
+        self.load = load
+        self.interval_s = interval_s
+        self.ttl_ms = int(ttl_s * 1000)
+        self.keys = member_keys(settings)
+        self._client = redis.asyncio.Redis.from_url(
+            settings.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        self._script = self._client.register_script(HEARTBEAT)
+        self._failing = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def beat(self) -> bool:
+        """Register once now; False (logged once per outage) when Redis fails."""
+        try:
+            await self._script(keys=list(self.keys),
+                               args=[self.address, self.ttl_ms, self.load()])
+        except redis.RedisError as exc:
+            if not self._failing:
+                log.warning("scheduler %s: membership heartbeat failed (%s); serving on and "
+                            "retrying every %gs", self.address, exc, self.interval_s)
+            self._failing = True
+            return False
+        if self._failing:
+            log.info("scheduler %s: membership heartbeat is back", self.address)
+            self._failing = False
+        return True
+
+    def start(self) -> None:
+        """Beat in the background on the running loop."""
+        self._task = asyncio.create_task(self._run(), name="scheduler-heartbeat")
+
+    async def _run(self) -> None:
+        while True:
+            await self.beat()
+            await asyncio.sleep(self.interval_s)
+
+    async def stop(self, leave: bool = True) -> None:
+        """Stop beating; with ``leave``, drop out of the membership at once."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if leave:
+            try:
+                async with self._client.pipeline(transaction=True) as pipe:
+                    pipe.zrem(self.keys[0], self.address)
+                    pipe.hdel(self.keys[1], self.address)
+                    await pipe.execute()
+            except redis.RedisError as exc:
+                log.warning("scheduler %s: could not leave the membership: %s",
+                            self.address, exc)
+        await self._client.aclose()

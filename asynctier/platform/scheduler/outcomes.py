@@ -1,0 +1,37 @@
+"""How a function's end maps to an outcome (DESIGN.md, Contracts: Function).
+
+A return is ``ok``; ``Retry(after)`` is a retry after ``after`` seconds that spends an
+attempt; ``Reject(reason)`` fails for good; any other exception retries along the ladder.
+"""
+
+from __future__ import annotations
+
+from asynctier.platform.errors import Reject, Retry
+from asynctier.platform.wire import Outcome, failed, retry
+
+MAX_ERROR = 500
+
+
+def error_text(exc: BaseException) -> str:
+    """``ExcType: message``, cut to :data:`MAX_ERROR` characters."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= MAX_ERROR else text[: MAX_ERROR - 3] + "..."
+
+
+def of_exception(item_id: int, exc: BaseException) -> Outcome:
+    """The outcome of a function that raised ``exc``."""
+    if isinstance(exc, Retry):
+        return retry(item_id, exc.reason[:MAX_ERROR], after_s=exc.after)
+    if isinstance(exc, Reject):
+        return failed(item_id, exc.reason[:MAX_ERROR])
+    return retry(item_id, error_text(exc))
+
+
+def timed_out(item_id: int, timeout_s: float) -> Outcome:
+    """The outcome of a call that ran past the binding's timeout."""
+    return retry(item_id, f"timed out after {timeout_s:g}s")
+
+
+def undecodable(item_id: int, reason: str) -> Outcome:
+    """The outcome of a payload that does not decode: a dead letter at once."""
+    return failed(item_id, f"undecodable: {reason}")

@@ -1,0 +1,83 @@
+"""Decoding an item's payload by its binding's format: ``json``, ``avro`` or ``bytes``.
+
+Records are data: nothing here unpickles or evaluates anything. A payload that does not
+decode raises :class:`DecodeError`; the runtime turns it into ``failed("undecodable: ...")``
+so the tailer dead-letters the record at once.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+
+import fastavro
+
+from asynctier.platform.binding import Binding
+from asynctier.platform.errors import DecodeError
+
+TOMBSTONE = "tombstone: the record has no value"
+
+Decoder = Callable[[bytes | None], Any]
+
+
+def decode_json(data: bytes | None) -> Any:
+    """A JSON document from UTF-8 bytes."""
+    if data is None:
+        raise DecodeError(TOMBSTONE)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"json: not UTF-8 ({exc.reason} at byte {exc.start})") from exc
+    except ValueError as exc:
+        raise DecodeError(f"json: {exc}") from exc
+
+
+def decode_bytes(data: bytes | None) -> bytes | None:
+    """The bytes as they are (None for a tombstone)."""
+    return data
+
+
+def avro_decoder(schema: Any) -> Decoder:
+    """A decoder of schemaless Avro with ``schema`` (parsed) that must use every byte."""
+
+    def decode(data: bytes | None) -> Any:
+        if data is None:
+            raise DecodeError(TOMBSTONE)
+        buf = io.BytesIO(data)
+        try:
+            value = fastavro.schemaless_reader(buf, schema, None)
+        except Exception as exc:  # fastavro raises many kinds on garbage
+            raise DecodeError(f"avro: {type(exc).__name__}: {exc}"[:300]) from exc
+        left = len(data) - buf.tell()
+        if left:
+            raise DecodeError(f"avro: {left} byte(s) left over after the record "
+                              "(written with another schema?)")
+        return value
+
+    return decode
+
+
+def decoder_for(binding: Binding) -> Decoder:
+    """The payload decoder of a binding's format."""
+    if binding.format == "json":
+        return decode_json
+    if binding.format == "bytes":
+        return decode_bytes
+    if binding.format == "avro":
+        try:
+            schema = binding.parsed_schema()
+        except Exception as exc:
+            return _always(f"avro: the binding's schema does not parse: {exc}")
+        if schema is None:
+            return _always("avro: the binding has no schema")
+        return avro_decoder(schema)
+    return _always(f"unknown payload format {binding.format!r}")
+
+
+def _always(reason: str) -> Decoder:
+    def decode(data: bytes | None) -> Any:
+        raise DecodeError(reason)
+
+    return decode

@@ -1,0 +1,217 @@
+"""Running a chunk of one binding's items: async functions on the event loop, sync ones
+in a bounded thread pool with ONE thread hop per chunk.
+
+A sync chunk runs its items one after another in one worker thread (:class:`SyncRun`), so
+the per-item cost is a function call, not a thread hand-off. The event loop watches the
+run: when the item in progress passes the binding's timeout, the loop stops waiting for
+it (a ``timed out`` retry), and sends the rest of the chunk on another hop. Python cannot
+stop a thread, so **a hung sync function keeps its worker thread** until it returns; if
+every thread hangs, sync work stops here and the tailers' calls time out and go to other
+schedulers. A sync call that returns late (past the timeout) is a ``timed out`` retry too.
+
+An async chunk runs its items concurrently on the loop, each under ``asyncio.timeout``
+(the per-item equivalent of ``asyncio.wait_for`` without its extra task).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from asynctier.platform.binding import Binding
+from asynctier.platform.context import Context
+from asynctier.platform.errors import DecodeError
+from asynctier.platform.scheduler import outcomes
+from asynctier.platform.scheduler.payloads import Decoder, decoder_for
+from asynctier.platform.scheduler.resolver import Function, FunctionResolver
+from asynctier.platform.wire import Item, Outcome, ok
+
+log = logging.getLogger(__name__)
+
+#: How long past an item's timeout the loop waits before giving up on its thread.
+WATCH_GRACE_S = 0.05
+
+
+@dataclass(frozen=True)
+class Job:
+    """What running a binding's items needs: the binding, its function, its decoder."""
+
+    binding: Binding
+    function: Function
+    decode: Decoder
+
+
+def context_of(binding: Binding, item: Item, deadline: float) -> Context:
+    """The ``ctx`` of one item."""
+    headers = item["headers"]
+    return Context(
+        binding=binding.name,
+        key=item["key"],
+        headers=tuple((h["name"], h["value"] or b"") for h in headers) if headers else (),
+        source=item["source_ref"],
+        attempt=item["attempt"],
+        record_time=item["record_time_ms"] / 1000.0,
+        deadline=deadline,
+        tenant=binding.tenant,
+    )
+
+
+def run_sync_item(job: Job, item: Item, started: float, wall_offset: float) -> Outcome:
+    """Run one item in the calling thread; ``started`` is its ``time.monotonic()``."""
+    item_id = item["id"]
+    try:
+        payload = job.decode(item["payload"])
+    except DecodeError as exc:
+        return outcomes.undecodable(item_id, str(exc))
+    timeout = job.binding.timeout_s
+    ctx = context_of(job.binding, item, started + wall_offset + timeout)
+    try:
+        job.function.call(payload, ctx)
+    except BaseException as exc:  # a function may raise anything, even SystemExit
+        outcome = outcomes.of_exception(item_id, exc)
+    else:
+        outcome = ok(item_id)
+    if time.monotonic() - started > timeout:
+        return outcomes.timed_out(item_id, timeout)
+    return outcome
+
+
+class SyncRun:
+    """One thread hop: runs ``items`` in order until done or abandoned by the loop."""
+
+    def __init__(self, job: Job, items: Sequence[Item]) -> None:
+        self.job = job
+        self.items = items
+        self.results: list[Outcome] = []
+        self.started = 0.0
+        self.abandoned = False
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        """Run in a worker thread."""
+        wall_offset = time.time() - time.monotonic()
+        lock = self._lock
+        for item in self.items:
+            with lock:
+                if self.abandoned:
+                    return
+                self.started = started = time.monotonic()
+            outcome = run_sync_item(self.job, item, started, wall_offset)
+            with lock:
+                if self.abandoned:
+                    return
+                self.results.append(outcome)
+
+    def wait_s(self) -> float:
+        """Seconds until the item in progress is overdue (a full timeout before any)."""
+        timeout = self.job.binding.timeout_s + WATCH_GRACE_S
+        with self._lock:
+            if self.started == 0.0:
+                return timeout
+            return max(0.0, self.started + timeout - time.monotonic())
+
+    def abandon_if_overdue(self) -> bool:
+        """Give up on the item in progress when it is past its timeout; True if so."""
+        with self._lock:
+            in_progress = self.started and len(self.results) < len(self.items)
+            if in_progress and time.monotonic() - self.started > self.job.binding.timeout_s:
+                self.abandoned = True
+        return self.abandoned
+
+
+class Runtime:
+    """Resolves functions and runs chunks; owns the bounded pool of sync worker threads."""
+
+    def __init__(self, resolver: FunctionResolver, threads: int = 8) -> None:
+        self.resolver = resolver
+        self.threads = threads
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="asynctier-fn")
+        self._jobs: dict[str, Job] = {}
+        self.hung_threads = 0
+
+    def job(self, binding: Binding) -> Job:
+        """The job of ``binding``; ModuleNotAllowed / FunctionNotFound when refused."""
+        job = self._jobs.get(binding.name)
+        if job is None or job.binding is not binding:
+            job = Job(binding, self.resolver.resolve(binding.function),
+                      decoder_for(binding))
+            self._jobs[binding.name] = job
+        return job
+
+    async def run(self, job: Job, items: Sequence[Item]) -> list[Outcome]:
+        """Run every item of one chunk; one outcome per item, in order."""
+        if job.function.is_async:
+            return list(await asyncio.gather(*(run_async_item(job, i) for i in items)))
+        return await self._run_sync(job, items)
+
+    async def run_one(self, job: Job, item: Item) -> Outcome:
+        """Run a single item (used inside a concurrency slot)."""
+        return (await self.run(job, (item,)))[0]
+
+    async def _run_sync(self, job: Job, items: Sequence[Item]) -> list[Outcome]:
+        loop = asyncio.get_running_loop()
+        results: list[Outcome] = []
+        while items:
+            run = SyncRun(job, items)
+            future = loop.run_in_executor(self.pool, run)
+            await self._watch(run, future)
+            results.extend(run.results)
+            if not run.abandoned:
+                break
+            stuck = items[len(run.results)]
+            results.append(outcomes.timed_out(stuck["id"], job.binding.timeout_s))
+            items = items[len(run.results) + 1:]
+        return results
+
+    async def _watch(self, run: SyncRun, future: asyncio.Future[None]) -> None:
+        while True:
+            done, _ = await asyncio.wait((future,), timeout=run.wait_s())
+            if done:
+                future.result()
+                return
+            if run.abandon_if_overdue():
+                self._count_hung(run, future)
+                return
+
+    def _count_hung(self, run: SyncRun, future: asyncio.Future[None]) -> None:
+        self.hung_threads += 1
+        log.warning("binding %s: an item of %s ran past its %gs timeout; its thread is "
+                    "left to finish (%d of %d worker threads held by late calls)",
+                    run.job.binding.name, run.job.function.path, run.job.binding.timeout_s,
+                    self.hung_threads, self.threads)
+
+        def back(_: Any) -> None:
+            self.hung_threads -= 1
+
+        future.add_done_callback(back)
+
+    def close(self) -> None:
+        """Stop the pool without waiting for late (hung) calls."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def run_async_item(job: Job, item: Item) -> Outcome:
+    """Run one item of an async function on the loop under the binding's timeout."""
+    item_id = item["id"]
+    try:
+        payload = job.decode(item["payload"])
+    except DecodeError as exc:
+        return outcomes.undecodable(item_id, str(exc))
+    timeout = job.binding.timeout_s
+    ctx = context_of(job.binding, item, time.time() + timeout)
+    try:
+        async with asyncio.timeout(timeout):  # cheaper than wait_for: no extra task
+            await job.function.call(payload, ctx)
+    except TimeoutError:
+        return outcomes.timed_out(item_id, timeout)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # a function may raise anything
+        return outcomes.of_exception(item_id, exc)
+    return ok(item_id)

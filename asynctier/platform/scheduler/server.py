@@ -1,0 +1,163 @@
+"""The scheduler process: the submit RPC on a ``grpc.aio`` server, membership, shutdown.
+
+Entry points:
+
+* :func:`run_scheduler` - blocking, for the CLI (``asynctier run scheduler``).
+* :func:`serve_scheduler` - the same as a coroutine, for callers that own an event loop.
+
+Shutdown is graceful: the scheduler leaves the membership (tailers stop picking it), stops
+accepting calls (new ones get UNAVAILABLE and go to another scheduler), lets the calls
+under way finish within ``options.stop_grace_s``, then stops its workers and returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import grpc
+
+from asynctier.platform.admission import Admission, OpenAdmission
+from asynctier.platform.config import Settings
+from asynctier.platform.rpc import MAX_MESSAGE, submit_handler
+from asynctier.platform.scheduler.bindings import BindingSource, FollowedBindings
+from asynctier.platform.scheduler.core import Scheduler
+from asynctier.platform.scheduler.membership import Heartbeat
+from asynctier.platform.scheduler.options import SchedulerOptions
+from asynctier.platform.scheduler.resolver import FunctionResolver
+from asynctier.platform.scheduler.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+StopSignal = threading.Event | asyncio.Event
+ReadyCallback = Callable[[str], None]
+
+SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
+def run_scheduler(settings: Settings, *, listen: str | None = None,
+                  allow_modules: Iterable[str] | None = None,
+                  admission: Admission | None = None, stop: StopSignal | None = None,
+                  ready_callback: ReadyCallback | None = None,
+                  options: SchedulerOptions | None = None,
+                  bindings: BindingSource | None = None,
+                  advertise: str | None = None) -> None:
+    """Run a scheduler until ``stop`` is set (or SIGTERM / SIGINT); blocks.
+
+    ``listen`` is ``host:port`` (default ``settings.scheduler_listen``; port 0 picks a free
+    port). ``allow_modules`` are the module prefixes whose functions may run (default
+    ``settings.allow_modules``). ``admission`` is the limits implementation (default
+    :class:`OpenAdmission`: no limits); it is closed on exit. ``stop``: a
+    ``threading.Event`` (or an ``asyncio.Event`` of this loop) that ends the scheduler
+    gracefully; when None and called from the main thread, SIGTERM and SIGINT do, and
+    when a ``stop`` is given the caller owns signal handling. ``ready_callback(address)``
+    is called once the server accepts calls, with the address registered in Redis
+    (``advertise``, else the listen address with its real port; a wildcard host becomes
+    this machine's host name). ``bindings`` defaults to the registry, followed live.
+    """
+    asyncio.run(serve_scheduler(
+        settings, listen=listen, allow_modules=allow_modules, admission=admission,
+        stop=stop, ready_callback=ready_callback, options=options, bindings=bindings,
+        advertise=advertise))
+
+
+async def serve_scheduler(settings: Settings, *, listen: str | None = None,
+                          allow_modules: Iterable[str] | None = None,
+                          admission: Admission | None = None,
+                          stop: StopSignal | None = None,
+                          ready_callback: ReadyCallback | None = None,
+                          options: SchedulerOptions | None = None,
+                          bindings: BindingSource | None = None,
+                          advertise: str | None = None) -> None:
+    """:func:`run_scheduler` as a coroutine on the running loop."""
+    options = options or SchedulerOptions()
+    admission = admission or OpenAdmission()
+    stop = stop or _signal_stop()
+    resolver = FunctionResolver(settings.allow_modules if allow_modules is None
+                                else allow_modules)
+    if bindings is None:
+        followed = FollowedBindings(settings)
+        await asyncio.to_thread(followed.start)
+        bindings = followed
+    scheduler = Scheduler(bindings, Runtime(resolver, options.workers), admission, options)
+    try:
+        await _serve(settings, scheduler, listen or settings.scheduler_listen, stop,
+                     ready_callback, advertise)
+    finally:
+        bindings.close()
+        await admission.close()
+
+
+async def _serve(settings: Settings, scheduler: Scheduler, listen: str, stop: StopSignal,
+                 ready_callback: ReadyCallback | None, advertise: str | None) -> None:
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server.add_generic_rpc_handlers((submit_handler(scheduler.submit),))
+    port = server.add_insecure_port(listen)
+    address = advertise or advertised(listen, port)
+    scheduler.start()
+    await server.start()
+    opts = scheduler.options
+    heartbeat = Heartbeat(settings, address, lambda: scheduler.load,
+                          opts.heartbeat_interval_s, opts.membership_ttl_s)
+    await heartbeat.beat()
+    heartbeat.start()
+    _log_start(address, listen, port, scheduler)
+    if ready_callback is not None:
+        ready_callback(address)
+    try:
+        await _wait(stop)
+    finally:
+        log.info("scheduler %s stopping: leaving the membership, finishing calls under way "
+                 "(at most %gs)", address, opts.stop_grace_s)
+        await heartbeat.stop(leave=True)
+        await server.stop(opts.stop_grace_s)
+        await scheduler.stop()
+        log.info("scheduler %s stopped", address)
+
+
+def advertised(listen: str, port: int) -> str:
+    """The address tailers should use for a server listening on ``listen`` (real port)."""
+    host = listen.rsplit(":", 1)[0] if ":" in listen else listen
+    if host in ("", "0.0.0.0", "[::]", "::", "*"):
+        host = socket.gethostname()
+    return f"{host}:{port}"
+
+
+def _log_start(address: str, listen: str, port: int, scheduler: Scheduler) -> None:
+    allowed = scheduler.runtime.resolver.allow_modules
+    opts = scheduler.options
+    log.info("scheduler listening on %s (port %d), registered as %s; allowed modules: %s; "
+             "%d workers, queue of at most %d items", listen, port, address,
+             ", ".join(allowed) or "none", opts.workers, opts.max_queued_items)
+    if not allowed:
+        log.warning("no module is allowed: every item will fail with 'module not allowed' "
+                    "(start the scheduler with --allow-module PREFIX)")
+
+
+def _signal_stop() -> StopSignal:
+    """An event set by SIGTERM / SIGINT (main thread only; else never set)."""
+    event = asyncio.Event()
+    if threading.current_thread() is threading.main_thread():
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, event.set)
+    return event
+
+
+async def _wait(stop: Any) -> None:
+    if isinstance(stop, asyncio.Event):
+        await stop.wait()
+        return
+    while not stop.is_set():
+        await asyncio.sleep(0.1)

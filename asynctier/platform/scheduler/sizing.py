@@ -1,0 +1,55 @@
+"""Chunk sizes learned per binding: a chunk should hold a worker for about a target time.
+
+A binding not measured yet starts with small chunks (its function may be slow).
+
+Small chunks keep priorities and fairness sharp (a worker is never held long by one
+tenant); large chunks keep the per-chunk overhead low for fast functions. The sizer keeps
+an average time per item for each binding and sizes the next chunks from it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class ChunkSizer:
+    """Chunk size per binding from its measured seconds per item (EWMA)."""
+
+    def __init__(self, target_s: float = 0.02, min_items: int = 8, max_items: int = 256,
+                 first_items: int = 4, alpha: float = 0.3) -> None:
+        self.target_s = target_s
+        self.min_items = min_items
+        self.max_items = max(max_items, min_items)
+        self.first_items = max(1, min(first_items, self.max_items))
+        self.alpha = alpha
+        self._per_item_s: dict[str, float] = {}
+
+    def size(self, binding: str) -> int:
+        """Items per chunk for ``binding``."""
+        per_item = self._per_item_s.get(binding)
+        if per_item is None:
+            return self.first_items
+        if per_item <= 0:
+            return self.max_items
+        return max(self.min_items, min(self.max_items, int(self.target_s / per_item)))
+
+    def observe(self, binding: str, seconds: float, items: int) -> None:
+        """A chunk of ``items`` items of ``binding`` took ``seconds``."""
+        if items <= 0:
+            return
+        sample = seconds / items
+        old = self._per_item_s.get(binding)
+        self._per_item_s[binding] = sample if old is None else old + self.alpha * (sample - old)
+
+    def split(self, binding: str, items: list[T], spread: int = 1) -> list[list[T]]:
+        """``items`` cut into even chunks of at most :meth:`size` items, and into at least
+        ``spread`` chunks when there are enough items (so idle workers share a batch)."""
+        size = min(self.size(binding), math.ceil(len(items) / max(spread, 1)))
+        if len(items) <= size:
+            return [items]
+        count = math.ceil(len(items) / size)
+        step = math.ceil(len(items) / count)
+        return [items[i:i + step] for i in range(0, len(items), step)]
