@@ -1,0 +1,1 @@
+"""Functions the scheduler tests bind to (allowed with ``--allow-module tests.funcs``)."""

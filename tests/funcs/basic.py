@@ -1,0 +1,80 @@
+"""Test functions: every outcome kind, sync and async, and recorders the tests read."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+from asynctier import Context, Reject, Retry
+
+SEEN: list[tuple[Any, Context]] = []
+STARTS: dict[str, list[tuple[Any, float]]] = {}
+_LOCK = threading.Lock()
+
+
+def reset() -> None:
+    """Forget everything recorded."""
+    with _LOCK:
+        SEEN.clear()
+        STARTS.clear()
+
+
+def noop(payload: Any, ctx: Context) -> None:
+    """Does nothing (throughput)."""
+
+
+def record(payload: Any, ctx: Context) -> None:
+    """Records the payload and its context."""
+    with _LOCK:
+        SEEN.append((payload, ctx))
+
+
+async def async_record(payload: Any, ctx: Context) -> None:
+    """Records the payload and its context, from the event loop."""
+    await asyncio.sleep(0)
+    SEEN.append((payload, ctx))
+
+
+def retry_later(payload: Any, ctx: Context) -> None:
+    """Asks to run again in 7 s."""
+    raise Retry(after=7, reason="not ready yet")
+
+
+def reject(payload: Any, ctx: Context) -> None:
+    """Fails for good."""
+    raise Reject("bad order")
+
+
+def boom(payload: Any, ctx: Context) -> None:
+    """Raises an ordinary exception with a long message."""
+    raise ValueError("boom " + "x" * 2000)
+
+
+async def async_boom(payload: Any, ctx: Context) -> None:
+    """Raises from a coroutine."""
+    raise KeyError("missing")
+
+
+async def async_reject(payload: Any, ctx: Context) -> None:
+    """Fails for good, from a coroutine."""
+    raise Reject("async bad order")
+
+
+def sleepy(payload: Any, ctx: Context) -> None:
+    """Sleeps ``payload["sleep"]`` seconds."""
+    time.sleep(payload["sleep"])
+
+
+async def async_sleepy(payload: Any, ctx: Context) -> None:
+    """Sleeps ``payload["sleep"]`` seconds on the loop."""
+    await asyncio.sleep(payload["sleep"])
+
+
+def timed(payload: Any, ctx: Context) -> None:
+    """Records when it started (per binding) and sleeps ``payload["ms"]`` milliseconds."""
+    started = time.monotonic()
+    with _LOCK:
+        STARTS.setdefault(ctx.binding, []).append((payload.get("n"), started))
+    time.sleep(payload.get("ms", 0) / 1000.0)

@@ -1,0 +1,28 @@
+"""The scheduler follows the bindings registry (real Kafka) and reads it again on demand."""
+
+from __future__ import annotations
+
+from asynctier.platform.binding import Binding
+from asynctier.platform.config import Settings
+from asynctier.platform.registry import BindingRegistry
+from tests.scheduler_harness import item, items, running_scheduler
+
+
+def test_bindings_come_from_the_registry_and_new_ones_are_found(settings: Settings) -> None:
+    registry = BindingRegistry(settings)
+    registry.put(Binding("early", "some-topic", "tests.funcs.basic:noop"))
+    with running_scheduler(settings, None) as running:
+        assert all(o["status"] == "ok" for o in running.submit(items("early", 50)).values())
+        registry.put(Binding("late", "some-topic", "tests.funcs.basic:noop"))
+        # submitted right away: the scheduler reads the registry again when it meets
+        # a binding it does not know yet
+        outcomes = running.submit([item("late", 1), item("ghost", 2)])
+        assert outcomes[1]["status"] == "ok"
+        ghost = outcomes[2]
+        assert ghost["status"] == "retry" and ghost["spends_attempt"] is False
+        assert ghost["after_s"] == 5.0 and "unknown binding 'ghost'" in (ghost["error"] or "")
+        registry.delete("early")
+        from tests.helpers import wait_until
+
+        wait_until(lambda: running.submit([item("early", 3)])[3]["status"] == "retry", 15,
+                   "a deleted binding is no longer run")

@@ -1,0 +1,164 @@
+"""Sharing the workers: bounded queue backpressure, priority tiers, tenant fairness.
+
+These drive :meth:`Scheduler.process` on a loop of their own (the gRPC path is covered in
+test_scheduler_outcomes.py) with a sync function that sleeps a little per item, so that
+the timings measure the scheduling, not the machine's speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+
+from asynctier.platform.binding import Binding
+from asynctier.platform.scheduler import Scheduler, SchedulerOptions
+from asynctier.platform.wire import Item, Outcome
+from tests.funcs import basic
+from tests.scheduler_harness import item, local_scheduler
+
+
+def timed_items(binding: str, count: int, ms: float, start: int = 0) -> list[Item]:
+    return [item(binding, start + n, json.dumps({"n": start + n, "ms": ms}).encode())
+            for n in range(count)]
+
+
+def test_a_full_queue_makes_submit_wait_and_the_cap_holds() -> None:
+    gate = Binding("gate", "t", "tests.funcs.basic:sleepy")
+    options = SchedulerOptions(workers=1, max_queued_items=100, max_chunk_items=16,
+                               min_chunk_items=16)
+
+    async def scenario() -> None:
+        scheduler = local_scheduler([gate], options=options)
+        scheduler.start()
+        payload = json.dumps({"sleep": 0.002}).encode()
+        calls = [asyncio.create_task(scheduler.process(
+            [item("gate", c * 100 + n, payload) for n in range(100)])) for c in range(5)]
+        peak = 0
+        waited = False
+        while not all(c.done() for c in calls):
+            peak = max(peak, scheduler.queue.items)
+            waited |= scheduler.queue.waiting_puts > 0
+            await asyncio.sleep(0.005)
+        assert waited, "no submit ever waited for room"
+        assert peak <= 100 and scheduler.queue.peak_items <= 100
+        outcomes = [o for c in calls for o in c.result()]
+        assert len(outcomes) == 500 and all(o["status"] == "ok" for o in outcomes)
+        await scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_urgent_starts_first_under_contention_and_batch_still_progresses() -> None:
+    bindings = [Binding("urgent", "t", "tests.funcs.basic:timed", priority="urgent",
+                        tenant="live"),
+                Binding("batch", "t", "tests.funcs.basic:timed", priority="batch",
+                        tenant="suggest")]
+    basic.reset()
+
+    async def scenario() -> tuple[float, float, int]:
+        scheduler = local_scheduler(bindings, options=SchedulerOptions(workers=4))
+        scheduler.start()
+        start = time.monotonic()
+        flood = asyncio.create_task(scheduler.process(timed_items("batch", 3000, 1.0)))
+        await asyncio.sleep(0.2)
+        trickle_waits: list[float] = []
+        for wave in range(10):  # urgent arrives in small batches during the flood
+            sent = time.monotonic()
+            before = len(basic.STARTS.get("urgent", []))
+            await scheduler.process(timed_items("urgent", 20, 1.0, start=wave * 20))
+            mine = basic.STARTS["urgent"][before:]
+            trickle_waits += [started - sent for _, started in mine]
+            await asyncio.sleep(0.03)
+        assert not flood.done(), "the flood ended too soon to contend"
+        await flood
+        batch_waits = [s - start for _, s in basic.STARTS["batch"]]
+        await scheduler.stop()
+        return _p99(trickle_waits), _p99(batch_waits), len(trickle_waits)
+
+    urgent_p99, batch_p99, urgent_count = asyncio.run(scenario())
+    print(f"\nurgent p99 wait {urgent_p99 * 1000:.0f} ms over {urgent_count} items; "
+          f"batch p99 wait {batch_p99 * 1000:.0f} ms over 3000 items")
+    assert urgent_count == 200
+    assert urgent_p99 <= batch_p99 / 5
+
+
+def test_both_tiers_backlogged_share_8_to_1() -> None:
+    bindings = [Binding("urgent", "t", "tests.funcs.basic:timed", priority="urgent"),
+                Binding("batch", "t", "tests.funcs.basic:timed", priority="batch")]
+    basic.reset()
+
+    async def scenario() -> None:
+        scheduler = local_scheduler(bindings, options=SchedulerOptions(workers=4))
+        scheduler.start()
+        batch = asyncio.create_task(scheduler.process(timed_items("batch", 1500, 0.5)))
+        urgent = asyncio.create_task(scheduler.process(timed_items("urgent", 1500, 0.5)))
+        await asyncio.gather(batch, urgent)
+        await scheduler.stop()
+
+    asyncio.run(scenario())
+    urgent_starts = sorted(s for _, s in basic.STARTS["urgent"])
+    batch_starts = sorted(s for _, s in basic.STARTS["batch"])
+    urgent_done = urgent_starts[-1]
+    batch_meanwhile = sum(1 for s in batch_starts if s < urgent_done)
+    print(f"\nwhile 1500 urgent items ran, {batch_meanwhile} batch items started")
+    assert 1500 / 20 <= batch_meanwhile <= 1500 / 4  # about 1:8, never starved
+    assert statistics.median(urgent_starts) < statistics.median(batch_starts)
+
+
+def test_a_flooding_tenant_does_not_starve_a_trickle() -> None:
+    """Tenant A floods 20,000 items, tenant B sends 500, equal weights, same tier."""
+    bindings = [Binding("flood", "t", "tests.funcs.basic:timed", tenant="a"),
+                Binding("trickle", "t", "tests.funcs.basic:timed", tenant="b")]
+    options = SchedulerOptions(workers=8)
+    ms = 2.0
+
+    async def b_alone() -> float:
+        scheduler = local_scheduler(bindings, options=options)
+        scheduler.start()
+        await scheduler.process(timed_items("trickle", 100, ms))  # learn the chunk size
+        elapsed = await _timed(scheduler, _trickle(scheduler, ms))
+        await scheduler.stop()
+        return elapsed
+
+    async def b_with_flood() -> tuple[float, float]:
+        scheduler = local_scheduler(bindings, options=options)
+        scheduler.start()
+        await scheduler.process(timed_items("trickle", 100, ms))
+        start = time.monotonic()
+        flood = [asyncio.create_task(scheduler.process(
+            timed_items("flood", 1000, ms, start=k * 1000))) for k in range(20)]
+        await asyncio.sleep(0.5)  # the flood is well under way and queued
+        assert scheduler.queue.items > 5000
+        elapsed = await _timed(scheduler, _trickle(scheduler, ms))
+        results = await asyncio.gather(*flood)
+        assert sum(len(r) for r in results) == 20_000
+        flood_s = time.monotonic() - start
+        await scheduler.stop()
+        return elapsed, flood_s
+
+    alone = asyncio.run(b_alone())
+    shared, flood_s = asyncio.run(b_with_flood())
+    print(f"\ntenant B (500 items, {ms:g} ms each, 8 workers): alone {alone * 1000:.0f} ms, "
+          f"beside A's 20,000-item flood {shared * 1000:.0f} ms ({shared / alone:.2f}x); "
+          f"the flood took {flood_s:.1f} s")
+    assert shared <= 3.0 * alone
+
+
+async def _trickle(scheduler: Scheduler, ms: float) -> list[Outcome]:
+    parts = [scheduler.process(timed_items("trickle", 100, ms, start=100_000 + k * 100))
+             for k in range(5)]
+    return [o for part in await asyncio.gather(*parts) for o in part]
+
+
+async def _timed(scheduler: Scheduler, work: object) -> float:
+    start = time.monotonic()
+    outcomes = await work  # type: ignore[misc]
+    assert len(outcomes) == 500 and all(o["status"] == "ok" for o in outcomes)
+    return time.monotonic() - start
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
