@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,9 +108,10 @@ def test_undecodable_records_become_dead_letters(
     platform.start("tailers")
     wait_until(_all_ran(platform, range(300)), 60, "every good record ran")
     dlq = settings.names.dlq_topic("mixed")
-    letters = wait_until(lambda: [m for m in read_topic(settings, dlq) if m] if len(
-        read_topic(settings, dlq)) >= len(bad) else None, 30, "every bad record dead-lettered")
-    assert len(letters) == len(bad)
+    letters: list[Any] = wait_until(
+        lambda: (lambda got: got if len(got) >= len(bad) else None)(read_topic(settings, dlq)),
+        30, "every bad record dead-lettered")
+    assert len(letters) == len(bad), [(m.key(), m.value(), m.headers()) for m in letters]
     by_key = {m.key(): dict(m.headers()) for m in letters}  # type: ignore[attr-defined]
     assert set(by_key) == {k for k, _ in bad}
     for headers in by_key.values():
@@ -125,12 +127,23 @@ def test_function_outside_allowed_modules_never_imported_nor_run(
         platform: Platform, unique_topic: Callable[..., str], settings: Settings) -> None:
     topic = unique_topic(1)
     produce_json(settings, topic, [{"id": i} for i in range(5)])
-    platform.cli("bind", "evil", "--topic", topic, "--function", "tests.evil:boom")
+    refused = platform.cli("bind", "evil", "--topic", topic, "--function", "tests.evil:boom",
+                           check=False)
+    assert refused.returncode != 0 and "module not allowed" in refused.stderr
+    # Written by a process whose config allows more: the scheduler must refuse it again.
+    from asynctier.delay_streams.topics import ensure_binding_topics
+    from asynctier.platform.binding import Binding
+    from asynctier.platform.registry import BindingRegistry
+
+    evil = Binding(name="evil", topic=topic, function="tests.evil:boom")
+    ensure_binding_topics(settings, [evil])
+    BindingRegistry(settings).put(evil)
     platform.start("scheduler")
     platform.start("tailers")
     dlq = settings.names.dlq_topic("evil")
-    letters = wait_until(lambda: read_topic(settings, dlq) if len(
-        read_topic(settings, dlq)) >= 5 else None, 60, "five dead letters")
+    letters: list[Any] = wait_until(
+        lambda: (lambda got: got if len(got) >= 5 else None)(read_topic(settings, dlq)),
+        60, "five dead letters")
     for msg in letters:
         error = dict(msg.headers())["asynctier.error"]  # type: ignore[attr-defined]
         assert b"module not allowed" in error

@@ -83,10 +83,12 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
     stop_on_signals(stop)
     _serve_metrics(metrics_port)
     if component == "scheduler":
+        from asynctier.platform.limits import RedisAdmission
         from asynctier.platform.scheduler import run_scheduler
 
         run_scheduler(settings, listen=listen or settings.scheduler_listen,
-                      allow_modules=allow or settings.allow_modules, stop=stop)
+                      allow_modules=allow or settings.allow_modules, stop=stop,
+                      admission=RedisAdmission(settings))
     elif component == "tailers":
         run_tailers(settings, stop, batch_size)
     else:
