@@ -56,8 +56,12 @@ def scheduler_addresses(settings: Settings) -> Callable[[], Sequence[str]]:
     return directory.addresses  # type: ignore[no-any-return]
 
 
-def run_tailers(settings: Settings, stop: threading.Event, batch_size: int) -> None:
-    """Run one tailer per binding until ``stop``; then finish, commit and return."""
+def run_tailers(settings: Settings, stop: threading.Event, batch_size: int,
+                export_lag: bool = False) -> None:
+    """Run one tailer per binding until ``stop``; then finish, commit and return.
+
+    With ``export_lag`` the process also exports its bindings' consumer lag."""
+    from asynctier.platform.lag import LagCollector
     from asynctier.tailers.kafka import TailerOptions
     from asynctier.tailers.manager import TailerManager
 
@@ -66,9 +70,14 @@ def run_tailers(settings: Settings, stop: threading.Event, batch_size: int) -> N
     manager.start()
     log.info("tailers running for %d binding(s): %s", len(manager.bindings),
              ", ".join(manager.bindings) or "none yet (waiting for `asynctier bind`)")
+    lag = LagCollector(settings, lambda: manager.follower.bindings, interval_s=5.0)
+    if export_lag:
+        lag.start()
     stop.wait()
     manager.stop()
     client.close()
+    if export_lag:
+        lag.stop()
 
 
 def _serve_metrics(port: int | None) -> None:
@@ -90,13 +99,24 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
                       allow_modules=allow or settings.allow_modules, stop=stop,
                       admission=RedisAdmission(settings))
     elif component == "tailers":
-        run_tailers(settings, stop, batch_size)
+        run_tailers(settings, stop, batch_size, export_lag=metrics_port is not None)
     else:
-        from asynctier.delay_streams.tailer import run_delay_tailers
+        run_delay(settings, stop, export_lag=metrics_port is not None)
 
-        client = SchedulerClient(scheduler_addresses(settings))
-        run_delay_tailers(settings, stop, client=client)
-        client.close()
+
+def run_delay(settings: Settings, stop: threading.Event, export_lag: bool = False) -> None:
+    """Run the delay tailers until ``stop`` (and export the delay topics' lag)."""
+    from asynctier.delay_streams.tailer import run_delay_tailers
+    from asynctier.platform.lag import LagCollector
+
+    lag = LagCollector(settings, dict, include_bindings=False, delay=True, interval_s=5.0)
+    if export_lag:
+        lag.start()
+    client = SchedulerClient(scheduler_addresses(settings))
+    run_delay_tailers(settings, stop, client=client)
+    client.close()
+    if export_lag:
+        lag.stop()
 
 
 def _child_args(component: str, allow: tuple[str, ...], listen: str | None,

@@ -11,11 +11,14 @@ which attempt comes next, when it is due and why it failed.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from asynctier.delay_streams.ladder import ladder_delay, next_hop
+from asynctier.platform import metrics
 from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
@@ -23,6 +26,7 @@ from asynctier.platform.durations import format_duration
 from asynctier.platform.kafka import ConfirmingProducer
 from asynctier.platform.wire import Outcome
 
+log = logging.getLogger(__name__)
 ERROR_MAX_CHARS = 1000
 Resolution = Literal["ok", "retry", "dead_letter"]
 
@@ -82,6 +86,8 @@ class Handoff:
     def __init__(self, settings: Settings, producer: ConfirmingProducer | None = None) -> None:
         self.names = settings.names
         self.producer = producer or ConfirmingProducer(settings)
+        self._retries: Counter[tuple[str, str]] = Counter()
+        self._dead: Counter[tuple[str, str]] = Counter()
 
     def resolve(self, binding: Binding, parcel: Parcel, outcome: Outcome,
                 now_ms: int | None = None) -> Resolution:
@@ -105,6 +111,7 @@ class Handoff:
         due_ms = now_ms + int(after * 1000 + 0.999)
         next_attempt = parcel.attempt + 1 if spends else parcel.attempt
         self.delay(binding, parcel, due_ms, next_attempt, error, now_ms)
+        self._retries[(binding.name, str(parcel.attempt) if spends else "held")] += 1
         return "retry"
 
     def delay(self, binding: Binding, parcel: Parcel, due_ms: int, attempt: int,
@@ -131,6 +138,7 @@ class Handoff:
         if parcel.due_ms:
             headers.append((n.H_DUE, str(parcel.due_ms).encode()))
         self.producer.produce(topic, parcel.value, parcel.key, headers)
+        self._dead[(name, reason)] += 1
         return topic
 
     def _headers(self, binding: Binding | str, parcel: Parcel, attempt: int,
@@ -146,5 +154,17 @@ class Handoff:
         ]
 
     def confirm(self, timeout_s: float = 30.0) -> None:
-        """Raise HandoffError unless every record handed off so far is delivered."""
+        """Raise HandoffError unless every record handed off so far is delivered.
+
+        Retries (by the attempt that failed) and dead letters (by reason) are counted in
+        the metrics once they are delivered."""
+        retries, dead = self._retries, self._dead
+        self._retries, self._dead = Counter(), Counter()
         self.producer.confirm(timeout_s)
+        try:
+            for (binding, step), count in retries.items():
+                metrics.record_retries(binding, {step: count})
+            for (binding, reason), count in dead.items():
+                metrics.record_dead_letters(binding, {reason: count})
+        except ValueError:  # a metric must never break the data path
+            log.exception("could not count hand-offs in the metrics")
