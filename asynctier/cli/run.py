@@ -48,12 +48,9 @@ def stop_on_signals(stop: threading.Event) -> None:
 
 def scheduler_addresses(settings: Settings) -> Callable[[], Sequence[str]]:
     """Live schedulers from Redis membership, falling back to the configured list."""
-    try:
-        from asynctier.platform.scheduler.membership import SchedulerDirectory
-    except ImportError:  # pragma: no cover - membership not built
-        return lambda: settings.schedulers
-    directory = SchedulerDirectory(settings)
-    return directory.addresses  # type: ignore[no-any-return]
+    from asynctier.platform.scheduler.membership import SchedulerDirectory
+
+    return SchedulerDirectory(settings).addresses
 
 
 def run_tailers(settings: Settings, stop: threading.Event, batch_size: int,
