@@ -133,3 +133,42 @@ def test_admission_errors_bring_items_back_later() -> None:
         assert "admission failed: ConnectionError: redis is down" in (outcomes[0]["error"] or "")
 
     asyncio.run(scenario())
+
+
+def test_a_high_cap_is_filled_by_async_functions() -> None:
+    admission = Recording(cap=50)
+    capped = Binding("wide", "t", "tests.funcs.basic:async_sleepy", max_concurrency=50)
+    payload = json.dumps({"sleep": 0.05}).encode()
+
+    async def scenario() -> None:
+        scheduler = local_scheduler([capped], admission=admission)
+        scheduler.start()
+        outcomes = await scheduler.process([item("wide", n, payload) for n in range(300)])
+        await scheduler.stop()
+        assert len(outcomes) == 300 and all(o["status"] == "ok" for o in outcomes)
+
+    asyncio.run(scenario())
+    assert admission.peak == 50
+
+
+class Adaptive(Recording):
+    """Also offers an adaptive limit for bindings without a cap (as RedisAdmission does)."""
+
+    def concurrency_limit(self, binding: Binding) -> int | None:
+        return 2
+
+
+def test_an_adaptive_limit_applies_to_uncapped_bindings() -> None:
+    admission = Adaptive(cap=100)
+    binding = Binding("b", "t", "tests.funcs.basic:async_sleepy")
+    payload = json.dumps({"sleep": 0.01}).encode()
+
+    async def scenario() -> None:
+        scheduler = local_scheduler([binding], admission=admission)
+        scheduler.start()
+        outcomes = await scheduler.process([item("b", n, payload) for n in range(40)])
+        await scheduler.stop()
+        assert all(o["status"] == "ok" for o in outcomes)
+
+    asyncio.run(scenario())
+    assert 1 <= admission.peak <= 2 * 2  # two lanes per chunk, two chunks per binding

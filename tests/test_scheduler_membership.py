@@ -7,11 +7,12 @@ import time
 
 import redis
 
+from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.scheduler import SchedulerDirectory, live_members, live_schedulers
 from asynctier.platform.scheduler.membership import Heartbeat
 from tests.helpers import wait_until
-from tests.scheduler_harness import running_scheduler
+from tests.scheduler_harness import items, running_scheduler
 
 
 def test_two_schedulers_register_and_a_dead_one_drops_out(settings: Settings,
@@ -90,3 +91,11 @@ def test_heartbeat_survives_redis_being_unreachable(settings: Settings) -> None:
         await heartbeat.stop(leave=True)
 
     asyncio.run(scenario())
+
+
+def test_a_scheduler_serves_on_while_redis_is_unreachable(settings: Settings) -> None:
+    down = settings.with_overrides(redis_url="redis://127.0.0.1:1/0")
+    binding = Binding("rec", "t", "tests.funcs.basic:noop")
+    with running_scheduler(down, [binding]) as running:
+        outcomes = running.submit(items("rec", 100))
+        assert all(o["status"] == "ok" for o in outcomes.values())

@@ -8,8 +8,12 @@ Per chunk (never per item), in this order:
    longer), then room in the bounded queue. Waiting for tokens here rather than in a
    worker means a throttled binding cannot hold the workers that other bindings need.
 2. **Run** (one of ``workers`` worker tasks, picked by tier and tenant): the whole chunk in
-   one worker hop, or, for a binding with a concurrency cap, one item at a time inside
-   :meth:`Admission.slot` with up to ``max_concurrency`` lanes in parallel.
+   one worker hop, or, for a binding with a concurrency limit, one item at a time inside
+   :meth:`Admission.slot` with up to that many lanes in parallel. The limit is the
+   binding's ``max_concurrency``, else the admission's current adaptive limit when it
+   offers one (an optional ``concurrency_limit(binding) -> int | None`` method, as
+   :class:`~asynctier.platform.limits.RedisAdmission` has: AIMD shrinks it when failures
+   spike).
 3. :meth:`Admission.report` with the successes and failures of the chunk.
 """
 
@@ -67,8 +71,9 @@ class Dispatcher:
         """Every outcome of ``items`` (all of ``binding``); waits while the queue is full."""
         results: list[Outcome] = []
         futures: list[asyncio.Future[list[Outcome]]] = []
+        cap = self._cap(binding)
         try:
-            for part in self.sizer.split(binding.name, items, self.workers):
+            for part in self.sizer.split(binding.name, items, self.workers, cap or 1):
                 refused, chunk = await self._intake(binding, part)
                 results.extend(refused)
                 if chunk is not None:
@@ -93,7 +98,7 @@ class Dispatcher:
         if not admitted:
             return refused, None
         chunk = Chunk(binding, admitted, asyncio.get_running_loop().create_future())
-        if binding.max_concurrency:
+        if self._cap(binding):
             await self._capped_gate(chunk)
         chunk.queued_at = time.monotonic()
         await self.queue.put(chunk)
@@ -144,13 +149,28 @@ class Dispatcher:
         except (ModuleNotAllowed, FunctionNotFound) as exc:
             return [failed(i["id"], str(exc)) for i in chunk.items]
         started = time.monotonic()
-        if binding.max_concurrency:
-            outcomes = await self._run_capped(job, chunk.items, binding.max_concurrency)
+        cap = self._cap(binding)
+        if cap:
+            outcomes = await self._run_capped(job, chunk.items, cap)
         else:
             outcomes = await self.runtime.run(job, chunk.items)
             self.sizer.observe(binding.name, time.monotonic() - started, chunk.cost)
         self._report(binding, outcomes)
         return outcomes
+
+    def _cap(self, binding: Binding) -> int | None:
+        """The binding's concurrency limit now: its cap, else the adaptive one (if any)."""
+        if binding.max_concurrency:
+            return binding.max_concurrency
+        adaptive = getattr(self.admission, "concurrency_limit", None)
+        if adaptive is None:
+            return None
+        try:
+            limit = adaptive(binding)
+        except Exception:
+            log.exception("binding %s: admission.concurrency_limit failed", binding.name)
+            return None
+        return limit if isinstance(limit, int) and limit > 0 else None
 
     async def _run_capped(self, job: Job, items: Sequence[Item], cap: int) -> list[Outcome]:
         results: list[Outcome] = []

@@ -44,10 +44,13 @@ class ChunkSizer:
         old = self._per_item_s.get(binding)
         self._per_item_s[binding] = sample if old is None else old + self.alpha * (sample - old)
 
-    def split(self, binding: str, items: list[T], spread: int = 1) -> list[list[T]]:
+    def split(self, binding: str, items: list[T], spread: int = 1,
+              at_least: int = 1) -> list[list[T]]:
         """``items`` cut into even chunks of at most :meth:`size` items, and into at least
-        ``spread`` chunks when there are enough items (so idle workers share a batch)."""
+        ``spread`` chunks when there are enough items (so idle workers share a batch);
+        never smaller than ``at_least`` (up to ``max_items``) items."""
         size = min(self.size(binding), math.ceil(len(items) / max(spread, 1)))
+        size = max(size, min(at_least, self.max_items))
         if len(items) <= size:
             return [items]
         count = math.ceil(len(items) / size)
