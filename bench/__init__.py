@@ -1,0 +1,1 @@
+"""Benchmarks: asynctier against the raw Kafka loop, Celery and Dramatiq (``make bench``)."""

@@ -1,0 +1,146 @@
+"""asynctier as a contender: ``asynctier bind`` then the default ``asynctier run``.
+
+Each run gets its own prefix (so its own consumer groups, delay topics and Redis keys)
+and its own scheduler port; its processes log to a file in the run's folder and are
+stopped (SIGTERM, then SIGKILL after a deadline) when it ends.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from bench.measure import BenchError, Finder
+from bench.stack import Services
+
+REPO = Path(__file__).resolve().parent.parent
+COMPONENTS = ("scheduler", "tailers", "delay")
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class AsynctierRun:
+    """One isolated asynctier platform (prefix, port, log folder)."""
+
+    def __init__(self, services: Services, folder: Path, label: str,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.services = services
+        self.folder = folder
+        self.label = label
+        self.prefix = f"bench-{label}-{uuid.uuid4().hex[:6]}"
+        self.port = free_port()
+        self.extra_env = extra_env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = folder / f"asynctier-{label}.log"
+
+    def env(self) -> dict[str, str]:
+        """The environment of every asynctier command of this run."""
+        env = dict(os.environ)
+        address = f"127.0.0.1:{self.port}"
+        env.update({
+            "ASYNCTIER_KAFKA_BOOTSTRAP": self.services.kafka_bootstrap,
+            "ASYNCTIER_REDIS_URL": self.services.redis_url,
+            "ASYNCTIER_PREFIX": self.prefix,
+            "ASYNCTIER_ALLOW_MODULES": "bench.noop",
+            "ASYNCTIER_SCHEDULER_LISTEN": address,
+            "ASYNCTIER_SCHEDULERS": address,
+            "PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+            **self.extra_env,
+        })
+        return env
+
+    def group(self, binding: str) -> str:
+        """The consumer group of ``binding``'s tailer."""
+        return f"{self.prefix}.{binding}"
+
+    def bind(self, name: str, topic: str, function: str, *extra: str) -> None:
+        """``asynctier bind NAME --topic T --function bench.noop:FUNCTION ...``."""
+        argv = [sys.executable, "-m", "asynctier", "bind", name, "--topic", topic,
+                "--function", f"bench.noop:{function}", *extra]
+        done = subprocess.run(argv, env=self.env(), capture_output=True, text=True,
+                              timeout=120, cwd=REPO, check=False)
+        if done.returncode != 0:
+            raise BenchError(f"asynctier bind failed:\n{done.stdout}{done.stderr}")
+
+    def start(self) -> None:
+        """Start the default ``asynctier run`` (scheduler, tailers, delay tailers)."""
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "asynctier", "run", "--allow-module", "bench.noop"],
+                env=self.env(), stdout=out, stderr=out, cwd=REPO, start_new_session=True)
+
+    def component(self, name: str) -> Finder:
+        """A finder for the child process that runs ``name`` (scheduler, tailers, delay)."""
+        def find() -> list[psutil.Process]:
+            if self.proc is None:
+                return []
+            try:
+                children = psutil.Process(self.proc.pid).children()
+                return [c for c in children if _runs(c, name)]
+            except psutil.NoSuchProcess:
+                return []
+        return find
+
+    def parent(self) -> Finder:
+        """A finder for the ``asynctier run`` process itself."""
+        def find() -> list[psutil.Process]:
+            if self.proc is None or self.proc.poll() is not None:
+                return []
+            return [psutil.Process(self.proc.pid)]
+        return find
+
+    def pids(self) -> dict[str, int]:
+        """Component name -> pid, for the profiler."""
+        found: dict[str, int] = {}
+        for name in COMPONENTS:
+            procs = list(self.component(name)())
+            if procs:
+                found[name] = procs[0].pid
+        return found
+
+    def check(self) -> Callable[[], None]:
+        """A check for :func:`~bench.measure.watch_drain`: raises when the platform died."""
+        def alive() -> None:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise BenchError(f"asynctier run exited with {self.proc.returncode}:\n"
+                                 f"{self.log_tail()}")
+        return alive
+
+    def log_tail(self) -> str:
+        """The end of this run's log."""
+        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+
+    def stop(self, timeout_s: float = 60.0) -> int | None:
+        """SIGTERM (tailers finish and commit, then the scheduler stops); SIGKILL late."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        return proc.returncode
+
+
+def _runs(proc: psutil.Process, component: str) -> bool:
+    try:
+        argv = proc.cmdline()
+    except psutil.Error:
+        return False
+    return "run" in argv and component in argv

@@ -1,0 +1,141 @@
+"""Measuring processes while a contender drains its work: CPU seconds and peak RSS.
+
+A :class:`Meter` follows named groups of processes (a group is found again at every
+sample, so children that appear later are counted). :func:`watch_drain` polls a progress
+count and the meter together and returns a :class:`Drain`: how many items were done
+between the first poll that saw progress and the poll that saw the last one, how long
+that took, and the CPU seconds each group spent in that same window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import psutil
+
+Finder = Callable[[], Iterable[psutil.Process]]
+
+
+class BenchError(Exception):
+    """A scenario could not be measured (it did not finish in time, a process died)."""
+
+
+def tree(pid: int) -> Finder:
+    """A finder for process ``pid`` and all its descendants."""
+    def find() -> list[psutil.Process]:
+        try:
+            root = psutil.Process(pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+    return find
+
+
+def single(pid: int | None) -> Finder:
+    """A finder for one process (none when ``pid`` is None)."""
+    def find() -> list[psutil.Process]:
+        if pid is None:
+            return []
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return [psutil.Process(pid)]
+        return []
+    return find
+
+
+def _vm_hwm(pid: int) -> int:
+    """The kernel's peak RSS of ``pid`` (VmHWM) in bytes; 0 when unreadable."""
+    with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@dataclass
+class _Group:
+    find: Finder
+    cpu_by_pid: dict[int, float] = field(default_factory=dict)
+    peak_rss: int = 0
+
+    def sample(self) -> None:
+        total_rss = 0
+        procs = list(self.find())
+        for proc in procs:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                times = proc.cpu_times()
+                self.cpu_by_pid[proc.pid] = times.user + times.system
+                total_rss += proc.memory_info().rss
+        if len(procs) == 1:
+            total_rss = max(total_rss, _vm_hwm(procs[0].pid))
+        self.peak_rss = max(self.peak_rss, total_rss)
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(self.cpu_by_pid.values())
+
+
+class Meter:
+    """CPU seconds and peak RSS of named groups of processes."""
+
+    def __init__(self, groups: Mapping[str, Finder]) -> None:
+        self._groups = {name: _Group(find) for name, find in groups.items()}
+
+    def sample(self) -> None:
+        """Read every group's processes now."""
+        for group in self._groups.values():
+            group.sample()
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds (user + system) each group has used so far (as last sampled)."""
+        return {name: g.cpu_s for name, g in self._groups.items()}
+
+    def peak_rss(self) -> dict[str, int]:
+        """The highest RSS (bytes) each group had at a sample (VmHWM for single processes)."""
+        return {name: g.peak_rss for name, g in self._groups.items()}
+
+
+@dataclass(frozen=True)
+class Drain:
+    """One measured drain: ``items`` done in ``seconds``; CPU seconds per group."""
+
+    items: int
+    seconds: float
+    cpu_s: Mapping[str, float]
+    peak_rss: Mapping[str, int]
+
+    @property
+    def rate(self) -> float:
+        """Items per second."""
+        return self.items / self.seconds if self.seconds > 0 else 0.0
+
+
+def watch_drain(progress: Callable[[], int], total: int, meter: Meter, timeout_s: float,
+                poll_s: float = 0.05, check: Callable[[], None] | None = None) -> Drain:
+    """Poll ``progress()`` (items done so far) until it reaches ``total``.
+
+    The window opens at the first poll that sees progress and closes at the poll that sees
+    ``total``; CPU is the difference of the meter's readings at those two polls. ``check``
+    runs at every poll and may raise (a contender's process died). Raises BenchError when
+    ``total`` is not reached within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    start: tuple[float, int, dict[str, float]] | None = None
+    done = 0
+    while True:
+        now = time.monotonic()
+        done = progress()
+        meter.sample()
+        if start is None and done > 0:
+            start = (now, done, meter.cpu())
+        if done >= total and start is not None:
+            cpu_end = meter.cpu()
+            cpu = {k: cpu_end[k] - start[2].get(k, 0.0) for k in cpu_end}
+            return Drain(done - start[1], now - start[0], cpu, meter.peak_rss())
+        if now > deadline:
+            raise BenchError(f"only {done:,} of {total:,} done after {timeout_s:g} s")
+        if check is not None:
+            check()
+        time.sleep(poll_s)

@@ -1,0 +1,135 @@
+"""The peers on the same records: Celery and Dramatiq, each with 2 worker processes.
+
+A feeder first reads the records from the topic and enqueues one task per record (that
+time is not measured); then the workers start and :func:`~bench.measure.watch_drain`
+measures how fast they empty the queue: progress is ``N - (tasks queued or unacked)``,
+read from the broker's own Redis keys, so a task counts once its worker acknowledged it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from bench.measure import BenchError, Drain, Meter, single, tree, watch_drain
+from bench.stack import Services
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class PeerRun:
+    """One peer's measured drain and how long its feeder took to enqueue."""
+
+    drain: Drain
+    enqueue_s: float
+
+
+def _env(services: Services, queue: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"BENCH_REDIS_URL": services.redis_url, "BENCH_QUEUE": queue,
+                "PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", "")})
+    return env
+
+
+def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=out, cwd=REPO,
+                                start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _alive(proc: subprocess.Popen[bytes], log: Path) -> Callable[[], None]:
+    def check() -> None:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise BenchError(f"worker exited with {proc.returncode}:\n{tail}")
+    return check
+
+
+def _drain(services: Services, argv: list[str], env: dict[str, str], log: Path,
+           remaining: Callable[[], int], n: int, timeout_s: float) -> Drain:
+    proc = _start(argv, env, log)
+    try:
+        meter = Meter({"workers": tree(proc.pid), "redis": single(services.redis_pid)})
+        return watch_drain(lambda: n - remaining(), n, meter, timeout_s,
+                           check=_alive(proc, log))
+    finally:
+        _stop(proc)
+
+
+def run_celery(services: Services, values: list[bytes], folder: Path,
+               timeout_s: float) -> PeerRun:
+    """Celery, Redis broker, acks_late, ignore_result, prefork ``-c 2``."""
+    from bench.celery_app import make_app
+
+    queue = f"bench-celery-{uuid.uuid4().hex[:8]}"
+    app = make_app(services.redis_url, queue)
+    started = time.monotonic()
+    for value in values:
+        app.send_task("bench.noop", args=[value.decode()], queue=queue)
+    enqueue_s = time.monotonic() - started
+    client = redis.Redis.from_url(services.redis_url)
+    argv = [sys.executable, "-m", "celery", "-A", "bench.celery_app", "worker", "-P",
+            "prefork", "-c", "2", "-Q", queue, "-l", "WARNING", "--without-gossip",
+            "--without-mingle", "--without-heartbeat"]
+
+    def remaining() -> int:
+        return int(client.llen(queue)) + int(client.hlen("unacked"))
+
+    try:
+        drain = _drain(services, argv, _env(services, queue), folder / "celery.log",
+                       remaining, len(values), timeout_s)
+    finally:
+        client.delete(queue)
+        client.close()
+    return PeerRun(drain, enqueue_s)
+
+
+def run_dramatiq(services: Services, values: list[bytes], folder: Path,
+                 timeout_s: float) -> PeerRun:
+    """Dramatiq, Redis broker, ``-p 2`` (8 threads each, the default)."""
+    import dramatiq
+    from dramatiq.brokers.redis import RedisBroker
+
+    queue = f"bench-dramatiq-{uuid.uuid4().hex[:8]}"
+    broker = RedisBroker(url=services.redis_url)  # type: ignore[no-untyped-call]
+    broker.declare_queue(queue)
+    started = time.monotonic()
+    for value in values:
+        broker.enqueue(dramatiq.Message(queue_name=queue, actor_name="bench_noop",
+                                        args=(value.decode(),), kwargs={}, options={}))
+    enqueue_s = time.monotonic() - started
+    broker.close()
+    client = redis.Redis.from_url(services.redis_url)
+    argv = [sys.executable, "-m", "dramatiq", "bench.dramatiq_app", "-p", "2", "-t", "8",
+            "-Q", queue]
+
+    def remaining() -> int:
+        return int(client.hlen(f"dramatiq:{queue}.msgs"))
+
+    try:
+        drain = _drain(services, argv, _env(services, queue), folder / "dramatiq.log",
+                       remaining, len(values), timeout_s)
+    finally:
+        client.delete(f"dramatiq:{queue}", f"dramatiq:{queue}.msgs")
+        client.close()
+    return PeerRun(drain, enqueue_s)

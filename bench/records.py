@@ -1,0 +1,129 @@
+"""The records every contender works on, and reading a consumer group's progress.
+
+A record is about 100 bytes of JSON: ``{"id": i, "t0": <producer time, epoch s>, "pad":
+"..."}``. :func:`preload` writes N of them round-robin into the partitions of a fresh
+topic; :func:`open_loop` produces at a fixed rate for latency runs (each record's ``t0`` is
+the time it was *due*, so a producer that falls behind shows up as latency, not hidden).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from asynctier.platform.kafka import ensure_topics
+
+RECORD_BYTES = 100
+PARTITIONS = 4
+
+
+def record(i: int, t0: float, **extra: object) -> bytes:
+    """One record of about :data:`RECORD_BYTES` bytes."""
+    doc: dict[str, object] = {"id": i, "t0": round(t0, 6), **extra, "pad": ""}
+    size = len(json.dumps(doc, separators=(",", ":")))
+    doc["pad"] = "x" * max(0, RECORD_BYTES - size)
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> None:
+    """Create ``topic`` (kept as it is when it exists)."""
+    ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), {topic: (partitions, {})})
+
+
+def _producer(bootstrap: str, **extra: Any) -> Producer:
+    return Producer({"bootstrap.servers": bootstrap, **extra})
+
+
+def _produce(producer: Producer, topic: str, value: bytes, partition: int) -> None:
+    while True:
+        try:
+            producer.produce(topic, value, partition=partition)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+def preload(bootstrap: str, topic: str, n: int, partitions: int = PARTITIONS,
+            **extra: object) -> float:
+    """Create ``topic`` and write ``n`` records (with ``extra`` fields) into it; returns
+    the seconds it took."""
+    create_topic(bootstrap, topic, partitions)
+    started = time.monotonic()
+    producer = _producer(bootstrap, **{"linger.ms": 50, "batch.size": 1_000_000,
+                                       "compression.type": "none"})
+    for i in range(n):
+        _produce(producer, topic, record(i, time.time(), **extra), i % partitions)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    if producer.flush(120) != 0:
+        raise RuntimeError(f"preloading {topic}: records left undelivered")
+    return time.monotonic() - started
+
+
+def open_loop(bootstrap: str, topic: str, rate: float, seconds: float,
+              partitions: int = PARTITIONS) -> int:
+    """Produce at ``rate`` records/s for ``seconds`` (librdkafka's default producer
+    settings); returns how many were produced."""
+    producer = _producer(bootstrap)
+    start = time.time()
+    total = int(rate * seconds)
+    sent = 0
+    while sent < total:
+        now = time.time()
+        due = min(total, int((now - start) * rate) + 1)
+        while sent < due:
+            _produce(producer, topic, record(sent, start + sent / rate), sent % partitions)
+            sent += 1
+        producer.poll(0)
+        time.sleep(0.001)
+    if producer.flush(60) != 0:
+        raise RuntimeError(f"open-loop producer on {topic}: records left undelivered")
+    return sent
+
+
+class GroupProgress:
+    """How far a consumer group has committed on a topic (sum over its partitions)."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str) -> None:
+        self.topic = topic
+        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                                   "enable.auto.commit": False})
+        meta = self._consumer.list_topics(topic, timeout=10).topics[topic]
+        self._parts = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+
+    def committed(self) -> int:
+        """Records committed so far (the sum of committed offsets)."""
+        found = self._consumer.committed(self._parts, timeout=10)
+        return sum(max(tp.offset, 0) for tp in found)
+
+    def end(self) -> int:
+        """The sum of the partitions' end offsets."""
+        return sum(self._consumer.get_watermark_offsets(tp, timeout=10)[1]
+                   for tp in self._parts)
+
+    def close(self) -> None:
+        """Close the reading consumer."""
+        self._consumer.close()
+
+
+def read_values(bootstrap: str, topic: str, n: int, timeout_s: float = 60.0) -> list[bytes]:
+    """The first ``n`` record values of ``topic`` (all partitions), for the peers' feeders."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-feed-{time.time()}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    values: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(values) < n and time.monotonic() < deadline:
+            for msg in consumer.consume(min(1000, n - len(values)), 0.5):
+                if msg.error() is None:
+                    values.append(msg.value() or b"")
+    finally:
+        consumer.close()
+    if len(values) < n:
+        raise RuntimeError(f"read only {len(values)} of {n} records from {topic}")
+    return values

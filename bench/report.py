@@ -1,0 +1,251 @@
+"""``bench/RESULTS.md`` and the final line, from one run's measurements."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from bench.scenarios import Latency, Row
+from bench.spy import Profile
+from bench.stack import Machine
+
+#: "RSS the same for both backlog sizes": at most this growth from the small to the large.
+RSS_FLAT = 1.25
+
+
+@dataclass
+class Results:
+    """Everything one run measured (a scenario that failed has an entry in ``errors``)."""
+
+    machine: Machine
+    command: str
+    settings: dict[str, str]
+    rows: dict[str, Row] = field(default_factory=dict)
+    latency: Latency | None = None
+    memory: dict[int, Row] = field(default_factory=dict)
+    limiter_used: bool | None = None
+    profile: Profile | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def rate(self, key: str) -> float | None:
+        """Items/s of row ``key`` (None when it was not measured)."""
+        row = self.rows.get(key)
+        return row.rate if row is not None and row.rate > 0 else None
+
+    def ratio(self, key: str, over: str) -> float | None:
+        """rate(key) / rate(over)."""
+        a, b = self.rate(key), self.rate(over)
+        return a / b if a is not None and b is not None else None
+
+    def p99(self) -> float | None:
+        """p99 record-to-start (ms)."""
+        if self.latency is None or not self.latency.samples:
+            return None
+        return self.latency.percentile(99)
+
+    def rss_growth(self) -> dict[str, float]:
+        """Peak RSS at the largest backlog / at the smallest, per process."""
+        if len(self.memory) < 2:
+            return {}
+        small, large = self.memory[min(self.memory)], self.memory[max(self.memory)]
+        return {k: large.peak_rss[k] / small.peak_rss[k] for k in small.peak_rss
+                if small.peak_rss.get(k) and large.peak_rss.get(k)}
+
+    def headline(self) -> dict[str, float | None]:
+        """The numbers of the final line."""
+        growth = self.rss_growth()
+        return {
+            "ratio_vs_raw": self.ratio("asynctier", "raw"),
+            "ratio_vs_celery": self.ratio("asynctier", "celery"),
+            "ratio_vs_dramatiq": self.ratio("asynctier", "dramatiq"),
+            "p99_ms": self.p99(),
+            "flood_ratio": self.ratio("flood", "asynctier"),
+            "limiter_ratio": self.ratio("limiter", "asynctier"),
+            "rss_growth": max(growth.values()) if growth else None,
+        }
+
+
+#: The targets of issue 7 (and issue 5's limiter): key, text, threshold, at least (or most).
+TARGETS: list[tuple[str, str, float, bool]] = [
+    ("ratio_vs_raw", "asynctier / raw loop", 0.30, True),
+    ("ratio_vs_celery", "asynctier / Celery", 40.0, True),
+    ("ratio_vs_dramatiq", "asynctier / Dramatiq", 10.0, True),
+    ("p99_ms", "p99 record-to-start at half load (ms)", 20.0, False),
+    ("flood_ratio", "main-topic drain at 100% failures / success run", 0.8, True),
+    ("limiter_ratio", "never-binding rate limiter / no limiter (issue 5)", 0.9, True),
+    ("rss_growth", f"peak RSS, largest / smallest backlog (flat: <= {RSS_FLAT})", RSS_FLAT,
+     False),
+]
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    if value is None or math.isnan(value):
+        return "n/a"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def final_line(results: Results) -> str:
+    """``ratio_vs_raw=0.34 ratio_vs_celery=52.0 ...`` (``nan`` when not measured)."""
+    parts = []
+    for key, value in results.headline().items():
+        if value is None:
+            parts.append(f"{key}=nan")
+        elif key in ("p99_ms", "ratio_vs_celery", "ratio_vs_dramatiq"):
+            parts.append(f"{key}={value:.1f}")
+        else:
+            parts.append(f"{key}={value:.2f}")
+    return " ".join(parts)
+
+
+def missed(results: Results) -> list[str]:
+    """The targets that were measured and missed."""
+    out = []
+    for key, _, threshold, at_least in TARGETS:
+        value = results.headline()[key]
+        if value is None:
+            continue
+        if (value < threshold) if at_least else (value > threshold):
+            out.append(key)
+    return out
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:,.0f}"
+
+
+def _rss(row: Row) -> str:
+    return " / ".join(f"{k} {_mb(v)}" for k, v in row.peak_rss.items())
+
+
+ORDER = ("raw", "client", "asynctier", "limiter", "flood", "celery", "dramatiq")
+
+
+def _throughput_table(results: Results) -> list[str]:
+    lines = ["| contender | records | seconds | records/s | x raw loop | x Celery | x Dramatiq "
+             "| CPU-s / 1k records (its processes) | CPU-s / 1k (Kafka + Redis) "
+             "| peak RSS (MB) |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+    for key in ORDER:
+        row = results.rows.get(key)
+        if row is None:
+            continue
+        lines.append(
+            f"| {row.name} | {row.items:,} | {row.seconds:.2f} | {row.rate:,.0f} "
+            f"| {_num(results.ratio(key, 'raw'))} | {_num(results.ratio(key, 'celery'), 1)} "
+            f"| {_num(results.ratio(key, 'dramatiq'), 1)} | {row.cpu_per_1k:.3f} "
+            f"| {_num(row.broker_cpu_per_1k, 3)} | {_rss(row)} |")
+    return lines
+
+
+def _targets_table(results: Results) -> list[str]:
+    lines = ["| target | wanted | measured | met |", "|---|--:|--:|---|"]
+    head = results.headline()
+    miss = missed(results)
+    for key, text, threshold, at_least in TARGETS:
+        value = head[key]
+        met = "n/a" if value is None else ("no" if key in miss else "yes")
+        sign = ">=" if at_least else "<="
+        lines.append(f"| {text} | {sign} {threshold:g} | {_num(value)} | {met} |")
+    return lines
+
+
+def _latency_lines(lat: Latency) -> list[str]:
+    got = len(lat.samples)
+    return [
+        f"Open-loop producer at {lat.rate:,.0f} records/s for {lat.seconds:g} s "
+        f"({lat.produced:,} records; {got:,} latency samples came back).",
+        "",
+        "| p50 | p90 | p99 | p99.9 | max |",
+        "|--:|--:|--:|--:|--:|",
+        "| " + " | ".join(f"{lat.percentile(p):.1f} ms" for p in (50, 90, 99, 99.9, 100))
+        + " |",
+    ]
+
+
+def _memory_lines(results: Results) -> list[str]:
+    lines = ["| backlog | records/s | tailer peak RSS (MB) | scheduler peak RSS (MB) |",
+             "|--:|--:|--:|--:|"]
+    for n in sorted(results.memory):
+        row = results.memory[n]
+        lines.append(f"| {n:,} | {row.rate:,.0f} | {_mb(row.peak_rss.get('tailers', 0))} "
+                     f"| {_mb(row.peak_rss.get('scheduler', 0))} |")
+    growth = results.rss_growth()
+    if growth:
+        lines += ["", "Growth, largest / smallest backlog: "
+                  + ", ".join(f"{k} x{v:.2f}" for k, v in growth.items()) + "."]
+    return lines
+
+
+def _profile_lines(profile: Profile) -> list[str]:
+    lines: list[str] = []
+    for process, shares in profile.processes.items():
+        lines += ["", f"**{process}** ({profile.samples.get(process, 0):,} samples, "
+                  "all threads, idle excluded)", "",
+                  "| function | inclusive | self |", "|---|--:|--:|"]
+        lines += [f"| `{s.function}` | {s.inclusive:.0%} | {s.self_:.0%} |" for s in shares]
+    return lines
+
+
+METHOD = """\
+How it is measured:
+
+- Every Kafka contender reads the same preloaded topic (4 partitions, records of about
+  100 bytes of JSON `{"id", "t0", "pad"}`), each in its own fresh consumer group.
+- **raw loop**: one process, `consume(1000)`, `json.loads` + a no-op call per record,
+  a synchronous `commit()` per batch. **client only**: `consume(1000)` and nothing else.
+  Both time themselves from the first batch received to the last batch done, and read
+  their own CPU time over that window.
+- **asynctier**: `asynctier bind` the no-op `bench.noop:noop`, then the default
+  `asynctier run` (scheduler, tailers, delay tailers as three processes). The window opens
+  at the first poll (every 50 ms) that sees a committed offset of the binding's group and
+  closes when the committed offsets reach the end offsets (lag 0); records/s is the
+  records committed inside that window over its length. CPU is the sum over the four
+  processes (`asynctier run` and its three children) over that window.
+- **Celery / Dramatiq**: a feeder reads the first records of the same topic and enqueues
+  one task per record *before* the workers start (not measured). Then the workers start;
+  the window opens when the first task is acknowledged and closes when the broker holds
+  none (Celery: the queue list plus the `unacked` hash; Dramatiq: the queue's `.msgs`
+  hash). The task decodes the JSON and calls the same no-op. CPU is the worker process
+  tree (main process and its 2 children).
+- **latency**: a fresh topic and binding of `bench.noop:timed`; after a warm-up, a
+  producer sends at half the rate asynctier reached above, on a fixed schedule (open
+  loop: `t0` is the time each record was *due*, so a late producer adds latency instead of
+  hiding it), with librdkafka's default producer settings (`linger.ms` 5). The function
+  records `time.time() - t0` when it starts.
+- **retry flood**: the same topic bound to a function that always raises; the main topic
+  drains into the 30 s delay topic. Measured like the success run.
+- **memory**: the kernel's peak RSS (VmHWM) of the tailer and scheduler processes while
+  draining a preloaded backlog of each size, each in a fresh platform.
+- Kafka + Redis CPU is counted when their process ids are known (this run's own stack,
+  or a local one found by its port).
+- Everything runs on one machine, loopback only, at the same time as nothing else of the
+  benchmark; other load on the machine (see the load average) adds noise to every row.
+"""
+
+
+def render(results: Results) -> str:
+    """The whole of RESULTS.md."""
+    m = results.machine
+    out = ["# Benchmark results", "",
+           f"- machine: {m.cpu}, {m.cores} cores, {m.ram_gib:.0f} GiB RAM, Python {m.python}",
+           f"- date: {m.when}", f"- command: `{results.command}`"]
+    out += [f"- {k}: {v}" for k, v in results.settings.items()]
+    out += ["", "## Throughput", "", *_throughput_table(results), ""]
+    notes = [f"- {row.name}: {row.note}" for row in results.rows.values() if row.note]
+    if notes:
+        out += ["Notes:", "", *notes, ""]
+    out += ["## Targets", "", *_targets_table(results), ""]
+    if results.latency is not None:
+        out += ["## Latency (record-to-start)", "", *_latency_lines(results.latency), ""]
+    if results.memory:
+        out += ["## Memory", "", *_memory_lines(results), ""]
+    if results.profile is not None:
+        out += ["## Profile (py-spy, the no-op drain)", *_profile_lines(results.profile), ""]
+    if results.errors:
+        out += ["## Scenarios that failed", ""]
+        out += [f"- {k}: {v.splitlines()[0] if v else ''}" for k, v in results.errors.items()]
+        out += [""]
+    out += ["## Method", "", METHOD, "## Final line", "", "```", final_line(results), "```", ""]
+    return "\n".join(out)

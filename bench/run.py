@@ -1,0 +1,205 @@
+"""``make bench`` / ``python bench/run.py [--quick]``: the benchmarks of issue 7, in one run.
+
+Preloads the records, measures the references (raw loop, client only), asynctier (no-op,
+never-binding rate limit, retry flood, latency at half load, memory at two backlogs) and
+the peers (Celery, Dramatiq), then writes ``bench/RESULTS.md`` (not in ``--quick``,
+unless ``--out`` says where) and prints the final line::
+
+    ratio_vs_raw=0.34 ratio_vs_celery=52.0 ratio_vs_dramatiq=12.4 p99_ms=12.0 flood_ratio=0.90 ...
+
+Kafka and Redis: the run starts its own (free loopback ports, a temporary folder) unless
+``ASYNCTIER_KAFKA_BOOTSTRAP`` and ``ASYNCTIER_REDIS_URL`` are set. Every scenario has a
+deadline; the run stops by itself.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# Run as a script: import `bench.*` from the repository, and keep bench/ itself off the
+# path so that none of its modules can shadow a standard one.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
+sys.path.insert(0, str(REPO))
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import shlex  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+import uuid  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+
+from bench import report, scenarios, spy  # noqa: E402
+from bench.records import preload  # noqa: E402
+from bench.report import Results  # noqa: E402
+from bench.stack import Services, machine, services  # noqa: E402
+
+SCENARIOS = ("raw", "client", "asynctier", "limiter", "flood", "latency", "celery",
+             "dramatiq", "memory", "profile")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The command line; ``--quick`` changes the defaults of the sizes."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small sizes: about a minute")
+    p.add_argument("--records", type=int, help="records in the main topic [200000; quick 20000]")
+    p.add_argument("--peer-records", type=int,
+                   help="tasks each peer drains [20000; quick 2000]")
+    p.add_argument("--latency-seconds", type=float, help="open-loop run length [30; quick 5]")
+    p.add_argument("--backlogs", help="memory backlogs, comma separated "
+                                      "[10000,500000; quick 5000,50000]")
+    p.add_argument("--limit-rate", type=float, default=1_000_000,
+                   help="the never-binding rate limit (items/s) [1000000, the largest a "
+                        "binding accepts]")
+    p.add_argument("--only", help=f"comma-separated subset of {','.join(SCENARIOS)}")
+    p.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
+                   help="py-spy the tailer and scheduler (auto: when a target is missed, "
+                        "not in --quick)")
+    p.add_argument("--out", type=Path, help="results file [bench/RESULTS.md; quick: none]")
+    args = p.parse_args(argv)
+    quick = args.quick
+    args.records = args.records or (20_000 if quick else 200_000)
+    args.peer_records = min(args.peer_records or (2_000 if quick else 20_000), args.records)
+    args.latency_seconds = args.latency_seconds or (5.0 if quick else 30.0)
+    backlogs = args.backlogs or ("5000,50000" if quick else "10000,500000")
+    args.backlogs = [int(x) for x in backlogs.split(",") if x.strip()]
+    args.only = set(args.only.split(",")) if args.only else set(SCENARIOS)
+    if args.out is None and not quick:
+        args.out = REPO / "bench" / "RESULTS.md"
+    return args
+
+
+class Runner:
+    """Runs the scenarios in order; a failed scenario is reported, the others go on."""
+
+    def __init__(self, args: argparse.Namespace, svc: Services, folder: Path,
+                 results: Results) -> None:
+        self.args = args
+        self.svc = svc
+        self.folder = folder
+        self.results = results
+        self.topic = f"bench-main-{uuid.uuid4().hex[:6]}"
+
+    def step(self, name: str, fn: Callable[[], None]) -> None:
+        """Run one scenario (when selected), timing it and keeping its error."""
+        if name not in self.args.only:
+            return
+        print(f"== {name}", flush=True)
+        started = time.monotonic()
+        try:
+            fn()
+        except Exception as exc:  # a scenario's failure is a result too
+            self.results.errors[name] = f"{type(exc).__name__}: {exc}"
+            print(f"   FAILED: {exc}", flush=True)
+            with open(self.folder / "errors.log", "a") as log:
+                traceback.print_exc(file=log)
+        print(f"   ({time.monotonic() - started:.1f} s)", flush=True)
+
+    def row(self, key: str, row: scenarios.Row) -> None:
+        """Keep a row and print it."""
+        self.results.rows[key] = row
+        print(f"   {row.name}: {row.items:,} in {row.seconds:.2f} s = {row.rate:,.0f}/s, "
+              f"{row.cpu_per_1k:.3f} CPU-s/1k" + (f"; {row.note}" if row.note else ""),
+              flush=True)
+
+    def all(self) -> None:
+        """Every selected scenario, in order."""
+        a, s, f, n = self.args, self.svc, self.folder, self.args.records
+        seconds = preload(s.kafka_bootstrap, self.topic, n)
+        print(f"preloaded {n:,} records into {self.topic} in {seconds:.1f} s", flush=True)
+        self.step("raw", lambda: self.row("raw", scenarios.kafka_loop(s, self.topic, n, "raw")))
+        self.step("client", lambda: self.row(
+            "client", scenarios.kafka_loop(s, self.topic, n, "client")))
+        self.step("asynctier", lambda: self.row(
+            "asynctier", scenarios.asynctier_noop(s, f, self.topic, n)))
+        self.step("limiter", self._limiter)
+        self.step("flood", lambda: self.row(
+            "flood", scenarios.asynctier_flood(s, f, self.topic, n)))
+        self.step("latency", self._latency)
+        values: list[bytes] = []
+        if {"celery", "dramatiq"} & a.only:
+            values = scenarios.peer_values(s, self.topic, a.peer_records)
+        self.step("celery", lambda: self.row("celery", scenarios.celery(s, f, values)))
+        self.step("dramatiq", lambda: self.row("dramatiq", scenarios.dramatiq(s, f, values)))
+        self.step("memory", self._memory)
+        if self._want_profile():
+            self.step("profile", self._profile)
+
+    def _limiter(self) -> None:
+        row, used = scenarios.asynctier_limited(self.svc, self.folder, self.topic,
+                                                self.args.records, self.args.limit_rate)
+        self.results.limiter_used = used
+        self.row("limiter", row)
+
+    def _latency(self) -> None:
+        top = self.results.rate("asynctier")
+        if top is None:
+            raise RuntimeError("no asynctier throughput to take half of")
+        lat = scenarios.latency(self.svc, self.folder, top / 2, self.args.latency_seconds)
+        self.results.latency = lat
+        print(f"   at {lat.rate:,.0f}/s: p50 {lat.percentile(50):.1f} ms, "
+              f"p99 {lat.percentile(99):.1f} ms ({len(lat.samples):,} samples)", flush=True)
+
+    def _memory(self) -> None:
+        for n in self.args.backlogs:
+            row = scenarios.asynctier_memory(self.svc, self.folder, n)
+            self.results.memory[n] = row
+            print(f"   backlog {n:,}: {row.rate:,.0f}/s, peak RSS "
+                  + ", ".join(f"{k} {v / 2**20:.0f} MB" for k, v in row.peak_rss.items()),
+                  flush=True)
+
+    def _want_profile(self) -> bool:
+        mode = self.args.profile
+        if mode == "never" or "profile" not in self.args.only:
+            return False
+        if mode == "always":
+            return True
+        return not self.args.quick and bool(report.missed(self.results))
+
+    def _profile(self) -> None:
+        got = spy.profile_noop(self.svc, self.folder, self.topic, self.args.records)
+        self.results.profile = got
+        for process, shares in got.processes.items():
+            print(f"   {process}: " + ", ".join(f"{s.function} {s.inclusive:.0%}"
+                                                for s in shares[:5]), flush=True)
+
+
+def _settings(args: argparse.Namespace, svc: Services) -> dict[str, str]:
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return {
+        "records": f"{args.records:,} in the main topic (4 partitions); the peers drain the "
+                   f"first {args.peer_records:,} of them",
+        "mode": "quick (small sizes)" if args.quick else "full",
+        "services": ("Kafka and Redis started by this run" if svc.own else
+                     f"Kafka {svc.kafka_bootstrap} and Redis from the environment (shared)"),
+        "load average at start (1, 5, 15 min)": load,
+    }
+
+
+def main(argv: list[str]) -> int:
+    """Run the benchmark; 0 when it ran (missed targets are results, not errors)."""
+    args = parse(argv)
+    command = "python bench/run.py" + ("" if not argv else " " + shlex.join(argv))
+    folder = Path(tempfile.mkdtemp(prefix="asynctier-bench-logs-"))
+    print(f"logs in {folder}", flush=True)
+    started = time.monotonic()
+    with services() as svc:
+        results = Results(machine(), command, _settings(args, svc))
+        Runner(args, svc, folder, results).all()
+    results.settings["wall time"] = f"{time.monotonic() - started:.0f} s"
+    text = report.render(results)
+    if args.out is not None:
+        args.out.write_text(text)
+        print(f"wrote {args.out}")
+    else:
+        print(text)
+    print(report.final_line(results), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,264 @@
+"""Every measured scenario of a benchmark run; each returns plain values for the report.
+
+All Kafka contenders read the same preloaded topic, each in its own consumer group; the
+peers get the first records of that topic through a feeder.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from bench import peers
+from bench.asynctier_run import COMPONENTS, REPO, AsynctierRun
+from bench.measure import BenchError, Drain, Finder, Meter, single, watch_drain
+from bench.records import GroupProgress, create_topic, open_loop, preload, read_values
+from bench.stack import Services
+
+
+@dataclass(frozen=True)
+class Row:
+    """One contender's throughput, as a row of the results table."""
+
+    name: str
+    items: int
+    seconds: float
+    cpu_s: float
+    broker_cpu_s: float | None
+    peak_rss: dict[str, int]
+    note: str = ""
+    detail: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        """Items per second."""
+        return self.items / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def cpu_per_1k(self) -> float:
+        """CPU seconds of the contender's processes per 1,000 items."""
+        return 1000.0 * self.cpu_s / self.items if self.items else 0.0
+
+    @property
+    def broker_cpu_per_1k(self) -> float | None:
+        """CPU seconds of Kafka + Redis per 1,000 items (None when their pids are unknown)."""
+        if self.broker_cpu_s is None or not self.items:
+            return None
+        return 1000.0 * self.broker_cpu_s / self.items
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Record-to-start latency of an open-loop run."""
+
+    rate: float
+    seconds: float
+    produced: int
+    samples: list[float]
+
+    def percentile(self, p: float) -> float:
+        """The ``p``-th percentile in ms (nearest rank)."""
+        if not self.samples:
+            return float("nan")
+        ordered = sorted(self.samples)
+        return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
+
+
+def _broker_groups(services: Services) -> dict[str, Finder]:
+    groups: dict[str, Finder] = {}
+    if services.kafka_pid is not None:
+        groups["kafka"] = single(services.kafka_pid)
+    if services.redis_pid is not None:
+        groups["redis"] = single(services.redis_pid)
+    return groups
+
+
+def _broker_cpu(services: Services, drain: Drain) -> float | None:
+    keys = _broker_groups(services)
+    return sum(drain.cpu_s.get(k, 0.0) for k in keys) if keys else None
+
+
+def _timeout(items: int, per_s: float) -> float:
+    return 60.0 + items / per_s
+
+
+# --------------------------------------------------------------------------- the references
+
+
+def kafka_loop(services: Services, topic: str, n: int, mode: str) -> Row:
+    """The raw loop (``raw``) or the client-only loop (``client``) in its own process."""
+    group = f"bench-{mode}-{uuid.uuid4().hex[:6]}"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.kafka_loops", mode, services.kafka_bootstrap, topic,
+         group, str(n)], capture_output=True, text=True, cwd=REPO, check=False,
+        timeout=_timeout(n, 1000))
+    if done.returncode != 0:
+        raise BenchError(f"the {mode} loop failed:\n{done.stderr[-2000:]}")
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    if int(got["items"]) < n:
+        raise BenchError(f"the {mode} loop read {int(got['items'])} of {n} records")
+    names = {"raw": "raw confluent-kafka loop (the limit)",
+             "client": "confluent-kafka client only (consume, nothing else)"}
+    return Row(names[mode], int(got["items"]), got["seconds"], got["cpu_s"], None,
+               {"process": int(got["peak_rss"])})
+
+
+# --------------------------------------------------------------------------- asynctier
+
+
+@contextmanager
+def platform(services: Services, folder: Path, label: str,
+             extra_env: dict[str, str] | None = None) -> Iterator[AsynctierRun]:
+    """An isolated asynctier run, stopped at the end whatever happens."""
+    run = AsynctierRun(services, folder, label, extra_env)
+    try:
+        yield run
+    finally:
+        code = run.stop()
+        if code not in (None, 0):
+            print(f"  note: asynctier run ({label}) exited with {code}; see {run.log}")
+
+
+def _meter(services: Services, run: AsynctierRun) -> Meter:
+    groups: dict[str, Finder] = {c: run.component(c) for c in COMPONENTS}
+    groups["run"] = run.parent()
+    groups.update(_broker_groups(services))
+    return Meter(groups)
+
+
+def drain_asynctier(services: Services, run: AsynctierRun, topic: str, n: int,
+                    binding: str, on_poll: Callable[[], None] | None = None) -> Drain:
+    """Start ``run`` and measure until ``binding``'s group has committed ``n`` records."""
+    progress = GroupProgress(services.kafka_bootstrap, run.group(binding), topic)
+    meter = _meter(services, run)
+    run.start()
+
+    def committed() -> int:
+        if on_poll is not None:
+            on_poll()
+        return progress.committed()
+
+    try:
+        return watch_drain(committed, n, meter, _timeout(n, 1000), check=run.check())
+    finally:
+        progress.close()
+
+
+def _row(name: str, services: Services, drain: Drain, note: str = "") -> Row:
+    own = ("run", *COMPONENTS)
+    cpu = sum(drain.cpu_s.get(k, 0.0) for k in own)
+    rss = {k: drain.peak_rss.get(k, 0) for k in ("tailers", "scheduler")}
+    detail = {f"cpu_s.{k}": drain.cpu_s.get(k, 0.0) for k in own}
+    return Row(name, drain.items, drain.seconds, cpu, _broker_cpu(services, drain), rss,
+               note, detail)
+
+
+def asynctier_noop(services: Services, folder: Path, topic: str, n: int) -> Row:
+    """The default ``asynctier run`` on the no-op function, drained until lag 0."""
+    with platform(services, folder, "noop") as run:
+        run.bind("noop", topic, "noop")
+        drain = drain_asynctier(services, run, topic, n, "noop")
+    return _row("asynctier (default `asynctier run`, no-op)", services, drain)
+
+
+def asynctier_limited(services: Services, folder: Path, topic: str, n: int,
+                      rate: float) -> tuple[Row, bool]:
+    """The same with a rate limit far above the throughput; and whether Redis saw it."""
+    with platform(services, folder, "limiter") as run:
+        run.bind("noop", topic, "noop", "--rate", f"{rate:g}")
+        client = redis.Redis.from_url(services.redis_url)
+        key = f"{run.prefix}:rate:noop"
+        seen: list[bool] = []
+
+        def look() -> None:
+            if not seen and client.exists(key):
+                seen.append(True)
+
+        try:
+            drain = drain_asynctier(services, run, topic, n, "noop", look)
+        finally:
+            client.close()
+    note = ("the Redis bucket was used" if seen else
+            "the Redis bucket key never appeared: the scheduler did not consult the limiter")
+    return _row(f"asynctier, rate limit {rate:,.0f}/s (never binding)", services, drain,
+                note), bool(seen)
+
+
+def asynctier_flood(services: Services, folder: Path, topic: str, n: int) -> Row:
+    """Every call fails: the main topic's drain while everything goes to the delay topic."""
+    with platform(services, folder, "flood") as run:
+        run.bind("fail", topic, "fail")
+        drain = drain_asynctier(services, run, topic, n, "fail")
+        delay_topic = f"{run.prefix}.delay.30s"
+        progress = GroupProgress(services.kafka_bootstrap, "bench-peek", delay_topic)
+        handed = progress.end()
+        progress.close()
+    return _row("asynctier, 100% failures (retry flood)", services, drain,
+                f"{handed:,} records handed off to {delay_topic}")
+
+
+def asynctier_memory(services: Services, folder: Path, n: int) -> Row:
+    """Peak RSS of the tailer and scheduler processes draining a backlog of ``n``."""
+    topic = f"bench-mem-{n}-{uuid.uuid4().hex[:6]}"
+    preload(services.kafka_bootstrap, topic, n)
+    with platform(services, folder, f"mem{n}") as run:
+        run.bind("noop", topic, "noop")
+        drain = drain_asynctier(services, run, topic, n, "noop")
+    return _row(f"asynctier, backlog {n:,}", services, drain)
+
+
+def latency(services: Services, folder: Path, rate: float, seconds: float) -> Latency:
+    """Open-loop producer at ``rate``; record-to-start measured inside the function."""
+    topic = f"bench-latency-{uuid.uuid4().hex[:6]}"
+    create_topic(services.kafka_bootstrap, topic)
+    samples_file = folder / f"latency-{uuid.uuid4().hex[:6]}.txt"
+    with platform(services, folder, "latency",
+                  {"BENCH_LATENCY_FILE": str(samples_file)}) as run:
+        run.bind("timed", topic, "timed")
+        warm = 500
+        preload(services.kafka_bootstrap, topic, warm, warmup=True)
+        drain_asynctier(services, run, topic, warm, "timed")
+        produced = open_loop(services.kafka_bootstrap, topic, rate, seconds)
+        progress = GroupProgress(services.kafka_bootstrap, run.group("timed"), topic)
+        watch_drain(progress.committed, warm + produced, Meter({}), 120.0, check=run.check())
+        progress.close()
+    time.sleep(0.2)
+    samples = [float(x) for x in samples_file.read_text().split()] if samples_file.exists() \
+        else []
+    return Latency(rate, seconds, produced, samples)
+
+
+# --------------------------------------------------------------------------- peers
+
+
+def peer_values(services: Services, topic: str, n: int) -> list[bytes]:
+    """The first ``n`` records of ``topic``, for the peers' feeders."""
+    return read_values(services.kafka_bootstrap, topic, n)
+
+
+def celery(services: Services, folder: Path, values: list[bytes]) -> Row:
+    """Celery's workers draining one task per record."""
+    got = peers.run_celery(services, values, folder, _timeout(len(values), 100))
+    return _peer_row("Celery (Redis, acks_late, ignore_result, prefork -c 2)", services, got)
+
+
+def dramatiq(services: Services, folder: Path, values: list[bytes]) -> Row:
+    """Dramatiq's workers draining one message per record."""
+    got = peers.run_dramatiq(services, values, folder, _timeout(len(values), 100))
+    return _peer_row("Dramatiq (Redis, -p 2 -t 8)", services, got)
+
+
+def _peer_row(name: str, services: Services, got: peers.PeerRun) -> Row:
+    drain = got.drain
+    return Row(name, drain.items, drain.seconds, drain.cpu_s.get("workers", 0.0),
+               _broker_cpu(services, drain), {"workers": drain.peak_rss.get("workers", 0)},
+               f"enqueued beforehand in {got.enqueue_s:.1f} s (not measured)")
