@@ -24,7 +24,7 @@ SECONDS = float(os.environ.get("SCHED_BENCH_S", "3"))
 BATCH = 1000
 IN_FLIGHT = 4
 NOOP = Binding("noop", "t", "tests.funcs.basic:noop")
-ASYNC_NOOP = Binding("anoop", "t", "tests.funcs.basic:async_record")
+ASYNC_NOOP = Binding("anoop", "t", "tests.funcs.basic:async_noop")
 
 
 def test_throughput_over_grpc(settings: Settings) -> None:
@@ -75,3 +75,29 @@ def test_throughput_of_the_core() -> None:
     print(f"\nscheduler core (no RPC, no Avro): sync no-op {sync_rate:,.0f} items/s, "
           f"async {async_rate:,.0f} items/s")
     assert sync_rate > 15_000  # loose: the figure is what matters; CI machines vary
+
+
+def test_where_the_time_goes_per_1000_items() -> None:
+    """Prints the wire's share (Avro encode/decode on both sides) beside the core's."""
+    import timeit
+
+    from asynctier.platform import wire
+
+    batch = items("noop", BATCH)
+    data = wire.encode_items(batch)
+    outs = [wire.ok(i["id"]) for i in batch]
+    reply = wire.encode_outcomes(outs)
+    costs = {
+        "tailer encode_items": lambda: wire.encode_items(batch),
+        "scheduler decode_items": lambda: wire.decode_items(data),
+        "scheduler encode_outcomes": lambda: wire.encode_outcomes(outs),
+        "tailer decode_outcomes": lambda: wire.decode_outcomes(reply),
+    }
+    print()
+    total = 0.0
+    for name, call in costs.items():
+        ms = min(timeit.repeat(call, number=10, repeat=3)) / 10 * 1000
+        total += ms
+        print(f"  {name}: {ms:.2f} ms per {BATCH} items")
+    print(f"  wire total: {total:.2f} ms per {BATCH} items "
+          f"(alone it caps one process at {BATCH / total * 1000:,.0f} items/s)")

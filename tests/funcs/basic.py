@@ -78,3 +78,7 @@ def timed(payload: Any, ctx: Context) -> None:
     with _LOCK:
         STARTS.setdefault(ctx.binding, []).append((payload.get("n"), started))
     time.sleep(payload.get("ms", 0) / 1000.0)
+
+
+async def async_noop(payload: Any, ctx: Context) -> None:
+    """Does nothing, from the event loop (throughput)."""

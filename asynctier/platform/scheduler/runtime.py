@@ -9,8 +9,9 @@ stop a thread, so **a hung sync function keeps its worker thread** until it retu
 every thread hangs, sync work stops here and the tailers' calls time out and go to other
 schedulers. A sync call that returns late (past the timeout) is a ``timed out`` retry too.
 
-An async chunk runs its items concurrently on the loop, each under ``asyncio.timeout``
-(the per-item equivalent of ``asyncio.wait_for`` without its extra task).
+An async chunk runs its items concurrently on the loop in up to :data:`ASYNC_LANES` lanes
+(one task per lane, not per item), each item under ``asyncio.timeout`` (the equivalent of
+``asyncio.wait_for`` without its extra task).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 
 #: How long past an item's timeout the loop waits before giving up on its thread.
 WATCH_GRACE_S = 0.05
+#: Items of one async chunk running at once.
+ASYNC_LANES = 64
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,7 @@ class Runtime:
     async def run(self, job: Job, items: Sequence[Item]) -> list[Outcome]:
         """Run every item of one chunk; one outcome per item, in order."""
         if job.function.is_async:
-            return list(await asyncio.gather(*(run_async_item(job, i) for i in items)))
+            return await run_async_chunk(job, items)
         return await self._run_sync(job, items)
 
     async def run_one(self, job: Job, item: Item) -> Outcome:
@@ -194,6 +197,21 @@ class Runtime:
     def close(self) -> None:
         """Stop the pool without waiting for late (hung) calls."""
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def run_async_chunk(job: Job, items: Sequence[Item]) -> list[Outcome]:
+    """Run a chunk of an async function in up to :data:`ASYNC_LANES` concurrent lanes."""
+    if len(items) == 1:
+        return [await run_async_item(job, items[0])]
+    results: list[Outcome] = []
+    pending = iter(items)
+
+    async def lane() -> None:
+        for item in pending:
+            results.append(await run_async_item(job, item))
+
+    await asyncio.gather(*(lane() for _ in range(min(ASYNC_LANES, len(items)))))
+    return results
 
 
 async def run_async_item(job: Job, item: Item) -> Outcome:
