@@ -25,6 +25,7 @@ from asynctier.platform import metrics, wire
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import HandoffError, SchedulerUnavailable
+from asynctier.platform.faults import FaultHook
 from asynctier.platform.rpc import PendingCall, SchedulerClient
 from asynctier.platform.wire import Item, Outcome
 
@@ -107,10 +108,12 @@ class KafkaTailer:
         self.group = settings.names.group(binding.name)
         self.handoff = Handoff(settings)
         self._in_flight: deque[_Batch] = deque()
+        self._next: list[Any] = []
         self._lost: set[tuple[str, int]] = set()
         self._consumer: Consumer | None = None
         self._stop = threading.Event()
         self.stats: Counter[str] = Counter()
+        self._fault = FaultHook.from_env()  # a no-op unless ASYNCTIER_FAULT is set (tests)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -136,17 +139,26 @@ class KafkaTailer:
             log.info("tailer for binding %s stopped", self.binding.name)
 
     def _step(self, consumer: Consumer) -> None:
-        in_flight = self._in_flight
+        in_flight, size = self._in_flight, self.options.batch_size
         if in_flight and (len(in_flight) >= self.options.max_in_flight
                           or in_flight[0].call.future.done()):
             self._resolve_oldest()
             return
-        timeout = 0.005 if in_flight else self.options.idle_poll_s
-        messages = consumer.consume(self.options.batch_size, timeout)
-        if messages:
-            self._submit(messages)
+        # Take what librdkafka has already fetched, without waiting. With nothing under way
+        # a batch leaves at once (low latency when records trickle in); while one is under
+        # way the next one fills up before it leaves (throughput under load).
+        nxt = self._next
+        if len(nxt) < size:
+            nxt += consumer.consume(size - len(nxt), 0)
+        if nxt and (len(nxt) >= size or not in_flight):
+            self._next = []
+            self._submit(nxt)
         elif in_flight:
             self._resolve_oldest()
+        else:
+            first = consumer.poll(self.options.idle_poll_s)
+            if first is not None:
+                self._next = [first, *consumer.consume(size - 1, 0)]
 
     def _submit(self, messages: list[Any]) -> None:
         name = self.binding.name
@@ -161,7 +173,9 @@ class KafkaTailer:
             good.append(msg)
         if not items:
             return
+        self._fault.reached("before-rpc")
         self._in_flight.append(_Batch(good, self.client.submit(items)))
+        self._fault.reached("mid-batch")
         metrics.add_in_flight(COMPONENT, name, len(items))
 
     def _log_consume_error(self, err: KafkaError) -> None:
@@ -179,6 +193,7 @@ class KafkaTailer:
         outcomes = batch.call.result(self._stop)
         counts = self._hand_off(batch, outcomes)
         self._in_flight.popleft()
+        self._fault.reached("before-commit")
         self._commit(batch.messages)
         metrics.add_in_flight(COMPONENT, self.binding.name, -len(batch.messages))
         metrics.count_batch(COMPONENT, self.binding.name)
@@ -248,6 +263,8 @@ class KafkaTailer:
                      self.binding.name,
                      ", ".join(f"{tp.topic}/{tp.partition}" for tp in partitions),
                      len(self._in_flight))
+        gone = {(tp.topic, tp.partition) for tp in partitions}
+        self._next = [m for m in self._next if (m.topic(), m.partition()) not in gone]
         try:
             self._drain()
         except SchedulerUnavailable:
@@ -259,3 +276,4 @@ class KafkaTailer:
                     ", ".join(f"{tp.topic}/{tp.partition}" for tp in partitions))
         for tp in partitions:
             self._lost.add((tp.topic, tp.partition))
+        self._next = [m for m in self._next if (m.topic(), m.partition()) not in self._lost]
