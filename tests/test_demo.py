@@ -1,0 +1,26 @@
+"""`asynctier demo`, the end of the README's first command, runs to its summary."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def test_demo_processes_every_record_and_prints_a_summary(kafka_bootstrap: str,
+                                                           redis_url: str) -> None:
+    env = dict(os.environ, ASYNCTIER_KAFKA_BOOTSTRAP=kafka_bootstrap,
+               ASYNCTIER_REDIS_URL=redis_url, COLUMNS="120")
+    done = subprocess.run([sys.executable, "-m", "asynctier", "demo", "--timeout", "120"],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "asynctier demo: summary" in out
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip()
+            for line in out.splitlines() if line.count("│") == 3}
+    assert rows["records"] == "5500"
+    processed, letters = int(rows["processed"]), int(rows["dead letters (in the dead-letter "
+                                                         "topics)"])
+    assert processed + letters == 5500
+    assert letters > 0  # the corrupt uploads
+    assert int(rows["retried (calls after a failure)"]) > 0  # the flaky transcoder
