@@ -5,6 +5,14 @@ The server side is :func:`submit_handler` (mounted by the scheduler on a ``grpc.
 server); the client side is :class:`SchedulerClient`, which spreads batches over the live
 schedulers and moves a batch to another scheduler when one dies mid-call. An outcome that
 never came back is unknown, never done: the whole batch is sent again.
+
+A record whose function kills its worker process (``os._exit``, a segfault, the OOM killer)
+would kill every scheduler it is sent to, forever. So a batch whose scheduler died while
+running it (the connection dropped mid-call, as opposed to no scheduler to connect to)
+is sent again whole once; after :data:`CRASHES_BEFORE_ISOLATING` such deaths its items are
+sent one at a time, and an item that killed a scheduler that many times on its own gets a
+``retry`` outcome that spends an attempt. Its attempt count then travels in the delay
+topic's headers (it survives any crash), and after max attempts it is a dead letter.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from typing import Any
 import grpc
 
 from asynctier.platform.errors import SchedulerUnavailable
-from asynctier.platform.wire import Item, Outcome, decode_outcomes, encode_items
+from asynctier.platform.wire import Item, Outcome, decode_outcomes, encode_items, retry
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +44,19 @@ CHANNEL_OPTIONS = [
 ]
 
 SubmitFn = Callable[[bytes, Any], Awaitable[bytes]]
+
+#: Scheduler deaths mid-call after which a batch is split into single items, and after
+#: which a single item is blamed (a failed attempt).
+CRASHES_BEFORE_ISOLATING = 2
+WORKER_DIED = ("the scheduler process died {n} times while running this item alone "
+               "(os._exit, a crash or the OOM killer?); counted as a failed attempt")
+
+
+def died_mid_call(exc: grpc.RpcError) -> bool:
+    """True when the scheduler went away while it had the call (not: nobody to connect to)."""
+    code = exc.code() if hasattr(exc, "code") else None
+    details = (exc.details() if hasattr(exc, "details") else "") or ""
+    return code == grpc.StatusCode.UNAVAILABLE and "failed to connect" not in details
 
 
 def submit_handler(submit: SubmitFn) -> grpc.GenericRpcHandler:
@@ -55,6 +76,7 @@ class PendingCall:
         self.client = client
         self.items = items
         self.payload = payload
+        self.crashes = 0
         self.address, self.future = client._send(payload)
 
     def result(self, stop: threading.Event | None = None) -> list[Outcome]:
@@ -71,10 +93,28 @@ class PendingCall:
                 log.warning("scheduler %s failed a batch of %d item(s) (%s); "
                             "sending the batch again", self.address, len(self.items), code)
                 self.client._mark_down(self.address)
+                self.crashes += died_mid_call(exc)
             if stop is not None and stop.is_set():
                 raise SchedulerUnavailable("stopping before the batch was resolved")
+            if self.crashes >= CRASHES_BEFORE_ISOLATING:
+                return self._isolate(stop)
             self.client._wait_for_one(stop)
             self.address, self.future = self.client._send(self.payload)
+
+    def _isolate(self, stop: threading.Event | None) -> list[Outcome]:
+        """The batch killed its scheduler again and again: find the item that does it."""
+        if len(self.items) == 1:
+            item = self.items[0]
+            log.error("item %s (attempt %d) killed a scheduler %d times on its own; it counts "
+                      "as a failed attempt", item["source_ref"], item["attempt"], self.crashes)
+            return [retry(item["id"], WORKER_DIED.format(n=self.crashes))]
+        log.error("schedulers died %d times while running a batch of %d item(s); sending its "
+                  "items one at a time to find the one that kills them", self.crashes,
+                  len(self.items))
+        outcomes: list[Outcome] = []
+        for item in self.items:  # one after another: a crash must not take the others along
+            outcomes.extend(self.client.submit([item]).result(stop))
+        return outcomes
 
 
 class SchedulerClient:
