@@ -2,8 +2,8 @@
 
 ``noop`` does nothing; ``fail`` always raises (the retry flood); ``timed`` records
 record-to-start latency: now minus the record's producer time ``t0``, in milliseconds,
-appended to the file named by ``BENCH_LATENCY_FILE`` (buffered, written every half
-second and at exit).
+appended with ``t0`` as a line ``<t0> <ms>`` to the file named by ``BENCH_LATENCY_FILE``
+(buffered, written every half second and at exit).
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ class _Samples:
     """Latency samples of this process, written out in batches."""
 
     def __init__(self) -> None:
-        self.pending: list[float] = []
+        self.pending: list[tuple[float, float]] = []
         self.lock = threading.Lock()
         self.last_flush = time.monotonic()
 
-    def add(self, ms: float) -> None:
+    def add(self, t0: float, ms: float) -> None:
         with self.lock:
-            self.pending.append(ms)
+            self.pending.append((t0, ms))
         if time.monotonic() - self.last_flush >= FLUSH_S:
             self.flush()
 
@@ -50,7 +50,7 @@ class _Samples:
             self.last_flush = time.monotonic()
         if path and taken:
             with open(path, "a") as fh:
-                fh.write("".join(f"{ms:.3f}\n" for ms in taken))
+                fh.write("".join(f"{t0:.6f} {ms:.3f}\n" for t0, ms in taken))
 
 
 _SAMPLES = _Samples()
@@ -61,4 +61,5 @@ def timed(payload: Any, ctx: Any) -> None:
     """Record now - ``payload["t0"]`` (ms); records marked ``warmup`` are skipped."""
     started = time.time()
     if not payload.get("warmup"):
-        _SAMPLES.add((started - payload["t0"]) * 1000.0)
+        t0 = payload["t0"]
+        _SAMPLES.add(t0, (started - t0) * 1000.0)

@@ -64,11 +64,20 @@ def preload(bootstrap: str, topic: str, n: int, partitions: int = PARTITIONS,
     return time.monotonic() - started
 
 
-def open_loop(bootstrap: str, topic: str, rate: float, seconds: float,
-              partitions: int = PARTITIONS) -> int:
-    """Produce at ``rate`` records/s for ``seconds`` (librdkafka's default producer
-    settings); returns how many were produced."""
+def warm_producer(bootstrap: str, topic: str, n: int, partitions: int = PARTITIONS) -> Producer:
+    """A producer with librdkafka's default settings, connected and warmed up by ``n``
+    records marked ``warmup`` (delivered before it is returned)."""
     producer = _producer(bootstrap)
+    for i in range(n):
+        _produce(producer, topic, record(i, time.time(), warmup=True), i % partitions)
+    if producer.flush(60) != 0:
+        raise RuntimeError(f"warming up a producer on {topic}: records left undelivered")
+    return producer
+
+
+def open_loop(producer: Producer, topic: str, rate: float, seconds: float,
+              partitions: int = PARTITIONS) -> int:
+    """Produce at ``rate`` records/s for ``seconds``; returns how many were produced."""
     start = time.time()
     total = int(rate * seconds)
     sent = 0

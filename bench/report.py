@@ -24,7 +24,7 @@ class Results:
     latency: Latency | None = None
     memory: dict[int, Row] = field(default_factory=dict)
     limiter_used: bool | None = None
-    profile: Profile | None = None
+    profiles: dict[str, Profile] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
 
     def rate(self, key: str) -> float | None:
@@ -139,6 +139,19 @@ def _throughput_table(results: Results) -> list[str]:
     return lines
 
 
+def _cpu_split(results: Results) -> list[str]:
+    rows = [r for r in results.rows.values() if r.detail]
+    if not rows:
+        return []
+    names = sorted({k for r in rows for k in r.detail})
+    lines = ["CPU seconds of each asynctier process in the window:", "",
+             "| run | " + " | ".join(n.removeprefix("cpu_s.") for n in names) + " |",
+             "|---|" + "--:|" * len(names)]
+    lines += [f"| {r.name} | " + " | ".join(f"{r.detail.get(n, 0.0):.2f}" for n in names)
+              + " |" for r in rows]
+    return [*lines, ""]
+
+
 def _targets_table(results: Results) -> list[str]:
     lines = ["| target | wanted | measured | met |", "|---|--:|--:|---|"]
     head = results.headline()
@@ -178,11 +191,15 @@ def _memory_lines(results: Results) -> list[str]:
     return lines
 
 
+PROFILE_NOTE = ("Samples of the thread holding the GIL (py-spy `--gil`, 250/s), from the "
+                "first commit to lag 0: where each process's Python CPU time goes. "
+                "Inclusive: the function is on the stack; self: it is the innermost frame.")
+
+
 def _profile_lines(profile: Profile) -> list[str]:
     lines: list[str] = []
     for process, shares in profile.processes.items():
-        lines += ["", f"**{process}** ({profile.samples.get(process, 0):,} samples, "
-                  "all threads, idle excluded)", "",
+        lines += ["", f"**{process}** ({profile.samples.get(process, 0):,} samples)", "",
                   "| function | inclusive | self |", "|---|--:|--:|"]
         lines += [f"| `{s.function}` | {s.inclusive:.0%} | {s.self_:.0%} |" for s in shares]
     return lines
@@ -233,6 +250,7 @@ def render(results: Results) -> str:
            f"- date: {m.when}", f"- command: `{results.command}`"]
     out += [f"- {k}: {v}" for k, v in results.settings.items()]
     out += ["", "## Throughput", "", *_throughput_table(results), ""]
+    out += _cpu_split(results)
     notes = [f"- {row.name}: {row.note}" for row in results.rows.values() if row.note]
     if notes:
         out += ["Notes:", "", *notes, ""]
@@ -241,8 +259,9 @@ def render(results: Results) -> str:
         out += ["## Latency (record-to-start)", "", *_latency_lines(results.latency), ""]
     if results.memory:
         out += ["## Memory", "", *_memory_lines(results), ""]
-    if results.profile is not None:
-        out += ["## Profile (py-spy, the no-op drain)", *_profile_lines(results.profile), ""]
+    for function, profile in results.profiles.items():
+        out += [f"## Profile: py-spy during the `bench.noop:{function}` drain",
+                "", PROFILE_NOTE, *_profile_lines(profile), ""]
     if results.errors:
         out += ["## Scenarios that failed", ""]
         out += [f"- {k}: {v.splitlines()[0] if v else ''}" for k, v in results.errors.items()]

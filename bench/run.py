@@ -161,11 +161,17 @@ class Runner:
         return not self.args.quick and bool(report.missed(self.results))
 
     def _profile(self) -> None:
-        got = spy.profile_noop(self.svc, self.folder, self.topic, self.args.records)
-        self.results.profile = got
-        for process, shares in got.processes.items():
-            print(f"   {process}: " + ", ".join(f"{s.function} {s.inclusive:.0%}"
-                                                for s in shares[:5]), flush=True)
+        functions = ["noop"]
+        if self.args.profile == "always" or "flood_ratio" in report.missed(self.results):
+            functions.append("fail")
+        for function in functions:
+            got = spy.profile_drain(self.svc, self.folder, self.topic, self.args.records,
+                                    function)
+            self.results.profiles[function] = got
+            for process, shares in got.processes.items():
+                print(f"   {function}, {process}: " + ", ".join(
+                    f"{s.function} {s.self_:.0%}"
+                    for s in sorted(shares, key=lambda s: -s.self_)[:4]), flush=True)
 
 
 def _settings(args: argparse.Namespace, svc: Services) -> dict[str, str]:

@@ -21,7 +21,14 @@ import redis
 from bench import peers
 from bench.asynctier_run import COMPONENTS, REPO, AsynctierRun
 from bench.measure import BenchError, Drain, Finder, Meter, single, watch_drain
-from bench.records import GroupProgress, create_topic, open_loop, preload, read_values
+from bench.records import (
+    GroupProgress,
+    create_topic,
+    open_loop,
+    preload,
+    read_values,
+    warm_producer,
+)
 from bench.stack import Services
 
 
@@ -64,6 +71,7 @@ class Latency:
     seconds: float
     produced: int
     samples: list[float]
+    file: Path | None = None
 
     def percentile(self, p: float) -> float:
         """The ``p``-th percentile in ms (nearest rank)."""
@@ -225,16 +233,17 @@ def latency(services: Services, folder: Path, rate: float, seconds: float) -> La
                   {"BENCH_LATENCY_FILE": str(samples_file)}) as run:
         run.bind("timed", topic, "timed")
         warm = 500
-        preload(services.kafka_bootstrap, topic, warm, warmup=True)
+        producer = warm_producer(services.kafka_bootstrap, topic, warm)
         drain_asynctier(services, run, topic, warm, "timed")
-        produced = open_loop(services.kafka_bootstrap, topic, rate, seconds)
+        produced = open_loop(producer, topic, rate, seconds)
         progress = GroupProgress(services.kafka_bootstrap, run.group("timed"), topic)
         watch_drain(progress.committed, warm + produced, Meter({}), 120.0, check=run.check())
         progress.close()
     time.sleep(0.2)
-    samples = [float(x) for x in samples_file.read_text().split()] if samples_file.exists() \
-        else []
-    return Latency(rate, seconds, produced, samples)
+    pairs = [line.split() for line in samples_file.read_text().splitlines()] \
+        if samples_file.exists() else []
+    return Latency(rate, seconds, produced, [float(p[1]) for p in pairs if len(p) == 2],
+                   samples_file)
 
 
 # --------------------------------------------------------------------------- peers

@@ -1,9 +1,12 @@
 """Where the time goes: py-spy attached to the tailer and scheduler processes while
-asynctier drains the no-op run.
+asynctier drains the main topic (with the no-op, or with the always-failing function).
 
-py-spy samples every thread's Python stack (idle threads excluded) and writes collapsed
-stacks; :func:`summarize` turns them into each function's share of the samples, both
-*inclusive* (the function is anywhere on the stack) and *self* (it is the leaf).
+py-spy is attached once the first offsets are committed (so start-up is not in it) and
+samples, 250 times a second, the stack of whichever thread holds the GIL (``--gil``):
+each process's Python CPU time. :func:`summarize` turns the collapsed stacks into each
+function's share of the samples, both *inclusive* (the function is anywhere on the
+stack) and *self* (it is the leaf). Time in C without the GIL (librdkafka's and gRPC's
+own threads) is not in it; the CPU seconds per process are in the throughput table.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 
 from bench.asynctier_run import AsynctierRun
 from bench.measure import BenchError
+from bench.records import GroupProgress
 from bench.scenarios import drain_asynctier, platform
 from bench.stack import Services
 
@@ -94,30 +98,34 @@ def _wait_pids(run: AsynctierRun, timeout_s: float = 30.0) -> dict[str, int]:
     raise BenchError("the tailer and scheduler processes did not appear")
 
 
-def profile_noop(services: Services, folder: Path, topic: str, n: int) -> Profile:
-    """Drain ``topic`` with the no-op under py-spy; the summary per process."""
+def profile_drain(services: Services, folder: Path, topic: str, n: int,
+                  function: str = "noop") -> Profile:
+    """Drain ``topic`` with ``bench.noop:<function>`` under py-spy; the summary per
+    process."""
     exe = py_spy()
     if exe is None:
         raise BenchError("py-spy is not installed (pip install py-spy)")
     spies: dict[str, subprocess.Popen[bytes]] = {}
-    files = {t: folder / f"profile-{t}.txt" for t in TARGETS}
-    with platform(services, folder, "profile") as run:
-        run.bind("noop", topic, "noop")
+    files = {t: folder / f"profile-{function}-{t}.txt" for t in TARGETS}
+    with platform(services, folder, f"profile-{function}") as run:
+        run.bind(function, topic, function)
+        progress = GroupProgress(services.kafka_bootstrap, run.group(function), topic)
 
         def attach() -> None:
-            if spies:
+            if spies or progress.committed() == 0:
                 return
             for target, pid in _wait_pids(run).items():
                 if target in TARGETS:
                     spies[target] = subprocess.Popen(
                         [exe, "record", "--pid", str(pid), "--rate", "250", "--format",
-                         "raw", "--output", str(files[target]), "--nonblocking"],
+                         "raw", "--gil", "--output", str(files[target]), "--nonblocking"],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
         try:
-            drain_asynctier(services, run, topic, n, "noop", attach)
+            drain_asynctier(services, run, topic, n, function, attach)
         finally:
             _stop_spies(spies)
+            progress.close()
     shares: dict[str, list[Share]] = {}
     samples: dict[str, int] = {}
     for target, path in files.items():
