@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import redis
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
-from asynctier.platform.scheduler import SchedulerDirectory, live_members, live_schedulers
+from asynctier.platform.scheduler import (
+    SchedulerDirectory,
+    StaticBindings,
+    live_members,
+    live_schedulers,
+)
 from asynctier.platform.scheduler.membership import Heartbeat
 from tests.helpers import wait_until
 from tests.scheduler_harness import items, running_scheduler
@@ -99,3 +105,17 @@ def test_a_scheduler_serves_on_while_redis_is_unreachable(settings: Settings) ->
     with running_scheduler(down, [binding]) as running:
         outcomes = running.submit(items("rec", 100))
         assert all(o["status"] == "ok" for o in outcomes.values())
+
+
+def test_a_busy_port_is_a_clear_error(settings: Settings) -> None:
+    import pytest
+
+    from asynctier.platform.errors import ServiceError
+
+    with running_scheduler(settings, []) as running, pytest.raises(
+            ServiceError, match="cannot listen on"):
+        port = running.address.rsplit(":", 1)[1]
+        from asynctier.platform.scheduler import run_scheduler
+
+        run_scheduler(settings, listen=f"127.0.0.1:{port}", bindings=StaticBindings([]),
+                      stop=threading.Event())

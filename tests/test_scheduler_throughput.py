@@ -5,7 +5,7 @@ Run it alone for the figure::
     ASYNCTIER_KAFKA_BOOTSTRAP=127.0.0.1:19092 ASYNCTIER_REDIS_URL=redis://127.0.0.1:16379/0 \\
         .venv/bin/python -m pytest tests/test_scheduler_throughput.py -s -q
 
-(``SCHED_BENCH_S`` sets how long each measurement runs, 3 s by default.)
+(``SCHED_BENCH_S`` sets how long each measurement runs, 2 s by default.)
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from asynctier.platform.config import Settings
 from asynctier.platform.wire import Item
 from tests.scheduler_harness import items, local_scheduler, running_scheduler
 
-SECONDS = float(os.environ.get("SCHED_BENCH_S", "3"))
+SECONDS = float(os.environ.get("SCHED_BENCH_S", "2"))
 BATCH = 1000
 IN_FLIGHT = 4
 NOOP = Binding("noop", "t", "tests.funcs.basic:noop")
@@ -96,7 +96,7 @@ def test_where_the_time_goes_per_1000_items() -> None:
     print()
     total = 0.0
     for name, call in costs.items():
-        ms = min(timeit.repeat(call, number=10, repeat=3)) / 10 * 1000
+        ms = min(timeit.repeat(call, number=5, repeat=2)) / 5 * 1000
         total += ms
         print(f"  {name}: {ms:.2f} ms per {BATCH} items")
     print(f"  wire total: {total:.2f} ms per {BATCH} items "

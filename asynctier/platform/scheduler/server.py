@@ -24,6 +24,7 @@ import grpc
 
 from asynctier.platform.admission import Admission, OpenAdmission
 from asynctier.platform.config import Settings
+from asynctier.platform.errors import ServiceError
 from asynctier.platform.rpc import MAX_MESSAGE, submit_handler
 from asynctier.platform.scheduler.bindings import BindingSource, FollowedBindings
 from asynctier.platform.scheduler.core import Scheduler
@@ -43,6 +44,7 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.so_reuseport", 0),  # a second scheduler on a busy port is an error, not a twin
 ]
 
 
@@ -86,16 +88,18 @@ async def serve_scheduler(settings: Settings, *, listen: str | None = None,
     stop = stop or _signal_stop()
     resolver = FunctionResolver(settings.allow_modules if allow_modules is None
                                 else allow_modules)
-    if bindings is None:
-        followed = FollowedBindings(settings)
-        await asyncio.to_thread(followed.start)
-        bindings = followed
-    scheduler = Scheduler(bindings, Runtime(resolver, options.workers), admission, options)
+    source = bindings
     try:
+        if source is None:
+            followed = FollowedBindings(settings)
+            await asyncio.to_thread(followed.start)
+            source = followed
+        scheduler = Scheduler(source, Runtime(resolver, options.workers), admission, options)
         await _serve(settings, scheduler, listen or settings.scheduler_listen, stop,
                      ready_callback, advertise)
     finally:
-        bindings.close()
+        if source is not None:
+            source.close()
         await admission.close()
 
 
@@ -103,7 +107,11 @@ async def _serve(settings: Settings, scheduler: Scheduler, listen: str, stop: St
                  ready_callback: ReadyCallback | None, advertise: str | None) -> None:
     server = grpc.aio.server(options=SERVER_OPTIONS)
     server.add_generic_rpc_handlers((submit_handler(scheduler.submit),))
-    port = server.add_insecure_port(listen)
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError as exc:  # grpc's way of saying the address cannot be bound
+        raise ServiceError(f"the scheduler cannot listen on {listen}: {exc}; is another "
+                           "process using it? (use port 0 for any free port)") from exc
     address = advertise or advertised(listen, port)
     scheduler.start()
     await server.start()
