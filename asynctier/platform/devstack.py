@@ -403,12 +403,15 @@ def kafka_cluster_id() -> str:
             return text
 
 
-def kafka_answers(bootstrap: str, timeout_s: float = 3.0) -> bool:
-    """True when a Kafka metadata request to ``bootstrap`` returns at least one broker."""
+def kafka_answers(bootstrap: str, timeout_s: float = 3.0,
+                  config: Mapping[str, str] | None = None) -> bool:
+    """True when a Kafka metadata request to ``bootstrap`` returns at least one broker.
+
+    ``config``: more client properties (``security.protocol``, ``sasl.*`` ...)."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0,
-                         "socket.connection.setup.timeout.ms": 2000})
+                         "socket.connection.setup.timeout.ms": 2000, **(config or {})})
     try:
         metadata = admin.list_topics(timeout=timeout_s)
     except Exception:  # KafkaException and friends: not ready
@@ -443,9 +446,21 @@ class KafkaNode:
     path: str | None = None  # PATH used to look for java (None: the process's own)
     heap: str = "512m"
     name: str = "kafka"
+    #: user -> password: the client listener speaks SASL_PLAINTEXT with PLAIN (the first
+    #: user is also the broker's own); None: PLAINTEXT without authentication.
+    sasl_plain_users: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         self.data_dir = self.data_dir.absolute()  # the broker runs with cwd=data_dir
+
+    def client_config(self, user: str | None = None) -> dict[str, str]:
+        """The librdkafka properties a client needs here (SASL ones with a SASL listener)."""
+        if not self.sasl_plain_users:
+            return {"bootstrap.servers": self.bootstrap}
+        user = user or next(iter(self.sasl_plain_users))
+        return {"bootstrap.servers": self.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "PLAIN", "sasl.username": user,
+                "sasl.password": self.sasl_plain_users[user]}
 
     @property
     def address(self) -> str:
@@ -484,7 +499,8 @@ class KafkaNode:
 
     def healthy(self) -> bool:
         """True when the broker answers a metadata request."""
-        return port_answers(self.port) and kafka_answers(self.bootstrap)
+        return port_answers(self.port) and kafka_answers(self.bootstrap,
+                                                         config=self.client_config())
 
     def start(self) -> bool:
         """Fetch jars if needed, format once, start the broker and wait until it answers.
@@ -549,7 +565,27 @@ class KafkaNode:
             "group.initial.rebalance.delay.ms": "0",
             "log.retention.hours": "168",
         }
+        if self.sasl_plain_users:
+            props.update(self._sasl_properties())
         return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    def _sasl_properties(self) -> dict[str, str]:
+        users = self.sasl_plain_users or {}
+        admin_user, admin_password = next(iter(users.items()))
+        jaas = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
+                f'username="{admin_user}" password="{admin_password}" '
+                + " ".join(f'user_{u}="{p}"' for u, p in users.items()) + ";")
+        return {
+            "listeners": f"SASL_PLAINTEXT://{HOST}:{self.port},"
+                         f"CONTROLLER://{HOST}:{self.controller_port}",
+            "advertised.listeners": f"SASL_PLAINTEXT://{HOST}:{self.port}",
+            "listener.security.protocol.map": "SASL_PLAINTEXT:SASL_PLAINTEXT,"
+                                              "CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "SASL_PLAINTEXT",
+            "sasl.enabled.mechanisms": "PLAIN",
+            "sasl.mechanism.inter.broker.protocol": "PLAIN",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas,
+        }
 
     def _format(self, java: str) -> None:
         """Format the log folder once (skipped when ``meta.properties`` exists)."""
@@ -827,11 +863,14 @@ def round_trip(bootstrap: str, topic: str = "asynctier.devcheck",
 # --------------------------------------------------------------------------- test harness
 
 
-def start_test_kafka(root: Path, cache_dir: Path | None = None) -> KafkaNode:
-    """A Kafka node on free loopback ports with its data under ``root``, started."""
+def start_test_kafka(root: Path, cache_dir: Path | None = None,
+                     sasl_plain_users: dict[str, str] | None = None) -> KafkaNode:
+    """A Kafka node on free loopback ports with its data under ``root``, started
+    (with a SASL/PLAIN listener when ``sasl_plain_users`` maps users to passwords)."""
     jars = KafkaJars(cache_dir=cache_dir or default_cache_dir())
     for attempt in range(3):
-        node = KafkaNode(root / "kafka", free_port(), free_port(), jars=jars)
+        node = KafkaNode(root / "kafka", free_port(), free_port(), jars=jars,
+                         sasl_plain_users=sasl_plain_users)
         try:
             node.start()
             return node
