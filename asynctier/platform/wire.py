@@ -72,28 +72,80 @@ def failed(item_id: int, error: str) -> Outcome:
 
 
 def encode_items(items: list[Item]) -> bytes:
-    """One submit request as bytes."""
+    """One submit request as bytes (column by column, see ``schemas/submit.avsc``)."""
+    bindings: dict[str, int] = {}
+    payload_nulls: list[int] = []
+    key_nulls: list[int] = []
+    headers: list[dict[str, Any]] = []
+    payloads: list[bytes] = []
+    keys: list[bytes] = []
+    for i, item in enumerate(items):
+        payload, key = item["payload"], item["key"]
+        if payload is None:
+            payload_nulls.append(i)
+            payload = b""
+        if key is None:
+            key_nulls.append(i)
+            key = b""
+        payloads.append(payload)
+        keys.append(key)
+        for header in item["headers"]:
+            headers.append({"item": i, "name": header["name"], "value": header["value"]})
+    doc = {
+        "bindings": bindings,
+        "binding_of": [bindings.setdefault(item["binding"], len(bindings)) for item in items],
+        "ids": [item["id"] for item in items],
+        "payloads": payloads,
+        "payload_nulls": payload_nulls,
+        "keys": keys,
+        "key_nulls": key_nulls,
+        "attempts": [item["attempt"] for item in items],
+        "source_refs": [item["source_ref"] for item in items],
+        "record_times_ms": [item["record_time_ms"] for item in items],
+        "headers": headers,
+    }
+    doc["bindings"] = list(bindings)
     buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, load_schema("submit"), {"items": items})
+    fastavro.schemaless_writer(buf, load_schema("submit"), doc)
     return buf.getvalue()
 
 
 def decode_items(data: bytes) -> list[Item]:
     """The items of one submit request."""
     doc: Any = fastavro.schemaless_reader(io.BytesIO(data), load_schema("submit"), None)
-    items: list[Item] = doc["items"]
-    return items
+    names = doc["bindings"]
+    payloads: list[bytes | None] = doc["payloads"]
+    keys: list[bytes | None] = doc["keys"]
+    for i in doc["payload_nulls"]:
+        payloads[i] = None
+    for i in doc["key_nulls"]:
+        keys[i] = None
+    headers: list[list[Header]] = [[] for _ in payloads]
+    for h in doc["headers"]:
+        headers[h["item"]].append({"name": h["name"], "value": h["value"]})
+    return [
+        {"id": ident, "binding": names[b], "payload": payload, "key": key, "headers": hs,
+         "attempt": attempt, "source_ref": ref, "record_time_ms": at}
+        for ident, b, payload, key, hs, attempt, ref, at in zip(
+            doc["ids"], doc["binding_of"], payloads, keys, headers, doc["attempts"],
+            doc["source_refs"], doc["record_times_ms"], strict=True)
+    ]
 
 
 def encode_outcomes(outcomes: list[Outcome]) -> bytes:
-    """One submit response as bytes."""
+    """One submit response as bytes: the ok ids, then every other outcome in full."""
+    ok_ids = [o["id"] for o in outcomes if o["status"] == "ok"]
+    others = [o for o in outcomes if o["status"] != "ok"] if len(ok_ids) < len(outcomes) else []
     buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, load_schema("outcomes"), {"outcomes": outcomes})
+    fastavro.schemaless_writer(buf, load_schema("outcomes"), {"ok_ids": ok_ids, "others": others})
     return buf.getvalue()
 
 
 def decode_outcomes(data: bytes) -> list[Outcome]:
     """The outcomes of one submit response."""
     doc: Any = fastavro.schemaless_reader(io.BytesIO(data), load_schema("outcomes"), None)
-    outcomes: list[Outcome] = doc["outcomes"]
+    outcomes: list[Outcome] = [
+        {"id": i, "status": "ok", "after_s": None, "error": None, "spends_attempt": True}
+        for i in doc["ok_ids"]]
+    outcomes += doc["others"]
     return outcomes
