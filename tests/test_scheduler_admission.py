@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 
 from asynctier.platform.binding import Binding
@@ -152,15 +153,15 @@ def test_a_high_cap_is_filled_by_async_functions() -> None:
 
 
 class Adaptive(Recording):
-    """Also offers an adaptive limit for bindings without a cap (as RedisAdmission does)."""
+    """Also offers an adaptive (AIMD) limit, as RedisAdmission does."""
 
     def concurrency_limit(self, binding: Binding) -> int | None:
         return 2
 
 
-def test_an_adaptive_limit_applies_to_uncapped_bindings() -> None:
+def test_an_adaptive_limit_narrows_a_capped_binding() -> None:
     admission = Adaptive(cap=100)
-    binding = Binding("b", "t", "tests.funcs.basic:async_sleepy")
+    binding = Binding("b", "t", "tests.funcs.basic:async_sleepy", max_concurrency=10)
     payload = json.dumps({"sleep": 0.01}).encode()
 
     async def scenario() -> None:
@@ -172,3 +173,24 @@ def test_an_adaptive_limit_applies_to_uncapped_bindings() -> None:
 
     asyncio.run(scenario())
     assert 1 <= admission.peak <= 2 * 2  # two lanes per chunk, two chunks per binding
+
+
+def test_an_uncapped_binding_is_never_slowed_by_the_adaptive_limit() -> None:
+    """A failing uncapped binding must still drain at full speed (DESIGN invariant 3)."""
+    admission = Adaptive(cap=100)
+    binding = Binding("b", "t", "tests.funcs.basic:async_sleepy")
+    payload = json.dumps({"sleep": 0.05}).encode()
+
+    async def scenario() -> float:
+        scheduler = local_scheduler([binding], admission=admission)
+        scheduler.start()
+        started = time.monotonic()
+        outcomes = await scheduler.process([item("b", n, payload) for n in range(64)])
+        took = time.monotonic() - started
+        await scheduler.stop()
+        assert all(o["status"] == "ok" for o in outcomes)
+        return took
+
+    took = asyncio.run(scenario())
+    assert admission.peak == 0  # no slot was asked for
+    assert took < 64 * 0.05 / 4  # far more than 2 at a time

@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Sequence
 
+from asynctier.platform import metrics
 from asynctier.platform.admission import Admission
 from asynctier.platform.binding import Binding
 from asynctier.platform.errors import FunctionNotFound, ModuleNotAllowed
@@ -127,6 +128,7 @@ class Dispatcher:
     async def _work(self) -> None:
         while True:
             chunk = await self.queue.get()
+            metrics.set_queue_depths(self.queue.fair.items_by_tier())
             if chunk.future.done():
                 continue
             self.running_items += chunk.cost
@@ -149,28 +151,42 @@ class Dispatcher:
         except (ModuleNotAllowed, FunctionNotFound) as exc:
             return [failed(i["id"], str(exc)) for i in chunk.items]
         started = time.monotonic()
+        items = chunk.items
+        metrics.observe_record_ages(binding.name, [i["record_time_ms"] for i in items],
+                                    time.time())
         cap = self._cap(binding)
         if cap:
-            outcomes = await self._run_capped(job, chunk.items, cap)
+            outcomes = await self._run_capped(job, items, cap)
         else:
-            outcomes = await self.runtime.run(job, chunk.items)
-            self.sizer.observe(binding.name, time.monotonic() - started, chunk.cost)
+            outcomes = await self.runtime.run(job, items)
+        took = time.monotonic() - started
+        if not cap:
+            self.sizer.observe(binding.name, took, chunk.cost)
+        # Items of a chunk run one after another: each is counted at the chunk's mean.
+        metrics.observe_durations(binding.name, [took / len(items)] * len(items))
         self._report(binding, outcomes)
         return outcomes
 
     def _cap(self, binding: Binding) -> int | None:
-        """The binding's concurrency limit now: its cap, else the adaptive one (if any)."""
-        if binding.max_concurrency:
-            return binding.max_concurrency
+        """The binding's concurrency limit now: None without a cap; with one, the adaptive
+        (AIMD) limit within it when the admission offers one.
+
+        A binding without a cap is never slowed by its failures: at a 100% failure rate its
+        topic must still drain at full speed into the delay topics (DESIGN invariant 3).
+        Downstream protection is for bindings that declared what their downstream takes.
+        """
+        cap = binding.max_concurrency
+        if not cap:
+            return None
         adaptive = getattr(self.admission, "concurrency_limit", None)
         if adaptive is None:
-            return None
+            return cap
         try:
             limit = adaptive(binding)
         except Exception:
             log.exception("binding %s: admission.concurrency_limit failed", binding.name)
-            return None
-        return limit if isinstance(limit, int) and limit > 0 else None
+            return cap
+        return min(cap, limit) if isinstance(limit, int) and limit > 0 else cap
 
     async def _run_capped(self, job: Job, items: Sequence[Item], cap: int) -> list[Outcome]:
         results: list[Outcome] = []

@@ -24,6 +24,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
+from asynctier.platform import metrics
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
 
@@ -189,8 +190,17 @@ class Heartbeat:
 
     async def _run(self) -> None:
         while True:
-            await self.beat()
+            if await self.beat():
+                await self._count_live()
             await asyncio.sleep(self.interval_s)
+
+    async def _count_live(self) -> None:
+        """Export how many schedulers are alive (from this one's point of view)."""
+        try:  # the heartbeat script has just dropped the expired members
+            live = await self._client.zcard(self.keys[0])
+        except redis.RedisError:
+            return
+        metrics.set_live_schedulers(int(live))
 
     async def stop(self, leave: bool = True) -> None:
         """Stop beating; with ``leave``, drop out of the membership at once."""
