@@ -90,6 +90,8 @@ class PendingCall:
                 return decode_outcomes(reply)
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
+                if code == grpc.StatusCode.INVALID_ARGUMENT:
+                    return self._refused(exc)
                 log.warning("scheduler %s failed a batch of %d item(s) (%s); "
                             "sending the batch again", self.address, len(self.items), code)
                 self.client._mark_down(self.address)
@@ -100,6 +102,15 @@ class PendingCall:
                 return self._isolate(stop)
             self.client._wait_for_one(stop)
             self.address, self.future = self.client._send(self.payload)
+
+    def _refused(self, exc: grpc.RpcError) -> list[Outcome]:
+        """The scheduler could not read the batch: sending it again would not help, so
+        every item is a failed attempt (and, once its attempts are spent, a dead letter)."""
+        detail = exc.details() if hasattr(exc, "details") else str(exc)
+        log.error("scheduler %s refused a batch of %d item(s) as unreadable (%s); each "
+                  "counts as a failed attempt", self.address, len(self.items), detail)
+        return [retry(i["id"], f"the scheduler could not read the batch: {detail}")
+                for i in self.items]
 
     def _isolate(self, stop: threading.Event | None) -> list[Outcome]:
         """The batch killed its scheduler again and again: find the item that does it."""
