@@ -205,15 +205,16 @@ class KafkaTailer:
         outcomes = _complete(outcomes, len(batch.messages))
         while True:
             counts: Counter[str] = Counter()
-            for outcome in outcomes:
-                if outcome["status"] == "ok":
-                    counts["ok"] += 1
-                    continue
-                msg = batch.messages[outcome["id"]]
-                counts[self.handoff.resolve(self.binding, parcel_from_message(msg), outcome)] += 1
-            if counts["ok"] == len(batch.messages):
-                return counts
-            try:
+            try:  # produce() itself can refuse a record (too large once headers are added)
+                for outcome in outcomes:
+                    if outcome["status"] == "ok":
+                        counts["ok"] += 1
+                        continue
+                    msg = batch.messages[outcome["id"]]
+                    parcel = parcel_from_message(msg)
+                    counts[self.handoff.resolve(self.binding, parcel, outcome)] += 1
+                if counts["ok"] == len(batch.messages):
+                    return counts
                 self.handoff.confirm()
                 return counts
             except HandoffError as exc:
