@@ -100,10 +100,10 @@ def hand_off(handoff: Handoff, actions: Sequence[Action], stop: threading.Event 
     """
     wait = retry_s
     while True:
-        results = [action() for action in actions]
-        if not actions:
-            return results
-        try:
+        try:  # produce() itself can refuse a record (too large once headers are added)
+            results = [action() for action in actions]
+            if not actions:
+                return results
             handoff.confirm()
             return results
         except HandoffError as exc:
