@@ -56,7 +56,7 @@ def context_of(binding: Binding, item: Item, deadline: float) -> Context:
     return Context(
         binding=binding.name,
         key=item["key"],
-        headers=tuple((h["name"], h["value"] or b"") for h in headers) if headers else (),
+        headers=tuple((h["name"], h["value"]) for h in headers) if headers else (),
         source=item["source_ref"],
         attempt=item["attempt"],
         record_time=item["record_time_ms"] / 1000.0,
