@@ -9,14 +9,8 @@ ARGS ?=
 setup:
 	scripts/setup.sh
 
-# Until `asynctier demo` exists: bring the local stack up and prove a round trip.
 demo: setup
-	@if $(VENV)/bin/asynctier demo --help >/dev/null 2>&1; then \
-	  $(VENV)/bin/asynctier demo; \
-	else \
-	  echo "asynctier demo is not built yet: starting the local stack and checking it"; \
-	  $(VENV)/bin/asynctier dev up && $(VENV)/bin/asynctier dev check; \
-	fi
+	$(VENV)/bin/asynctier demo
 
 lint: setup
 	$(VENV)/bin/ruff check .
