@@ -97,10 +97,13 @@ def test_platform_config_points_inside_the_network(compose: dict[str, Any]) -> N
     assert settings.metrics_port > 0
 
 
-def test_prometheus_scrapes_every_platform_process() -> None:
+def test_prometheus_scrapes_every_platform_process(compose: dict[str, Any]) -> None:
     prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     port = tomllib.loads((ROOT / "deploy" / "asynctier" / "compose.toml").read_text())[
         "asynctier"]["metrics_port"]
+    for name in ("scheduler", "tailers", "delay"):
+        env = compose["services"][name]["environment"]
+        assert int(env["ASYNCTIER_METRICS_PORT"]) == port
     targets = {t for job in prom["scrape_configs"] for sc in job["static_configs"]
                for t in sc["targets"]}
     assert {f"scheduler:{port}", f"tailers:{port}", f"delay:{port}"} <= targets
