@@ -1,0 +1,141 @@
+"""``asynctier dlq list | show | replay BINDING``: inspect and replay dead letters."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from asynctier.cli import settings_of
+from asynctier.delay_streams.dlq import (
+    ReplayOptions,
+    ReplayReport,
+    list_dead_letters,
+    replay,
+    show_dead_letter,
+)
+from asynctier.delay_streams.tailer import default_client
+
+
+@click.group()
+def dlq() -> None:
+    """Dead letters: list them, show one, replay them after a fix."""
+
+
+@dlq.command("list")
+@click.argument("binding")
+@click.option("--limit", type=int, help="Show at most N (oldest first).")
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of objects.")
+@click.pass_context
+def list_(ctx: click.Context, binding: str, limit: int | None, as_json: bool) -> None:
+    """Offset, key, attempts, first seen, reason and last error of each dead letter."""
+    rows = [letter.summary() for letter in list_dead_letters(settings_of(ctx), binding, limit)]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("offset", "key", "attempts", "first seen", "reason", "last error")
+    for row in rows:
+        table.add_row(str(row["offset"]), row["key"] or "", str(row["attempts"]),
+                      row["first_seen"], row["reason"], _short(row["error"], 80))
+    Console(soft_wrap=not sys.stdout.isatty()).print(table)
+    click.echo(f"{len(rows)} dead letter(s) of binding {binding}")
+
+
+def _short(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@dlq.command()
+@click.argument("binding")
+@click.argument("offset", type=int)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@click.pass_context
+def show(ctx: click.Context, binding: str, offset: int, as_json: bool) -> None:
+    """Every header and the value of one dead letter (text when UTF-8, else base64)."""
+    doc = show_dead_letter(settings_of(ctx), binding, offset).detail()
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    for name in ("offset", "key", "attempts", "first_seen", "dead_lettered", "reason",
+                 "origin", "error"):
+        click.echo(f"{name + ':':15} {doc[name]}")
+    click.echo("headers:")
+    for header in doc["headers"]:
+        click.echo(f"  {header['name']}: {header['value']}")
+    click.echo(f"value ({doc['value_encoding']}):")
+    click.echo(doc["value"] if doc["value"] is not None else "(null)")
+
+
+@dlq.command("replay")
+@click.argument("binding")
+@click.option("--rate", type=float, help="At most N records a second.")
+@click.option("--limit", type=int, help="Replay at most N records.")
+@click.option("--dry-run", is_flag=True, help="Say what would be replayed; change nothing.")
+@click.option("--canary", type=int, default=0, help="Replay K first; go on only if all succeed.")
+@click.option("--from-start", is_flag=True,
+              help="Start from the first dead letter, even the ones already replayed.")
+@click.option("--batch-size", type=int, default=100, show_default=True)
+@click.option("--max-failure-ratio", type=float, default=0.5, show_default=True,
+              help="Stop when this share of the last --window replays failed.")
+@click.option("--window", type=int, default=50, show_default=True)
+@click.pass_context
+def replay_(ctx: click.Context, binding: str, rate: float | None, limit: int | None,
+            dry_run: bool, canary: int, from_start: bool, batch_size: int,
+            max_failure_ratio: float, window: int) -> None:
+    """Run the dead letters again (attempt 1, fresh ladder); failures go back through the
+    ladder. A second replay does not redo what an earlier one replayed (see --from-start)."""
+    settings = settings_of(ctx)
+    options = ReplayOptions(rate_per_s=rate, limit=limit, dry_run=dry_run, canary=canary,
+                            from_start=from_start, batch_size=batch_size, window=window,
+                            max_failure_ratio=max_failure_ratio)
+    client = None if dry_run else default_client(settings)
+    try:
+        report = _with_progress(lambda progress: replay(
+            settings, binding, options, client, threading.Event(), progress))
+    finally:
+        if client is not None:
+            client.close()
+    _summary(binding, report, dry_run)
+    if report.stopped:
+        sys.exit(1)
+
+
+def _with_progress(run: Any) -> ReplayReport:
+    console = Console(stderr=True)
+    columns = (TextColumn("replaying"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("ok {task.fields[ok]}  failed {task.fields[bad]}"),
+               TimeRemainingColumn())
+    with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
+        task = bar.add_task("replay", total=None, ok=0, bad=0)
+
+        def progress(report: ReplayReport) -> None:
+            bar.update(task, total=report.planned, completed=report.replayed, ok=report.ok,
+                       bad=report.retried + report.dead_lettered)
+
+        result: ReplayReport = run(progress)
+        return result
+
+
+def _summary(binding: str, report: ReplayReport, dry_run: bool) -> None:
+    span = f"offsets {report.start_offset} to {report.end_offset - 1}" if report.planned \
+        else "nothing"
+    if dry_run:
+        click.echo(f"dry run: would replay {report.planned} dead letter(s) of {binding} "
+                   f"({span})")
+        return
+    click.echo(f"replayed {report.replayed} of {report.planned} dead letter(s) of {binding} "
+               f"({span}): {report.ok} ok, {report.retried} retried, "
+               f"{report.dead_lettered} dead-lettered again; next replay starts at offset "
+               f"{report.next_offset}")
+    if report.stopped:
+        click.echo(f"stopped: {report.stopped}", err=True)
+
+
+COMMANDS = [dlq]
