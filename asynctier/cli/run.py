@@ -182,6 +182,8 @@ def run(ctx: click.Context, component: str | None, allow: tuple[str, ...], liste
         metrics_port: int | None, batch_size: int) -> None:
     """Run the scheduler, the tailers and the delay tailers (all three when none is named)."""
     settings = settings_of(ctx)
+    if metrics_port is None and settings.metrics_port:
+        metrics_port = settings.metrics_port
     if component is None:
         _run_all(allow, listen, metrics_port, batch_size)
     else:
