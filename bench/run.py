@@ -196,6 +196,8 @@ def main(argv: list[str]) -> int:
     with services() as svc:
         results = Results(machine(), command, _settings(args, svc))
         Runner(args, svc, folder, results).all()
+    results.settings["load average at end (1, 5, 15 min)"] = ", ".join(
+        f"{x:.2f}" for x in os.getloadavg())
     results.settings["wall time"] = f"{time.monotonic() - started:.0f} s"
     text = report.render(results)
     if args.out is not None:
