@@ -11,6 +11,7 @@ batches finished and committed in the revoke callback; a lost partition is never
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -113,6 +114,7 @@ class KafkaTailer:
         self._consumer: Consumer | None = None
         self._stop = threading.Event()
         self.stats: Counter[str] = Counter()
+        self._in_revoke = False
         self._fault = FaultHook.from_env()  # a no-op unless ASYNCTIER_FAULT is set (tests)
 
     # -- the loop -------------------------------------------------------------------------
@@ -190,6 +192,8 @@ class KafkaTailer:
 
     def _resolve_oldest(self) -> None:
         batch = self._in_flight[0]
+        if not self._wait_in_group(batch):
+            return  # a revoke served while waiting resolved and committed it
         outcomes = batch.call.result(self._stop)
         counts = self._hand_off(batch, outcomes)
         self._in_flight.popleft()
@@ -199,6 +203,37 @@ class KafkaTailer:
         metrics.count_batch(COMPONENT, self.binding.name)
         metrics.record_outcomes(self.binding.name, self.binding.tenant, counts)
         self.stats.update(counts)
+
+    def _wait_in_group(self, batch: _Batch) -> bool:
+        """Wait for a batch's answer while polling the consumer (its partitions paused).
+
+        A call longer than ``max.poll.interval.ms`` (slow functions, a full queue) would
+        otherwise push this consumer out of its group, and the batch would be read, run
+        and never committed again and again. False when a revoke served by the poll
+        resolved the batch in the meantime.
+        """
+        consumer, future = self._consumer, batch.call.future
+        if consumer is None or self._in_revoke or future.done():
+            return True
+        answered = threading.Event()
+        future.add_done_callback(lambda _: answered.set())
+        slice_s = min(1.0, self.options.max_poll_interval_ms / 4000)
+        paused: list[TopicPartition] = []
+        try:
+            while not answered.wait(slice_s):
+                if not paused:
+                    paused = consumer.assignment()
+                    consumer.pause(paused)  # resumed below, from the same position
+                msg = consumer.poll(0)  # keeps the membership; serves rebalances
+                if msg is not None:  # from a partition assigned meanwhile
+                    self._next.append(msg)
+                if not self._in_flight or self._in_flight[0] is not batch:
+                    return False
+        finally:
+            if paused:
+                with contextlib.suppress(KafkaException):
+                    consumer.resume(paused)
+        return True
 
     def _hand_off(self, batch: _Batch, outcomes: list[Outcome]) -> Counter[str]:
         """Hand off every non-ok outcome and confirm; retry until delivered or stopping."""
@@ -266,10 +301,13 @@ class KafkaTailer:
                      len(self._in_flight))
         gone = {(tp.topic, tp.partition) for tp in partitions}
         self._next = [m for m in self._next if (m.topic(), m.partition()) not in gone]
+        self._in_revoke = True  # no polling from inside a rebalance callback
         try:
             self._drain()
         except SchedulerUnavailable:
             self._in_flight.clear()
+        finally:
+            self._in_revoke = False
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.warning("binding %s: lost %s; their batches under way will not be committed",
