@@ -3,7 +3,8 @@
 Functions write to the same ledger as :mod:`tests.ledger` (``ASYNCTIER_TEST_LEDGER``):
 
 - :func:`fixed` is :func:`tests.ledger.record` after the bug was fixed: it records the call
-  and succeeds whatever the payload asks (used to show ``dlq replay`` after a fix).
+  (its source marked ``fixed|``) and succeeds whatever the payload asks (used to show
+  ``dlq replay`` after a fix).
 
 :class:`LocalScheduler` serves the real submit RPC (:func:`rpc.submit_handler`) from a
 thread of the test process and runs functions by binding name, so the delay tailers and
@@ -29,9 +30,13 @@ from tests import ledger
 Function = Callable[[Any, Context], Any]
 
 
+#: Source prefix of the ledger lines written by :func:`fixed`.
+FIXED = "fixed|"
+
+
 def fixed(payload: Any, ctx: Context) -> None:
-    """Record the call in the ledger and succeed."""
-    ledger.record({"id": payload["id"]}, ctx)
+    """Record the call in the ledger (source ``fixed|<source>``) and succeed."""
+    ledger._write(f"{payload['id']} {ctx.attempt} {time.time():.6f} {FIXED}{ctx.source}\n")
 
 
 def _context(item: wire.Item) -> Context:

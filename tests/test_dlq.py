@@ -107,7 +107,7 @@ def test_replay_after_a_fix_runs_each_once_and_a_second_replay_redoes_nothing(
     calls = ledger.read(ledger_file)
     assert sorted(c.id for c in calls) == list(range(count))
     assert {c.attempt for c in calls} == {1}
-    dlq_partition = f"{settings.names.dlq_topic('orders')}/0"
+    dlq_partition = f"{delayfuncs.FIXED}{settings.names.dlq_topic('orders')}/0"
     assert {c.source.rsplit("/", 1)[0] for c in calls} == {dlq_partition}
 
     second = cli(settings, scheduler, "dlq", "replay", "orders")

@@ -47,6 +47,7 @@ from asynctier.platform.errors import AsynctierError, HandoffError, SchedulerUna
 from asynctier.platform.kafka import admin, ensure_topics
 from asynctier.platform.registry import RegistryFollower
 from asynctier.platform.rpc import SchedulerClient
+from asynctier.platform.scheduler.membership import SchedulerDirectory
 
 log = logging.getLogger(__name__)
 
@@ -383,10 +384,6 @@ class DelayService:
 def default_client(settings: Settings) -> SchedulerClient:
     """A SchedulerClient on the live schedulers (Redis membership), falling back to the
     configured list: the delay path keeps working when Redis is down."""
-    try:
-        from asynctier.platform.scheduler.membership import SchedulerDirectory
-    except ImportError:
-        return SchedulerClient(lambda: settings.schedulers)
     return SchedulerClient(SchedulerDirectory(settings).addresses)
 
 
