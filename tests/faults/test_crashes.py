@@ -1,0 +1,165 @@
+"""Crashes of the platform's own processes: SIGKILL of a tailer at three exact points (the
+``ASYNCTIER_FAULT`` hook), of a scheduler mid-call and of a delay tailer (timed kills), a
+rolling SIGTERM restart of two tailers, and a function that kills its worker process.
+
+Each scenario runs on the shared Kafka and Redis under its own prefix, and ends with the
+checker: 0 lost, duplicates within one batch under way per crash, no retry early.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from asynctier.platform.config import Settings
+from tests.faults.checker import Report
+from tests.faults.harness import (
+    FaultPlatform,
+    make_docs,
+    on_progress,
+    produce,
+    report,
+    wait_resolved,
+)
+from tests.helpers import wait_until
+
+LADDER = (1.0, 2.0)
+ARGS = ("--retry-ladder", "1s,2s", "--max-attempts", "3")
+BATCH = 500
+IN_FLIGHT = 2  # TailerOptions.max_in_flight: batches under way per tailer
+DELAY_BATCH = 500  # DelayOptions.batch_size
+
+
+@pytest.fixture
+def plat(settings: Settings, tmp_path: Path) -> Iterator[FaultPlatform]:
+    """The scenario's processes; stopped (tailers first) at the end."""
+    platform = FaultPlatform(settings, tmp_path)
+    yield platform
+    platform.stop_all()
+
+
+def _tailers(plat: FaultPlatform, name: str, batch: int = BATCH,
+             env: dict[str, str] | None = None) -> str:
+    return plat.start_with(env or {}, "tailers", name, "--batch-size", str(batch))
+
+
+@pytest.mark.parametrize("point", ["before-rpc", "mid-batch", "before-commit"])
+def test_tailer_sigkill_at(point: str, plat: FaultPlatform, settings: Settings,
+                           unique_topic: Callable[..., str], records: int,
+                           fault_results: list[Report]) -> None:
+    topic = unique_topic(4)
+    ids = range(records)
+    produce(settings, topic, make_docs(records, failing_every=50))
+    plat.bind("orders", topic, *ARGS)
+    plat.start("scheduler")
+    plat.start("delay")
+    _tailers(plat, "tailers", env={"ASYNCTIER_FAULT": f"kill-{point}:after=8"})
+    wait_until(lambda: not plat.alive("tailers"), 120, "the fault hook killed the tailer")
+    assert plat.procs["tailers"].returncode == -9, plat.log("tailers")
+    assert f"SIGKILL at {point}" in plat.log_text("tailers")
+    _tailers(plat, "tailers2")
+    wait_resolved(plat, ids, 180)
+    result = report(plat, f"tailer SIGKILL {point}", "orders", ids, LADDER,
+                    IN_FLIGHT * BATCH, fault_results)
+    assert result.ok, result.summary()
+
+
+def test_scheduler_sigkill_mid_call(plat: FaultPlatform, settings: Settings,
+                                    unique_topic: Callable[..., str], records: int,
+                                    fault_results: list[Report]) -> None:
+    topic = unique_topic(4)
+    ids = range(records)
+    produce(settings, topic, make_docs(records, failing_every=50,
+                                       extra={i: {"sleep": 0.0005} for i in range(records)}))
+    plat.bind("orders", topic, *ARGS)
+    plat.start("scheduler", "scheduler-a")
+    plat.start("scheduler", "scheduler-b")
+    plat.start("delay")
+    _tailers(plat, "tailers")
+    on_progress(plat, records // 4)()
+    victim = plat.procs["scheduler-a"].pid
+    wait_until(lambda: plat.calls()[-1].pid == victim, 60, "scheduler-a is running a call")
+    plat.kill("scheduler-a")
+    calls = plat.calls()
+    started = {c.id for c in calls if c.pid == victim and c.kind == "S"}
+    done = {c.id for c in calls if c.pid == victim and c.kind == "D"}
+    print(f"\nscheduler-a killed with {len(started - done)} call(s) under way")
+    wait_resolved(plat, ids, 180)
+    assert plat.alive("tailers") and plat.alive("delay")
+    # Every batch under way (the tailer's and the delay tailer's) is sent again whole.
+    result = report(plat, "scheduler SIGKILL mid-call", "orders", ids, LADDER,
+                    IN_FLIGHT * BATCH + DELAY_BATCH, fault_results)
+    assert result.ok, result.summary()
+
+
+def test_delay_tailer_sigkill(plat: FaultPlatform, settings: Settings,
+                              unique_topic: Callable[..., str], records: int,
+                              fault_results: list[Report]) -> None:
+    topic = unique_topic(4)
+    ids = range(records)
+    produce(settings, topic, make_docs(records, failing_every=5))  # 20% take the delay path
+    plat.bind("orders", topic, *ARGS)
+    plat.start("scheduler")
+    plat.start("delay")
+    _tailers(plat, "tailers")
+    wait_until(lambda: sum(c.attempt == 2 for c in plat.calls()) >= records // 20, 120,
+               "a quarter of the retries came back")
+    wait_until(lambda: plat.calls()[-1].attempt == 2, 60, "a retry batch is under way")
+    plat.kill("delay")
+    plat.start("delay", "delay2")
+    wait_resolved(plat, ids, 180)
+    result = report(plat, "delay tailer SIGKILL", "orders", ids, LADDER, DELAY_BATCH,
+                    fault_results)
+    assert result.ok, result.summary()
+
+
+def test_rolling_sigterm_of_two_tailers(plat: FaultPlatform, settings: Settings,
+                                        unique_topic: Callable[..., str], records: int,
+                                        fault_results: list[Report]) -> None:
+    topic = unique_topic(8)
+    ids = range(records)
+    produce(settings, topic, make_docs(records, failing_every=50,
+                                       extra={i: {"sleep": 0.0005} for i in range(records)}))
+    plat.bind("orders", topic, *ARGS)
+    plat.start("scheduler")
+    plat.start("delay")
+    _tailers(plat, "t1")
+    _tailers(plat, "t2")
+    on_progress(plat, records // 4)()
+    assert plat.stop("t1") == 0
+    _tailers(plat, "t1b")
+    on_progress(plat, records // 2)()
+    assert plat.stop("t2") == 0
+    _tailers(plat, "t2b")
+    wait_resolved(plat, ids, 180)
+    result = report(plat, "rolling SIGTERM of 2 tailers", "orders", ids, LADDER, 0,
+                    fault_results)
+    assert result.ok, result.summary()
+
+
+def test_function_that_kills_its_worker_becomes_a_dead_letter(
+        plat: FaultPlatform, settings: Settings, unique_topic: Callable[..., str],
+        records: int, fault_results: list[Report]) -> None:
+    topic = unique_topic(4)
+    ids = range(records)
+    killer = records // 3
+    produce(settings, topic, make_docs(records, extra={killer: {"exit": True}}))
+    plat.bind("orders", topic, "--retry-ladder", "1s,2s", "--max-attempts", "2")
+    plat.start("scheduler")
+    plat.supervise("scheduler")  # restarted whenever it dies, as systemd would
+    plat.start("delay")
+    _tailers(plat, "tailers", batch=200)
+    wait_resolved(plat, ids, 240, dead_binding="orders", expect_dead=1)
+    restarts = plat.restarts.get("scheduler", 0)
+    starts = sum(c.id == killer for c in plat.calls())
+    dead = plat.dead_letters("orders")
+    result = report(plat, "function os._exit (max attempts 2)", "orders", ids, LADDER,
+                    restarts * IN_FLIGHT * 200, fault_results,
+                    notes=[f"{restarts} scheduler restarts, the killer ran {starts} times"])
+    print(f"scheduler restarts: {restarts}; the killer started {starts} times")
+    assert dead.get(killer) == "attempts_exhausted", dead
+    assert starts <= 8 and restarts <= 8  # bounded: never an endless loop
+    assert plat.alive("tailers") and plat.alive("delay")
+    assert result.ok and result.succeeded == records - 1, result.summary()
