@@ -169,3 +169,26 @@ def test_every_exported_series_name_is_known() -> None:
     assert "asynctier_function_duration_seconds_bucket" in names
     assert "asynctier_items_total" in names
     assert "asynctier_consumer_lag_seconds" in names
+
+
+def test_observing_many_values_at_once_equals_observing_each() -> None:
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from asynctier.platform.metrics import _observe_many
+
+    registry = CollectorRegistry()
+    one = Histogram("one_seconds", "d", buckets=(0.01, 0.1, 1.0), registry=registry)
+    many = Histogram("many_seconds", "d", buckets=(0.01, 0.1, 1.0), registry=registry)
+    values = [0.0, 0.01, 0.011, 0.1, 0.5, 1.0, 3.0, 0.001]
+    for v in values * 3:
+        one.observe(v)
+    _observe_many(many, values, repeat=3)
+
+    def samples(name: str) -> dict[str, float]:
+        return {s.name.removeprefix(name) + str(s.labels.get("le", "")): s.value
+                for metric in registry.collect() if metric.name == name
+                for s in metric.samples if not s.name.endswith("_created")}
+
+    one_s, many_s = samples("one_seconds"), samples("many_seconds")
+    assert one_s.pop("_sum") == pytest.approx(many_s.pop("_sum"))
+    assert one_s == many_s

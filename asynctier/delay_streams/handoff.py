@@ -87,6 +87,7 @@ class Handoff:
         self.names = settings.names
         self.producer = producer or ConfirmingProducer(settings)
         self._retries: Counter[tuple[str, str]] = Counter()
+        self._texts: dict[str, bytes] = {}
         self._dead: Counter[tuple[str, str]] = Counter()
 
     def resolve(self, binding: Binding, parcel: Parcel, outcome: Outcome,
@@ -146,12 +147,21 @@ class Handoff:
         name = binding if isinstance(binding, str) else binding.name
         return [
             *parcel.headers,
-            (n.H_BINDING, name.encode()),
+            (n.H_BINDING, self._text(name)),
             (n.H_ATTEMPT, str(attempt).encode()),
             (n.H_ORIGIN, parcel.origin.encode()),
-            (n.H_ERROR, error[:ERROR_MAX_CHARS].encode("utf-8", "replace")),
+            (n.H_ERROR, self._text(error[:ERROR_MAX_CHARS])),
             (n.H_FIRST_SEEN, str(parcel.first_seen_ms).encode()),
         ]
+
+    def _text(self, text: str) -> bytes:
+        """``text`` as UTF-8, remembered: a failing function fails the same way many times."""
+        data = self._texts.get(text)
+        if data is None:
+            if len(self._texts) > 1000:
+                self._texts.clear()
+            data = self._texts[text] = text.encode("utf-8", "replace")
+        return data
 
     def confirm(self, timeout_s: float = 30.0) -> None:
         """Raise HandoffError unless every record handed off so far is delivered.

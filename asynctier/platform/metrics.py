@@ -21,10 +21,12 @@ A helper given an outcome or dead-letter reason outside :data:`OUTCOMES` /
 
 from __future__ import annotations
 
+import bisect
+import collections
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 
@@ -186,18 +188,34 @@ def record_outcomes(binding: str, tenant: str, counts: Mapping[str, int]) -> Non
             ITEMS.labels(binding, tenant, outcome).inc(n)
 
 
-def observe_durations(binding: str, seconds: Iterable[float]) -> None:
-    """Record the function run times of a batch's items."""
-    child = FUNCTION_DURATION.labels(binding)
-    for s in seconds:
-        child.observe(s)
+def _observe_many(child: Any, values: list[float], repeat: int = 1) -> None:
+    """Observe many values with one increment per bucket touched (not one per value).
+
+    Uses the histogram child's buckets as prometheus_client lays them out (per-bucket counts,
+    cumulated at collection); falls back to plain ``observe`` if that layout is absent.
+    """
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    total = getattr(child, "_sum", None)
+    if bounds is None or buckets is None or total is None:
+        for value in values:
+            for _ in range(repeat):
+                child.observe(value)
+        return
+    counts = collections.Counter(bisect.bisect_left(bounds, value) for value in values)
+    for index, n in counts.items():
+        buckets[index].inc(n * repeat)
+    total.inc(sum(values) * repeat)
+
+
+def observe_durations(binding: str, seconds: Iterable[float], repeat: int = 1) -> None:
+    """Record the function run times of a batch's items (each value ``repeat`` times)."""
+    _observe_many(FUNCTION_DURATION.labels(binding), list(seconds), repeat)
 
 
 def observe_record_to_start(binding: str, seconds: Iterable[float]) -> None:
     """Record, for a batch, the time from each record's timestamp to its function's start."""
-    child = RECORD_TO_START.labels(binding)
-    for s in seconds:
-        child.observe(max(0.0, s))
+    _observe_many(RECORD_TO_START.labels(binding), [max(0.0, s) for s in seconds])
 
 
 def observe_record_ages(binding: str, record_ms: Iterable[int], start_s: float) -> None:

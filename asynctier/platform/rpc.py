@@ -27,7 +27,14 @@ from typing import Any
 import grpc
 
 from asynctier.platform.errors import SchedulerUnavailable
-from asynctier.platform.wire import Item, Outcome, decode_outcomes, encode_items, retry
+from asynctier.platform.wire import (
+    Item,
+    Outcome,
+    decode_items,
+    decode_outcomes,
+    encode_items,
+    retry,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +79,21 @@ Addresses = Callable[[], Sequence[str]]
 class PendingCall:
     """A submit call under way; :meth:`result` waits for its outcomes."""
 
-    def __init__(self, client: SchedulerClient, items: list[Item], payload: bytes) -> None:
+    def __init__(self, client: SchedulerClient, items: list[Item] | None, payload: bytes,
+                 count: int | None = None) -> None:
         self.client = client
-        self.items = items
+        self._items = items
+        self.count = len(items) if items is not None else (count or 0)
         self.payload = payload
         self.crashes = 0
         self.address, self.future = client._send(payload)
+
+    @property
+    def items(self) -> list[Item]:
+        """The batch's items (decoded from the request when it was sent pre-encoded)."""
+        if self._items is None:
+            self._items = decode_items(self.payload)
+        return self._items
 
     def result(self, stop: threading.Event | None = None) -> list[Outcome]:
         """The outcomes; on a scheduler failure the batch is sent again elsewhere.
@@ -93,7 +109,7 @@ class PendingCall:
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
                     return self._refused(exc)
                 log.warning("scheduler %s failed a batch of %d item(s) (%s); "
-                            "sending the batch again", self.address, len(self.items), code)
+                            "sending the batch again", self.address, self.count, code)
                 self.client._mark_down(self.address)
                 self.crashes += died_mid_call(exc)
             if stop is not None and stop.is_set():
@@ -108,7 +124,7 @@ class PendingCall:
         every item is a failed attempt (and, once its attempts are spent, a dead letter)."""
         detail = exc.details() if hasattr(exc, "details") else str(exc)
         log.error("scheduler %s refused a batch of %d item(s) as unreadable (%s); each "
-                  "counts as a failed attempt", self.address, len(self.items), detail)
+                  "counts as a failed attempt", self.address, self.count, detail)
         return [retry(i["id"], f"the scheduler could not read the batch: {detail}")
                 for i in self.items]
 
@@ -142,6 +158,10 @@ class SchedulerClient:
     def submit(self, items: list[Item]) -> PendingCall:
         """Start a submit call for one batch; :meth:`PendingCall.result` waits for it."""
         return PendingCall(self, items, encode_items(items))
+
+    def submit_encoded(self, payload: bytes, count: int) -> PendingCall:
+        """Start a submit call for a batch already encoded (see :class:`wire.Columns`)."""
+        return PendingCall(self, None, payload, count)
 
     def _pick(self) -> str | None:
         now = time.monotonic()

@@ -71,43 +71,82 @@ def failed(item_id: int, error: str) -> Outcome:
             "spends_attempt": True}
 
 
-def encode_items(items: list[Item]) -> bytes:
-    """One submit request as bytes (column by column, see ``schemas/submit.avsc``)."""
-    bindings: dict[str, int] = {}
-    payload_nulls: list[int] = []
-    key_nulls: list[int] = []
-    headers: list[dict[str, Any]] = []
-    payloads: list[bytes] = []
-    keys: list[bytes] = []
-    for i, item in enumerate(items):
-        payload, key = item["payload"], item["key"]
+class Columns:
+    """A batch being built column by column (the fast way for a tailer to make one).
+
+    ``add`` appends one item; :meth:`encode` gives the submit request's bytes. Ids are the
+    items' positions (0, 1, 2 ...).
+    """
+
+    __slots__ = ("attempts", "binding_of", "bindings", "headers", "key_nulls", "keys",
+                 "payload_nulls", "payloads", "record_times_ms", "source_refs")
+
+    def __init__(self) -> None:
+        self.bindings: dict[str, int] = {}
+        self.binding_of: list[int] = []
+        self.payloads: list[bytes] = []
+        self.payload_nulls: list[int] = []
+        self.keys: list[bytes] = []
+        self.key_nulls: list[int] = []
+        self.attempts: list[int] = []
+        self.source_refs: list[str] = []
+        self.record_times_ms: list[int] = []
+        self.headers: list[dict[str, Any]] = []
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
+    def add(self, binding: str, payload: bytes | None, key: bytes | None,
+            headers: list[tuple[str, bytes | None]] | None, attempt: int, source_ref: str,
+            record_time_ms: int) -> None:
+        """Append one item."""
+        i = len(self.payloads)
+        b = self.bindings.get(binding)
+        if b is None:
+            b = self.bindings[binding] = len(self.bindings)
+        self.binding_of.append(b)
         if payload is None:
-            payload_nulls.append(i)
+            self.payload_nulls.append(i)
             payload = b""
         if key is None:
-            key_nulls.append(i)
+            self.key_nulls.append(i)
             key = b""
-        payloads.append(payload)
-        keys.append(key)
-        for header in item["headers"]:
-            headers.append({"item": i, "name": header["name"], "value": header["value"]})
-    doc = {
-        "bindings": bindings,
-        "binding_of": [bindings.setdefault(item["binding"], len(bindings)) for item in items],
-        "ids": [item["id"] for item in items],
-        "payloads": payloads,
-        "payload_nulls": payload_nulls,
-        "keys": keys,
-        "key_nulls": key_nulls,
-        "attempts": [item["attempt"] for item in items],
-        "source_refs": [item["source_ref"] for item in items],
-        "record_times_ms": [item["record_time_ms"] for item in items],
-        "headers": headers,
-    }
-    doc["bindings"] = list(bindings)
-    buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, load_schema("submit"), doc)
-    return buf.getvalue()
+        self.payloads.append(payload)
+        self.keys.append(key)
+        self.attempts.append(attempt)
+        self.source_refs.append(source_ref)
+        self.record_times_ms.append(record_time_ms)
+        if headers:
+            self.headers += [{"item": i, "name": k, "value": v} for k, v in headers]
+
+    def encode(self, ids: list[int] | None = None) -> bytes:
+        """The submit request's bytes (ids default to the positions)."""
+        doc = {
+            "bindings": list(self.bindings),
+            "binding_of": self.binding_of,
+            "ids": ids if ids is not None else list(range(len(self.payloads))),
+            "payloads": self.payloads,
+            "payload_nulls": self.payload_nulls,
+            "keys": self.keys,
+            "key_nulls": self.key_nulls,
+            "attempts": self.attempts,
+            "source_refs": self.source_refs,
+            "record_times_ms": self.record_times_ms,
+            "headers": self.headers,
+        }
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, load_schema("submit"), doc)
+        return buf.getvalue()
+
+
+def encode_items(items: list[Item]) -> bytes:
+    """One submit request as bytes (column by column, see ``schemas/submit.avsc``)."""
+    cols = Columns()
+    for item in items:
+        cols.add(item["binding"], item["payload"], item["key"],
+                 [(h["name"], h["value"]) for h in item["headers"]], item["attempt"],
+                 item["source_ref"], item["record_time_ms"])
+    return cols.encode([item["id"] for item in items])
 
 
 def decode_items(data: bytes) -> list[Item]:
@@ -133,11 +172,22 @@ def decode_items(data: bytes) -> list[Item]:
 
 
 def encode_outcomes(outcomes: list[Outcome]) -> bytes:
-    """One submit response as bytes: the ok ids, then every other outcome in full."""
+    """One submit response as bytes: the ok ids, then every other outcome, each distinct
+    error text sent once (a failing function usually fails the same way for every item)."""
     ok_ids = [o["id"] for o in outcomes if o["status"] == "ok"]
-    others = [o for o in outcomes if o["status"] != "ok"] if len(ok_ids) < len(outcomes) else []
+    others: list[dict[str, Any]] = []
+    errors: dict[str, int] = {}
+    if len(ok_ids) < len(outcomes):
+        for o in outcomes:
+            if o["status"] == "ok":
+                continue
+            error = o["error"]
+            index = -1 if error is None else errors.setdefault(error, len(errors))
+            others.append({"id": o["id"], "status": o["status"], "after_s": o["after_s"],
+                           "error": index, "spends_attempt": o["spends_attempt"]})
     buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, load_schema("outcomes"), {"ok_ids": ok_ids, "others": others})
+    fastavro.schemaless_writer(buf, load_schema("outcomes"),
+                               {"ok_ids": ok_ids, "others": others, "errors": list(errors)})
     return buf.getvalue()
 
 
@@ -147,5 +197,8 @@ def decode_outcomes(data: bytes) -> list[Outcome]:
     outcomes: list[Outcome] = [
         {"id": i, "status": "ok", "after_s": None, "error": None, "spends_attempt": True}
         for i in doc["ok_ids"]]
-    outcomes += doc["others"]
+    errors: list[str] = doc["errors"]
+    for o in doc["others"]:
+        o["error"] = None if o["error"] < 0 else errors[o["error"]]
+        outcomes.append(o)
     return outcomes

@@ -28,7 +28,7 @@ from asynctier.platform.config import Settings
 from asynctier.platform.errors import HandoffError, SchedulerUnavailable
 from asynctier.platform.faults import FaultHook
 from asynctier.platform.rpc import PendingCall, SchedulerClient
-from asynctier.platform.wire import Item, Outcome
+from asynctier.platform.wire import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -67,21 +67,6 @@ def consumer_config(settings: Settings, group: str, options: TailerOptions) -> d
         "fetch.wait.max.ms": 50,
         "queued.max.messages.kbytes": 32768,
     })
-
-
-def to_item(index: int, binding: str, msg: Any) -> Item:
-    """The wire Item of one consumed record of a source topic (attempt 1)."""
-    headers = msg.headers()
-    return {
-        "id": index,
-        "binding": binding,
-        "payload": msg.value(),
-        "key": msg.key(),
-        "headers": [{"name": k, "value": v} for k, v in headers] if headers else [],
-        "attempt": 1,
-        "source_ref": f"{msg.topic()}/{msg.partition()}/{msg.offset()}",
-        "record_time_ms": msg.timestamp()[1],
-    }
 
 
 def _complete(outcomes: list[Outcome], n: int) -> list[Outcome]:
@@ -165,20 +150,22 @@ class KafkaTailer:
     def _submit(self, messages: list[Any]) -> None:
         name = self.binding.name
         good: list[Any] = []
-        items: list[Item] = []
+        cols = wire.Columns()
+        add = cols.add
         for msg in messages:
-            err = msg.error()
-            if err is not None:
-                self._log_consume_error(err)
+            if msg.error() is not None:
+                self._log_consume_error(msg.error())
                 continue
-            items.append(to_item(len(good), name, msg))
+            add(name, msg.value(), msg.key(), msg.headers(), 1,
+                f"{msg.topic()}/{msg.partition()}/{msg.offset()}", msg.timestamp()[1])
             good.append(msg)
-        if not items:
+        if not good:
             return
         self._fault.reached("before-rpc")
-        self._in_flight.append(_Batch(good, self.client.submit(items)))
+        self._in_flight.append(_Batch(good, self.client.submit_encoded(cols.encode(),
+                                                                        len(good))))
         self._fault.reached("mid-batch")
-        metrics.add_in_flight(COMPONENT, name, len(items))
+        metrics.add_in_flight(COMPONENT, name, len(good))
 
     def _log_consume_error(self, err: KafkaError) -> None:
         if err.code() == KafkaError._PARTITION_EOF:

@@ -163,7 +163,7 @@ class Dispatcher:
         if not cap:
             self.sizer.observe(binding.name, took, chunk.cost)
         # Items of a chunk run one after another: each is counted at the chunk's mean.
-        metrics.observe_durations(binding.name, [took / len(items)] * len(items))
+        metrics.observe_durations(binding.name, [took / len(items)], repeat=len(items))
         self._report(binding, outcomes)
         return outcomes
 
