@@ -99,15 +99,20 @@ def test_delay_tailer_sigkill(plat: FaultPlatform, settings: Settings,
                               fault_results: list[Report]) -> None:
     topic = unique_topic(4)
     ids = range(records)
-    produce(settings, topic, make_docs(records, failing_every=5))  # 20% take the delay path
+    slow_retries = {i: {"fail_until": 3, "sleep": 0.004} for i in range(0, records, 5)}
+    produce(settings, topic, make_docs(records, extra=slow_retries))  # 20%: two delay hops
     plat.bind("orders", topic, *ARGS)
     plat.start("scheduler")
     plat.start("delay")
     _tailers(plat, "tailers")
-    wait_until(lambda: sum(c.attempt == 2 for c in plat.calls()) >= records // 20, 120,
-               "a quarter of the retries came back")
-    wait_until(lambda: plat.calls()[-1].attempt == 2, 60, "a retry batch is under way")
+    retries = 2 * len(slow_retries)
+    wait_until(lambda: sum(c.attempt >= 2 for c in plat.calls()) >= retries // 8, 120,
+               "an eighth of the retries came back")
+    wait_until(lambda: plat.calls()[-1].attempt >= 2, 60, "a retry batch is under way")
     plat.kill("delay")
+    done = sum(c.attempt >= 2 and c.kind == "D" for c in plat.calls())
+    print(f"\ndelay tailer killed with {done} of {retries // 2} retries done")
+    assert done < retries // 2, "the kill came after the delay path's work was over"
     plat.start("delay", "delay2")
     wait_resolved(plat, ids, 180)
     result = report(plat, "delay tailer SIGKILL", "orders", ids, LADDER, DELAY_BATCH,
