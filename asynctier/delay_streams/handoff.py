@@ -11,6 +11,7 @@ which attempt comes next, when it is due and why it failed.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import Counter
@@ -80,6 +81,14 @@ def parcel_from_message(msg: Any, now_ms: int | None = None) -> Parcel:
     )
 
 
+@functools.lru_cache(maxsize=4096)
+def first_hop(remaining_ms: int, ladder: tuple[float, ...]) -> str:
+    """The interval name (``30s``...) of the first hop for a record due in ``remaining_ms``
+    (remembered: records of a batch mostly wait the same ladder step)."""
+    hop = next_hop(remaining_ms / 1000.0, ladder)
+    return format_duration(min(ladder) if hop is None else hop)
+
+
 class Handoff:
     """Writes delay and dead-letter records through one confirming producer."""
 
@@ -119,10 +128,7 @@ class Handoff:
               error: str, now_ms: int | None = None) -> str:
         """Write the record to the delay topic of its first hop towards ``due_ms``."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        hop = next_hop((due_ms - now_ms) / 1000.0, binding.retry_ladder_s)
-        if hop is None:
-            hop = min(binding.retry_ladder_s)
-        topic = self.names.delay_topic(format_duration(hop))
+        topic = self.names.delay_topic(first_hop(due_ms - now_ms, binding.retry_ladder_s))
         headers = self._headers(binding, parcel, attempt, error)
         headers.append((n.H_DUE, str(due_ms).encode()))
         self.producer.produce(topic, parcel.value, parcel.key, headers)

@@ -172,22 +172,29 @@ def decode_items(data: bytes) -> list[Item]:
 
 
 def encode_outcomes(outcomes: list[Outcome]) -> bytes:
-    """One submit response as bytes: the ok ids, then every other outcome, each distinct
-    error text sent once (a failing function usually fails the same way for every item)."""
-    ok_ids = [o["id"] for o in outcomes if o["status"] == "ok"]
-    others: list[dict[str, Any]] = []
+    """One submit response as bytes, column by column: the ok ids, then every other outcome,
+    each distinct error text sent once (a failing function usually fails the same way)."""
+    ok_ids: list[int] = []
+    ids: list[int] = []
+    failed_: list[bool] = []
+    after: list[float] = []
+    error_of: list[int] = []
+    spends: list[bool] = []
     errors: dict[str, int] = {}
-    if len(ok_ids) < len(outcomes):
-        for o in outcomes:
-            if o["status"] == "ok":
-                continue
-            error = o["error"]
-            index = -1 if error is None else errors.setdefault(error, len(errors))
-            others.append({"id": o["id"], "status": o["status"], "after_s": o["after_s"],
-                           "error": index, "spends_attempt": o["spends_attempt"]})
+    for o in outcomes:
+        if o["status"] == "ok":
+            ok_ids.append(o["id"])
+            continue
+        ids.append(o["id"])
+        failed_.append(o["status"] == "failed")
+        after.append(-1.0 if o["after_s"] is None else o["after_s"])
+        error = o["error"]
+        error_of.append(-1 if error is None else errors.setdefault(error, len(errors)))
+        spends.append(o["spends_attempt"])
     buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, load_schema("outcomes"),
-                               {"ok_ids": ok_ids, "others": others, "errors": list(errors)})
+    fastavro.schemaless_writer(buf, load_schema("outcomes"), {
+        "ok_ids": ok_ids, "ids": ids, "failed": failed_, "after_s": after,
+        "error_of": error_of, "spends_attempt": spends, "errors": list(errors)})
     return buf.getvalue()
 
 
@@ -198,7 +205,11 @@ def decode_outcomes(data: bytes) -> list[Outcome]:
         {"id": i, "status": "ok", "after_s": None, "error": None, "spends_attempt": True}
         for i in doc["ok_ids"]]
     errors: list[str] = doc["errors"]
-    for o in doc["others"]:
-        o["error"] = None if o["error"] < 0 else errors[o["error"]]
-        outcomes.append(o)
+    outcomes += [
+        {"id": i, "status": "failed" if bad else "retry",
+         "after_s": None if after < 0 else after,
+         "error": None if e < 0 else errors[e], "spends_attempt": spends}
+        for i, bad, after, e, spends in zip(doc["ids"], doc["failed"], doc["after_s"],
+                                            doc["error_of"], doc["spends_attempt"],
+                                            strict=True)]
     return outcomes

@@ -40,7 +40,7 @@ class TailerOptions:
     """Knobs of a Kafka tailer."""
 
     batch_size: int = 1000
-    max_in_flight: int = 2
+    max_in_flight: int = 3
     idle_poll_s: float = 0.5
     handoff_retry_s: float = 1.0
     session_timeout_ms: int = 30_000
@@ -100,6 +100,7 @@ class KafkaTailer:
         self._stop = threading.Event()
         self.stats: Counter[str] = Counter()
         self._in_revoke = False
+        self._commit_sync = False
         self._fault = FaultHook.from_env()  # a no-op unless ASYNCTIER_FAULT is set (tests)
 
     # -- the loop -------------------------------------------------------------------------
@@ -107,7 +108,8 @@ class KafkaTailer:
     def run(self, stop: threading.Event) -> None:
         """Tail until ``stop`` is set, then finish and commit the batches under way."""
         self._stop = stop
-        consumer = Consumer(consumer_config(self.settings, self.group, self.options))
+        consumer = Consumer({**consumer_config(self.settings, self.group, self.options),
+                             "on_commit": self._on_commit})
         self._consumer = consumer
         consumer.subscribe([self.binding.topic], on_assign=self._on_assign,
                            on_revoke=self._on_revoke, on_lost=self._on_lost)
@@ -260,8 +262,12 @@ class KafkaTailer:
                    if (t, p) not in self._lost]
         if not offsets or self._consumer is None:
             return
-        try:
-            self._consumer.commit(offsets=offsets, asynchronous=False)
+        try:  # asynchronous in the loop (a failure is logged by _on_commit and a later
+            # commit covers it); synchronous when draining (revoke, stop)
+            if self._commit_sync:
+                self._consumer.commit(offsets=offsets, asynchronous=False)
+            else:
+                self._consumer.commit(offsets=offsets, asynchronous=True)
         except KafkaException as exc:
             log.warning("binding %s: commit of %s failed (%s); those records will be read "
                         "again", self.binding.name,
@@ -269,8 +275,17 @@ class KafkaTailer:
                         exc.args[0].str())
 
     def _drain(self) -> None:
-        while self._in_flight:
-            self._resolve_oldest()
+        self._commit_sync = True
+        try:
+            while self._in_flight:
+                self._resolve_oldest()
+        finally:
+            self._commit_sync = False
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        if err is not None and err.code() != KafkaError._NO_OFFSET:
+            log.warning("binding %s: a commit failed (%s); the next one covers it, or the "
+                        "records are read again", self.binding.name, err.str())
 
     # -- rebalancing ----------------------------------------------------------------------
 
