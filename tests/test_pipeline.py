@@ -77,8 +77,9 @@ def test_tailer_sigkill_then_restart_loses_nothing(
     seen = ledger.ids_seen(platform.ledger)
     duplicates = sum(c - 1 for c in seen.values())
     print(f"\nduplicates after SIGKILL of the tailer: {duplicates}")
-    # At most the batches under way when it died: max_in_flight (2) x batch size.
-    assert duplicates <= 2 * BATCH
+    # At most the batches not yet committed when it died: the ones under way
+    # (max_in_flight, 2) and the last one, whose commit is sent asynchronously.
+    assert duplicates <= 3 * BATCH
 
 
 def test_scheduler_killed_mid_batch_loses_nothing(

@@ -40,8 +40,9 @@ class TailerOptions:
     """Knobs of a Kafka tailer."""
 
     batch_size: int = 1000
-    max_in_flight: int = 3
+    max_in_flight: int = 2
     idle_poll_s: float = 0.5
+    linger_s: float = 0.005
     handoff_retry_s: float = 1.0
     session_timeout_ms: int = 30_000
     max_poll_interval_ms: int = 300_000
@@ -95,6 +96,7 @@ class KafkaTailer:
         self.handoff = Handoff(settings)
         self._in_flight: deque[_Batch] = deque()
         self._next: list[Any] = []
+        self._next_since = 0.0
         self._lost: set[tuple[str, int]] = set()
         self._consumer: Consumer | None = None
         self._stop = threading.Event()
@@ -133,20 +135,23 @@ class KafkaTailer:
                           or in_flight[0].call.future.done()):
             self._resolve_oldest()
             return
-        # Take what librdkafka has already fetched, without waiting. With nothing under way
-        # a batch leaves at once (low latency when records trickle in); while one is under
-        # way the next one fills up before it leaves (throughput under load).
-        nxt = self._next
+        # With nothing under way a batch leaves at once (low latency when records trickle
+        # in). While one is under way the next one fills up, for at most linger_s, before it
+        # leaves (throughput under load without holding records back for long).
+        nxt, now = self._next, time.monotonic()
+        if not nxt:
+            self._next_since = now
         if len(nxt) < size:
-            nxt += consumer.consume(size - len(nxt), 0)
-        if nxt and (len(nxt) >= size or not in_flight):
+            wait = max(0.0, self.options.linger_s - (now - self._next_since)) if in_flight else 0
+            nxt += consumer.consume(size - len(nxt), wait)
+        if nxt and (len(nxt) >= size or not in_flight
+                    or time.monotonic() - self._next_since >= self.options.linger_s):
             self._next = []
             self._submit(nxt)
-        elif in_flight:
-            self._resolve_oldest()
-        else:
+        elif not in_flight:
             first = consumer.poll(self.options.idle_poll_s)
             if first is not None:
+                self._next_since = time.monotonic()
                 self._next = [first, *consumer.consume(size - 1, 0)]
 
     def _submit(self, messages: list[Any]) -> None:

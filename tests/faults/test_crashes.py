@@ -29,6 +29,7 @@ LADDER = (1.0, 2.0)
 ARGS = ("--retry-ladder", "1s,2s", "--max-attempts", "3")
 BATCH = 500
 IN_FLIGHT = 2  # TailerOptions.max_in_flight: batches under way per tailer
+UNCOMMITTED = IN_FLIGHT + 1  # + the batch whose (asynchronous) commit had not landed
 DELAY_BATCH = 500  # DelayOptions.batch_size
 
 
@@ -62,7 +63,7 @@ def test_tailer_sigkill_at(point: str, plat: FaultPlatform, settings: Settings,
     _tailers(plat, "tailers2")
     wait_resolved(plat, ids, 180)
     result = report(plat, f"tailer SIGKILL {point}", "orders", ids, LADDER,
-                    IN_FLIGHT * BATCH, fault_results)
+                    UNCOMMITTED * BATCH, fault_results)
     assert result.ok, result.summary()
 
 
@@ -90,7 +91,7 @@ def test_scheduler_sigkill_mid_call(plat: FaultPlatform, settings: Settings,
     assert plat.alive("tailers") and plat.alive("delay")
     # Every batch under way (the tailer's and the delay tailer's) is sent again whole.
     result = report(plat, "scheduler SIGKILL mid-call", "orders", ids, LADDER,
-                    IN_FLIGHT * BATCH + DELAY_BATCH, fault_results)
+                    UNCOMMITTED * BATCH + DELAY_BATCH, fault_results)
     assert result.ok, result.summary()
 
 
