@@ -8,7 +8,10 @@ hot path builds and reads thousands of them a second; no Kafka type crosses this
 
 from __future__ import annotations
 
+import array
 import io
+import sys
+from collections.abc import Sequence
 from typing import Any, Literal, TypedDict
 
 import fastavro
@@ -71,48 +74,82 @@ def failed(item_id: int, error: str) -> Outcome:
             "spends_attempt": True}
 
 
+_LITTLE = sys.byteorder == "little"
+
+
+def _pack(typecode: str, values: list[int]) -> bytes:
+    """Numbers as a little-endian packed array (``i``: int32, ``q``: int64)."""
+    packed = array.array(typecode, values)
+    if not _LITTLE:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _unpack(typecode: str, data: bytes) -> list[int]:
+    packed = array.array(typecode)
+    packed.frombytes(data)
+    if not _LITTLE:
+        packed.byteswap()
+    return packed.tolist()
+
+
+def _cut(blob: bytes, lens: list[int]) -> list[bytes | None]:
+    """Cut ``blob`` into pieces of ``lens`` (-1: None)."""
+    out: list[bytes | None] = []
+    at = 0
+    for n in lens:
+        if n < 0:
+            out.append(None)
+        else:
+            out.append(blob[at:at + n])
+            at += n
+    return out
+
+
 class Columns:
     """A batch being built column by column (the fast way for a tailer to make one).
 
     ``add`` appends one item; :meth:`encode` gives the submit request's bytes. Ids are the
-    items' positions (0, 1, 2 ...).
+    items' positions (0, 1, 2 ...) unless given to :meth:`encode`.
     """
 
-    __slots__ = ("attempts", "binding_of", "bindings", "headers", "key_nulls", "keys",
-                 "payload_nulls", "payloads", "record_times_ms", "source_refs")
+    __slots__ = ("attempts", "binding_of", "bindings", "headers", "key_lens", "keys",
+                 "payload_lens", "payloads", "record_times_ms", "source_refs")
 
     def __init__(self) -> None:
         self.bindings: dict[str, int] = {}
         self.binding_of: list[int] = []
         self.payloads: list[bytes] = []
-        self.payload_nulls: list[int] = []
+        self.payload_lens: list[int] = []
         self.keys: list[bytes] = []
-        self.key_nulls: list[int] = []
+        self.key_lens: list[int] = []
         self.attempts: list[int] = []
         self.source_refs: list[str] = []
         self.record_times_ms: list[int] = []
         self.headers: list[dict[str, Any]] = []
 
     def __len__(self) -> int:
-        return len(self.payloads)
+        return len(self.payload_lens)
 
     def add(self, binding: str, payload: bytes | None, key: bytes | None,
-            headers: list[tuple[str, bytes | None]] | None, attempt: int, source_ref: str,
-            record_time_ms: int) -> None:
+            headers: Sequence[tuple[str, bytes | None]] | None, attempt: int,
+            source_ref: str, record_time_ms: int) -> None:
         """Append one item."""
-        i = len(self.payloads)
+        i = len(self.payload_lens)
         b = self.bindings.get(binding)
         if b is None:
             b = self.bindings[binding] = len(self.bindings)
         self.binding_of.append(b)
         if payload is None:
-            self.payload_nulls.append(i)
-            payload = b""
+            self.payload_lens.append(-1)
+        else:
+            self.payloads.append(payload)
+            self.payload_lens.append(len(payload))
         if key is None:
-            self.key_nulls.append(i)
-            key = b""
-        self.payloads.append(payload)
-        self.keys.append(key)
+            self.key_lens.append(-1)
+        else:
+            self.keys.append(key)
+            self.key_lens.append(len(key))
         self.attempts.append(attempt)
         self.source_refs.append(source_ref)
         self.record_times_ms.append(record_time_ms)
@@ -121,17 +158,26 @@ class Columns:
 
     def encode(self, ids: list[int] | None = None) -> bytes:
         """The submit request's bytes (ids default to the positions)."""
+        count = len(self.payload_lens)
+        attempts = self.attempts
+        attempt = attempts[0] if attempts else 1
+        uniform = all(a == attempt for a in attempts)
+        refs = "\n".join(self.source_refs)
+        if refs.count("\n") != max(count - 1, 0):
+            raise ValueError("a source_ref must not contain a newline")
         doc = {
+            "count": count,
             "bindings": list(self.bindings),
-            "binding_of": self.binding_of,
-            "ids": ids if ids is not None else list(range(len(self.payloads))),
-            "payloads": self.payloads,
-            "payload_nulls": self.payload_nulls,
-            "keys": self.keys,
-            "key_nulls": self.key_nulls,
-            "attempts": self.attempts,
-            "source_refs": self.source_refs,
-            "record_times_ms": self.record_times_ms,
+            "binding_of": b"" if len(self.bindings) <= 1 else _pack("i", self.binding_of),
+            "ids": b"" if ids is None else _pack("q", ids),
+            "attempt": attempt,
+            "attempts": b"" if uniform else _pack("i", attempts),
+            "payloads": b"".join(self.payloads),
+            "payload_lens": _pack("i", self.payload_lens),
+            "keys": b"".join(self.keys),
+            "key_lens": _pack("i", self.key_lens),
+            "source_refs": refs,
+            "record_times_ms": _pack("q", self.record_times_ms),
             "headers": self.headers,
         }
         buf = io.BytesIO()
@@ -149,26 +195,39 @@ def encode_items(items: list[Item]) -> bytes:
     return cols.encode([item["id"] for item in items])
 
 
+_NO_HEADERS: list[Header] = []
+
+
 def decode_items(data: bytes) -> list[Item]:
     """The items of one submit request."""
     doc: Any = fastavro.schemaless_reader(io.BytesIO(data), load_schema("submit"), None)
-    names = doc["bindings"]
-    payloads: list[bytes | None] = doc["payloads"]
-    keys: list[bytes | None] = doc["keys"]
-    for i in doc["payload_nulls"]:
-        payloads[i] = None
-    for i in doc["key_nulls"]:
-        keys[i] = None
-    headers: list[list[Header]] = [[] for _ in payloads]
+    count: int = doc["count"]
+    names: list[str] = doc["bindings"]
+    binding_of = _unpack("i", doc["binding_of"]) if doc["binding_of"] else [0] * count
+    ids = _unpack("q", doc["ids"]) if doc["ids"] else range(count)
+    attempts = _unpack("i", doc["attempts"]) if doc["attempts"] else [doc["attempt"]] * count
+    payloads = _cut(doc["payloads"], _unpack("i", doc["payload_lens"]))
+    keys = _cut(doc["keys"], _unpack("i", doc["key_lens"]))
+    refs = doc["source_refs"].split("\n") if count else []
+    times = _unpack("q", doc["record_times_ms"])
+    headers: list[list[Header]] = [_NO_HEADERS] * count
     for h in doc["headers"]:
-        headers[h["item"]].append({"name": h["name"], "value": h["value"]})
+        i = h["item"]
+        if headers[i] is _NO_HEADERS:
+            headers[i] = []
+        headers[i].append({"name": h["name"], "value": h["value"]})
+    if len(names) == 1:
+        name = names[0]
+        return [
+            {"id": ident, "binding": name, "payload": payload, "key": key, "headers": hs,
+             "attempt": attempt, "source_ref": ref, "record_time_ms": at}
+            for ident, payload, key, hs, attempt, ref, at in zip(
+                ids, payloads, keys, headers, attempts, refs, times, strict=True)]
     return [
         {"id": ident, "binding": names[b], "payload": payload, "key": key, "headers": hs,
          "attempt": attempt, "source_ref": ref, "record_time_ms": at}
         for ident, b, payload, key, hs, attempt, ref, at in zip(
-            doc["ids"], doc["binding_of"], payloads, keys, headers, doc["attempts"],
-            doc["source_refs"], doc["record_times_ms"], strict=True)
-    ]
+            ids, binding_of, payloads, keys, headers, attempts, refs, times, strict=True)]
 
 
 def encode_outcomes(outcomes: list[Outcome]) -> bytes:
@@ -193,7 +252,7 @@ def encode_outcomes(outcomes: list[Outcome]) -> bytes:
         spends.append(o["spends_attempt"])
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, load_schema("outcomes"), {
-        "ok_ids": ok_ids, "ids": ids, "failed": failed_, "after_s": after,
+        "ok_ids": _pack("q", ok_ids), "ids": ids, "failed": failed_, "after_s": after,
         "error_of": error_of, "spends_attempt": spends, "errors": list(errors)})
     return buf.getvalue()
 
@@ -203,7 +262,7 @@ def decode_outcomes(data: bytes) -> list[Outcome]:
     doc: Any = fastavro.schemaless_reader(io.BytesIO(data), load_schema("outcomes"), None)
     outcomes: list[Outcome] = [
         {"id": i, "status": "ok", "after_s": None, "error": None, "spends_attempt": True}
-        for i in doc["ok_ids"]]
+        for i in _unpack("q", doc["ok_ids"])]
     errors: list[str] = doc["errors"]
     outcomes += [
         {"id": i, "status": "failed" if bad else "retry",
