@@ -41,9 +41,22 @@ class Platform:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.extra_env = env or {}
 
+    def config_file(self) -> Path:
+        """The platform's asynctier.toml: the test's Kafka, and the shortest session the
+        broker allows (6 s), so a SIGKILLed tailer's partitions move on in seconds."""
+        path = self.folder / "asynctier.toml"
+        if not path.exists():
+            path.write_text(
+                "[kafka]\n"
+                f'"bootstrap.servers" = "{self.settings.kafka_bootstrap}"\n'
+                '"session.timeout.ms" = "6000"\n'
+                '"heartbeat.interval.ms" = "1000"\n')
+        return path
+
     def env(self) -> dict[str, str]:
         """The environment every process of this platform gets."""
         env = dict(os.environ)
+        env["ASYNCTIER_CONFIG"] = str(self.config_file())
         env.update({
             "ASYNCTIER_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
             "ASYNCTIER_REDIS_URL": self.settings.redis_url,

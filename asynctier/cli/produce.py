@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import IO
 
 import click
@@ -12,6 +13,7 @@ from asynctier.cli import settings_of
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError
 from asynctier.platform.kafka import ConfirmingProducer
+from asynctier.platform.progress import progress
 
 
 def produce_lines(settings: Settings, topic: str, lines: IO[str], key_field: str | None,
@@ -22,6 +24,17 @@ def produce_lines(settings: Settings, topic: str, lines: IO[str], key_field: str
     everything before it is confirmed.
     """
     producer = ConfirmingProducer(settings)
+    with progress() as bar:
+        task = bar.add_task(f"producing to {topic}", total=None)
+        count = _produce_all(producer, topic, lines, key_field, confirm_every,
+                             lambda n: bar.update(task, completed=n))
+    producer.confirm()
+    return count
+
+
+def _produce_all(producer: ConfirmingProducer, topic: str, lines: IO[str],
+                 key_field: str | None, confirm_every: int,
+                 tick: Callable[[int], None]) -> int:
     count = 0
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -39,7 +52,7 @@ def produce_lines(settings: Settings, topic: str, lines: IO[str], key_field: str
         count += 1
         if count % confirm_every == 0:
             producer.confirm()
-    producer.confirm()
+            tick(count)
     return count
 
 

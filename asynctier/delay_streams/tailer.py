@@ -44,7 +44,7 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import format_duration
 from asynctier.platform.errors import AsynctierError, HandoffError, SchedulerUnavailable
-from asynctier.platform.kafka import admin, ensure_topics
+from asynctier.platform.kafka import admin, ensure_topics, tailer_consumer_config
 from asynctier.platform.registry import RegistryFollower
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.scheduler.membership import SchedulerDirectory
@@ -90,18 +90,11 @@ def _due_ms(msg: Any) -> int:
 
 
 def consumer_config(settings: Settings, group: str, options: DelayOptions) -> dict[str, Any]:
-    """A delay tailer's consumer: no auto commit, cooperative-sticky, earliest."""
-    return settings.kafka_config(**{
-        "group.id": group,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
-        "partition.assignment.strategy": "cooperative-sticky",
-        "session.timeout.ms": options.session_timeout_ms,
-        "max.poll.interval.ms": options.max_poll_interval_ms,
-        "fetch.wait.max.ms": 100,
-        "queued.max.messages.kbytes": 16384,
-    })
+    """A delay tailer's consumer (see :func:`tailer_consumer_config`)."""
+    return tailer_consumer_config(settings, group,
+                                  session_timeout_ms=options.session_timeout_ms,
+                                  max_poll_interval_ms=options.max_poll_interval_ms,
+                                  fetch_wait_max_ms=100, queued_max_kbytes=16384)
 
 
 class DelayTailer:

@@ -57,6 +57,33 @@ def ensure_topics(client: AdminClient, topics: Mapping[str, tuple[int, Mapping[s
     return created
 
 
+#: What at-least-once rests on: never overridden by the ``[kafka]`` table.
+_SAFETY = {"enable.auto.commit": False, "enable.auto.offset.store": False}
+
+
+def tailer_consumer_config(settings: Settings, group: str, *, session_timeout_ms: int,
+                           max_poll_interval_ms: int, fetch_wait_max_ms: int,
+                           queued_max_kbytes: int) -> dict[str, Any]:
+    """The consumer settings of every tailer (main and delay).
+
+    The arguments are defaults that the operator's ``[kafka]`` table may tune (for example
+    ``session.timeout.ms``); the group and the commit settings that at-least-once rests on
+    (no auto commit, no auto offset store) are always ours.
+    """
+    conf: dict[str, Any] = {
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "cooperative-sticky",
+        "session.timeout.ms": session_timeout_ms,
+        "max.poll.interval.ms": max_poll_interval_ms,
+        "fetch.wait.max.ms": fetch_wait_max_ms,
+        "queued.max.messages.kbytes": queued_max_kbytes,
+    }
+    conf.update(settings.kafka)
+    conf.update(_SAFETY)
+    conf["group.id"] = group
+    return conf
+
+
 class ConfirmingProducer:
     """A producer whose :meth:`confirm` says whether everything produced since was delivered.
 

@@ -27,6 +27,7 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import HandoffError, SchedulerUnavailable
 from asynctier.platform.faults import FaultHook
+from asynctier.platform.kafka import tailer_consumer_config
 from asynctier.platform.rpc import PendingCall, SchedulerClient
 from asynctier.platform.wire import Outcome
 
@@ -56,18 +57,11 @@ class _Batch:
 
 
 def consumer_config(settings: Settings, group: str, options: TailerOptions) -> dict[str, Any]:
-    """The consumer settings every asynctier tailer uses (no auto commit, cooperative)."""
-    return settings.kafka_config(**{
-        "group.id": group,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
-        "partition.assignment.strategy": "cooperative-sticky",
-        "session.timeout.ms": options.session_timeout_ms,
-        "max.poll.interval.ms": options.max_poll_interval_ms,
-        "fetch.wait.max.ms": 50,
-        "queued.max.messages.kbytes": 32768,
-    })
+    """The main tailer's consumer (see :func:`tailer_consumer_config`)."""
+    return tailer_consumer_config(settings, group,
+                                  session_timeout_ms=options.session_timeout_ms,
+                                  max_poll_interval_ms=options.max_poll_interval_ms,
+                                  fetch_wait_max_ms=50, queued_max_kbytes=32768)
 
 
 def _complete(outcomes: list[Outcome], n: int) -> list[Outcome]:
@@ -103,6 +97,7 @@ class KafkaTailer:
         self.stats: Counter[str] = Counter()
         self._in_revoke = False
         self._commit_sync = False
+        self._committed: dict[tuple[str, int], int] = {}
         self._fault = FaultHook.from_env()  # a no-op unless ASYNCTIER_FAULT is set (tests)
 
     # -- the loop -------------------------------------------------------------------------
@@ -267,6 +262,8 @@ class KafkaTailer:
                    if (t, p) not in self._lost]
         if not offsets or self._consumer is None:
             return
+        for done in offsets:
+            self._committed[(done.topic, done.partition)] = done.offset
         try:  # asynchronous in the loop (a failure is logged by _on_commit and a later
             # commit covers it); synchronous when draining (revoke, stop)
             if self._commit_sync:
@@ -279,13 +276,32 @@ class KafkaTailer:
                         ", ".join(f"{t.topic}/{t.partition}@{t.offset}" for t in offsets),
                         exc.args[0].str())
 
-    def _drain(self) -> None:
+    def _drain(self, partitions: set[tuple[str, int]] | None = None) -> None:
+        """Resolve every batch under way, then commit synchronously where this tailer
+        stands on ``partitions`` (all when None): an asynchronous commit still on its way
+        must land before another consumer takes a partition over."""
         self._commit_sync = True
         try:
             while self._in_flight:
                 self._resolve_oldest()
+            self._commit_positions(partitions)
         finally:
             self._commit_sync = False
+
+    def _commit_positions(self, partitions: set[tuple[str, int]] | None) -> None:
+        mine = [TopicPartition(t, p, o) for (t, p), o in self._committed.items()
+                if (partitions is None or (t, p) in partitions) and (t, p) not in self._lost]
+        if partitions is not None:
+            for tp in partitions:
+                self._committed.pop(tp, None)
+        if not mine or self._consumer is None:
+            return
+        try:
+            self._consumer.commit(offsets=mine, asynchronous=False)
+        except KafkaException as exc:
+            log.warning("binding %s: final commit failed (%s); the records after the last "
+                        "commit that landed will be read again", self.binding.name,
+                        exc.args[0].str())
 
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         if err is not None and err.code() != KafkaError._NO_OFFSET:
@@ -310,7 +326,7 @@ class KafkaTailer:
         self._next = [m for m in self._next if (m.topic(), m.partition()) not in gone]
         self._in_revoke = True  # no polling from inside a rebalance callback
         try:
-            self._drain()
+            self._drain(gone)
         except SchedulerUnavailable:
             self._in_flight.clear()
         finally:
