@@ -6,7 +6,7 @@ Third-party errors are translated here, at the boundary, into asynctier errors.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -100,24 +100,29 @@ class ConfirmingProducer:
             "message.max.bytes": 8 * 1024 * 1024,
         })
         conf.update(extra)
+        # Only failed deliveries are reported (flush() waits for every record either way):
+        # no Python call per delivered record.
+        conf["delivery.report.only.error"] = True
+        conf["on_delivery"] = self._on_delivery
         self._producer = Producer(conf)
         self._errors: list[str] = []
-        self._pending = 0
 
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
-        self._pending -= 1
         if err is not None:
             self._errors.append(f"{msg.topic()}: {err.str()}")
 
     def produce(self, topic: str, value: bytes | None, key: bytes | None = None,
-                headers: Sequence[tuple[str, bytes | None]] | None = None,
+                headers: list[tuple[str, bytes | None]] | None = None,
                 timestamp_ms: int = 0) -> None:
         """Queue one record; its delivery is checked by the next :meth:`confirm`."""
         while True:
             try:
-                self._producer.produce(topic, value, key, headers=list(headers or ()),
-                                       timestamp=timestamp_ms, on_delivery=self._on_delivery)
-                self._pending += 1
+                if headers:
+                    self._producer.produce(topic, value, key,
+                                           headers=headers,  # type: ignore[arg-type]
+                                           timestamp=timestamp_ms)
+                else:
+                    self._producer.produce(topic, value, key, timestamp=timestamp_ms)
                 return
             except BufferError:
                 self._producer.poll(0.05)
