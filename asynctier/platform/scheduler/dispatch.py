@@ -28,6 +28,7 @@ from asynctier.platform import metrics
 from asynctier.platform.admission import Admission
 from asynctier.platform.binding import Binding
 from asynctier.platform.errors import FunctionNotFound, ModuleNotAllowed
+from asynctier.platform.limits.bucket import burst_of
 from asynctier.platform.scheduler.bounded import BoundedQueue, Chunk
 from asynctier.platform.scheduler.outcomes import error_text
 from asynctier.platform.scheduler.runtime import Job, Runtime
@@ -35,6 +36,11 @@ from asynctier.platform.scheduler.sizing import ChunkSizer
 from asynctier.platform.wire import Item, Outcome, failed, retry
 
 log = logging.getLogger(__name__)
+
+
+def _fits_one_burst(binding: Binding, n: int) -> bool:
+    """True when ``n`` items fit in the binding's token bucket at once (or it has none)."""
+    return binding.rate_per_s is None or n <= burst_of(binding)
 
 
 class Dispatcher:
@@ -73,9 +79,16 @@ class Dispatcher:
         results: list[Outcome] = []
         futures: list[asyncio.Future[list[Outcome]]] = []
         cap = self._cap(binding)
+        admitted = False
+        if _fits_one_burst(binding, len(items)):
+            # One admission round trip for the whole batch when the bucket could hand it
+            # out at once anyway; chunk by chunk only when the rate limit really binds.
+            refused, items = await self._admit_or_retry(binding, items)
+            results.extend(refused)
+            admitted = True
         try:
             for part in self.sizer.split(binding.name, items, self.workers, cap or 1):
-                refused, chunk = await self._intake(binding, part)
+                refused, chunk = await self._intake(binding, part, admitted)
                 results.extend(refused)
                 if chunk is not None:
                     futures.append(chunk.future)
@@ -86,16 +99,24 @@ class Dispatcher:
                 future.cancel()
         return results
 
-    async def _intake(self, binding: Binding, items: list[Item]) -> tuple[list[Outcome],
-                                                                          Chunk | None]:
+    async def _admit_or_retry(self, binding: Binding,
+                              items: list[Item]) -> tuple[list[Outcome], list[Item]]:
         try:
-            refused, admitted = await self._admit(binding, items)
+            return await self._admit(binding, items)
         except Exception as exc:
             log.error("binding %s: admission failed (%s); %d item(s) will come back in %gs",
                       binding.name, error_text(exc), len(items), self.admission_retry_s)
             return [retry(i["id"], f"admission failed: {error_text(exc)}",
                           after_s=self.admission_retry_s, spends_attempt=False)
-                    for i in items], None
+                    for i in items], []
+
+    async def _intake(self, binding: Binding, items: list[Item],
+                      admitted_already: bool = False) -> tuple[list[Outcome], Chunk | None]:
+        refused: list[Outcome] = []
+        if admitted_already:
+            admitted = items
+        else:
+            refused, admitted = await self._admit_or_retry(binding, items)
         if not admitted:
             return refused, None
         chunk = Chunk(binding, admitted, asyncio.get_running_loop().create_future())
