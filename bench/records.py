@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from asynctier.platform.kafka import ensure_topics
@@ -105,9 +105,23 @@ class GroupProgress:
         self._parts = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
 
     def committed(self) -> int:
-        """Records committed so far (the sum of committed offsets)."""
-        found = self._consumer.committed(self._parts, timeout=10)
-        return sum(max(tp.offset, 0) for tp in found)
+        """Records committed so far (the sum of committed offsets).
+
+        A broker that has just started may not have elected the group's coordinator yet
+        (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS): asked again, for up to 30 s.
+        """
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                found = self._consumer.committed(self._parts, timeout=10)
+                return sum(max(tp.offset, 0) for tp in found)
+            except KafkaException as exc:
+                retriable = exc.args[0].code() in (KafkaError.NOT_COORDINATOR,
+                                                   KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                                                   KafkaError.COORDINATOR_NOT_AVAILABLE)
+                if not retriable or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def end(self) -> int:
         """The sum of the partitions' end offsets."""
