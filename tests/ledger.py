@@ -83,3 +83,22 @@ def read(path: Path) -> list[Call]:
 def ids_seen(path: Path) -> Counter[int]:
     """How many times each id ran."""
     return Counter(call.id for call in read(path))
+
+
+def span(payload: Any, ctx: Context) -> None:
+    """Sleep ``payload["sleep"]`` seconds and append ``id start end pid`` (a ``span`` line)."""
+    started = time.time()
+    time.sleep(float(payload.get("sleep", 0.05)))
+    _write(f"span {payload['id']} {started:.6f} {time.time():.6f} {os.getpid()}\n")
+
+
+def spans(path: Path) -> list[tuple[int, float, float, int]]:
+    """Every ``span`` line: (id, start, end, pid)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        parts = line.split(" ")
+        if parts[0] == "span" and len(parts) == 5:
+            out.append((int(parts[1]), float(parts[2]), float(parts[3]), int(parts[4])))
+    return out
