@@ -77,6 +77,11 @@ def _complete(outcomes: list[Outcome], n: int) -> list[Outcome]:
     return [o for o in outcomes if 0 <= o["id"] < n] + missing
 
 
+#: Commit errors that mean "the group is rebalancing": worth a retry once it is through.
+_REBALANCING = (KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION,
+                KafkaError._STATE)
+
+
 class KafkaTailer:
     """Tails one binding's topic in the group ``<prefix>.<binding>``."""
 
@@ -294,14 +299,29 @@ class KafkaTailer:
         if partitions is not None:
             for tp in partitions:
                 self._committed.pop(tp, None)
-        if not mine or self._consumer is None:
+        consumer = self._consumer
+        if not mine or consumer is None:
             return
-        try:
-            self._consumer.commit(offsets=mine, asynchronous=False)
-        except KafkaException as exc:
-            log.warning("binding %s: final commit failed (%s); the records after the last "
-                        "commit that landed will be read again", self.binding.name,
-                        exc.args[0].str())
+        # When stopping (not inside a rebalance callback), a commit refused because the
+        # group is rebalancing is tried again once the rebalance is through, for the
+        # partitions this tailer still owns; otherwise they would be read again.
+        deadline = time.monotonic() + (0.0 if self._in_revoke else 10.0)
+        while True:
+            try:
+                consumer.commit(offsets=mine, asynchronous=False)
+                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.code() not in _REBALANCING or time.monotonic() >= deadline:
+                    log.warning("binding %s: final commit failed (%s); the records after "
+                                "the last commit that landed will be read again",
+                                self.binding.name, error.str())
+                    return
+            consumer.poll(0.2)  # serves the rebalance; a record it returns is not run
+            owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+            mine = [tp for tp in mine if (tp.topic, tp.partition) in owned]
+            if not mine:
+                return
 
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         if err is not None and err.code() != KafkaError._NO_OFFSET:
