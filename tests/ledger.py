@@ -28,7 +28,9 @@ _fd: int | None = None
 _lock = threading.Lock()
 
 
-def _write(line: str) -> None:
+def append(line: str) -> None:
+    """Append one line to the ledger (one ``os.write`` on an O_APPEND descriptor, so lines
+    from many threads and processes stay whole)."""
     global _fd
     if _fd is None:
         with _lock:
@@ -40,7 +42,7 @@ def _write(line: str) -> None:
 
 def record(payload: Any, ctx: Context) -> None:
     """Append the invocation to the ledger, then behave as the payload says."""
-    _write(f"{payload['id']} {ctx.attempt} {time.time():.6f} {ctx.source}\n")
+    append(f"{payload['id']} {ctx.attempt} {time.time():.6f} {ctx.source}\n")
     if payload.get("sleep"):
         time.sleep(float(payload["sleep"]))
     if payload.get("reject"):
@@ -89,7 +91,7 @@ def span(payload: Any, ctx: Context) -> None:
     """Sleep ``payload["sleep"]`` seconds and append ``id start end pid`` (a ``span`` line)."""
     started = time.time()
     time.sleep(float(payload.get("sleep", 0.05)))
-    _write(f"span {payload['id']} {started:.6f} {time.time():.6f} {os.getpid()}\n")
+    append(f"span {payload['id']} {started:.6f} {time.time():.6f} {os.getpid()}\n")
 
 
 def spans(path: Path) -> list[tuple[int, float, float, int]]:
