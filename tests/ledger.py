@@ -28,9 +28,7 @@ _fd: int | None = None
 _lock = threading.Lock()
 
 
-def append(line: str) -> None:
-    """Append one line to the ledger (one ``os.write`` on an O_APPEND descriptor, so lines
-    from many threads and processes stay whole)."""
+def _write(line: str) -> None:
     global _fd
     if _fd is None:
         with _lock:
@@ -42,7 +40,7 @@ def append(line: str) -> None:
 
 def record(payload: Any, ctx: Context) -> None:
     """Append the invocation to the ledger, then behave as the payload says."""
-    append(f"{payload['id']} {ctx.attempt} {time.time():.6f} {ctx.source}\n")
+    _write(f"{payload['id']} {ctx.attempt} {time.time():.6f} {ctx.source}\n")
     if payload.get("sleep"):
         time.sleep(float(payload["sleep"]))
     if payload.get("reject"):
@@ -91,7 +89,7 @@ def span(payload: Any, ctx: Context) -> None:
     """Sleep ``payload["sleep"]`` seconds and append ``id start end pid`` (a ``span`` line)."""
     started = time.time()
     time.sleep(float(payload.get("sleep", 0.05)))
-    append(f"span {payload['id']} {started:.6f} {time.time():.6f} {os.getpid()}\n")
+    _write(f"span {payload['id']} {started:.6f} {time.time():.6f} {os.getpid()}\n")
 
 
 def spans(path: Path) -> list[tuple[int, float, float, int]]:

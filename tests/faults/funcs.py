@@ -15,17 +15,30 @@ drives what the function does:
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
 from asynctier import Context
-from tests.ledger import append
+
+_fd: int | None = None
+_lock = threading.Lock()
+
+
+def _write(line: str) -> None:
+    global _fd
+    if _fd is None:
+        with _lock:
+            if _fd is None:
+                _fd = os.open(os.environ["ASYNCTIER_TEST_LEDGER"],
+                              os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(_fd, line.encode())  # one write per line: O_APPEND keeps lines whole
 
 
 def run(payload: Any, ctx: Context) -> None:
     """Append the start of the call, behave as the payload says, append its success."""
     ident = payload["id"]
-    append(f"{ident} {ctx.attempt} {time.time():.6f} S {os.getpid()} {ctx.source}\n")
+    _write(f"{ident} {ctx.attempt} {time.time():.6f} S {os.getpid()} {ctx.source}\n")
     if payload.get("exit"):
         os._exit(17)
     if payload.get("sleep"):
@@ -34,4 +47,4 @@ def run(payload: Any, ctx: Context) -> None:
         raise RuntimeError(f"record {ident} always fails")
     if ctx.attempt < int(payload.get("fail_until", 0)):
         raise RuntimeError(f"record {ident} fails on attempt {ctx.attempt}")
-    append(f"{ident} {ctx.attempt} {time.time():.6f} D {os.getpid()} {ctx.source}\n")
+    _write(f"{ident} {ctx.attempt} {time.time():.6f} D {os.getpid()} {ctx.source}\n")
