@@ -77,15 +77,16 @@ def failed(item_id: int, error: str) -> Outcome:
 _LITTLE = sys.byteorder == "little"
 
 
-def _pack(typecode: str, values: list[int]) -> bytes:
-    """Numbers as a little-endian packed array (``i``: int32, ``q``: int64)."""
+def _pack(typecode: str, values: list[int] | list[float]) -> bytes:
+    """Numbers as a little-endian packed array (``i``: int32, ``q``: int64, ``d``:
+    float64)."""
     packed = array.array(typecode, values)
     if not _LITTLE:
         packed.byteswap()
     return packed.tobytes()
 
 
-def _unpack(typecode: str, data: bytes) -> list[int]:
+def _unpack(typecode: str, data: bytes) -> list[Any]:
     packed = array.array(typecode)
     packed.frombytes(data)
     if not _LITTLE:
@@ -252,8 +253,9 @@ def encode_outcomes(outcomes: list[Outcome]) -> bytes:
         spends.append(o["spends_attempt"])
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, load_schema("outcomes"), {
-        "ok_ids": _pack("q", ok_ids), "ids": ids, "failed": failed_, "after_s": after,
-        "error_of": error_of, "spends_attempt": spends, "errors": list(errors)})
+        "ok_ids": _pack("q", ok_ids), "ids": _pack("q", ids), "failed": bytes(failed_),
+        "after_s": _pack("d", after), "error_of": _pack("i", error_of),
+        "spends_attempt": bytes(spends), "errors": list(errors)})
     return buf.getvalue()
 
 
@@ -267,8 +269,9 @@ def decode_outcomes(data: bytes) -> list[Outcome]:
     outcomes += [
         {"id": i, "status": "failed" if bad else "retry",
          "after_s": None if after < 0 else after,
-         "error": None if e < 0 else errors[e], "spends_attempt": spends}
-        for i, bad, after, e, spends in zip(doc["ids"], doc["failed"], doc["after_s"],
-                                            doc["error_of"], doc["spends_attempt"],
-                                            strict=True)]
+         "error": None if e < 0 else errors[e], "spends_attempt": bool(spends)}
+        for i, bad, after, e, spends in zip(_unpack("q", doc["ids"]), doc["failed"],
+                                            _unpack("d", doc["after_s"]),
+                                            _unpack("i", doc["error_of"]),
+                                            doc["spends_attempt"], strict=True)]
     return outcomes

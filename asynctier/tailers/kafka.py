@@ -3,10 +3,13 @@
 Loop: ``consume(n)`` a batch, turn it into Items (no decoding here: the scheduler decodes),
 start the submit call, and while it runs fetch the next batch (at most ``max_in_flight``
 batches under way). Batches are resolved in order: every non-ok outcome is handed off to a
-delay or dead-letter topic, the hand-off is confirmed (flush returned 0, every delivery
-report good), and only then the batch's offsets are committed, per partition highest + 1.
-A failed hand-off means no commit and another try. A partition that is revoked gets its
-batches finished and committed in the revoke callback; a lost partition is never committed.
+delay or dead-letter topic, and the batch waits, uncommitted, while those records travel.
+When the next batch is resolved (or the loop has nothing else to do) the hand-offs are
+confirmed (flush returned 0, every delivery report good) and only then the waiting batches'
+offsets are committed, oldest first, per partition highest + 1: the wait for delivery
+overlaps with the next batch's work instead of stalling the loop. A failed hand-off means
+no commit and another try. A partition that is revoked gets its batches finished,
+confirmed and committed in the revoke callback; a lost partition is never committed.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from asynctier.delay_streams.handoff import Handoff, parcel_from_message
+from asynctier.delay_streams.handoff import Handoff
 from asynctier.platform import metrics, wire
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
@@ -54,6 +57,13 @@ class _Batch:
     messages: list[Any]
     call: PendingCall
     started: float = field(default_factory=time.monotonic)
+    outcomes: list[Outcome] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def handed_off(self) -> bool:
+        """True when some of its records went to a delay or dead-letter topic."""
+        return self.counts["ok"] != len(self.messages)
 
 
 def consumer_config(settings: Settings, group: str, options: TailerOptions) -> dict[str, Any]:
@@ -94,6 +104,7 @@ class KafkaTailer:
         self.group = settings.names.group(binding.name)
         self.handoff = Handoff(settings)
         self._in_flight: deque[_Batch] = deque()
+        self._handed: list[_Batch] = []  # resolved, hand-offs not yet confirmed: uncommitted
         self._next: list[Any] = []
         self._next_since = 0.0
         self._lost: set[tuple[str, int]] = set()
@@ -149,6 +160,9 @@ class KafkaTailer:
             self._next = []
             self._submit(nxt)
         elif not in_flight:
+            if self._handed:  # nothing else to do: confirm and commit what was handed off
+                self._settle()
+                return
             first = consumer.poll(self.options.idle_poll_s)
             if first is not None:
                 self._next_since = time.monotonic()
@@ -188,15 +202,32 @@ class KafkaTailer:
         batch = self._in_flight[0]
         if not self._wait_in_group(batch):
             return  # a revoke served while waiting resolved and committed it
-        outcomes = batch.call.result(self._stop)
-        counts = self._hand_off(batch, outcomes)
+        batch.outcomes = _complete(batch.call.result(self._stop), len(batch.messages))
+        # The hand-offs of earlier batches have been on their way while this one ran:
+        # confirm and commit them first, so that the wait for their delivery overlaps
+        # with work instead of stalling the loop.
+        self._settle()
         self._in_flight.popleft()
-        self._fault.reached("before-commit")
-        self._commit(batch.messages)
         metrics.add_in_flight(COMPONENT, self.binding.name, -len(batch.messages))
-        metrics.count_batch(COMPONENT, self.binding.name)
-        metrics.record_outcomes(self.binding.name, self.binding.tenant, counts)
-        self.stats.update(counts)
+        self._hand_off(batch)
+        self._handed.append(batch)
+        if not batch.handed_off:
+            self._settle()  # nothing to confirm: commit now
+
+    def _settle(self) -> None:
+        """Confirm every hand-off made so far, then commit those batches, oldest first."""
+        handed = self._handed
+        if not handed:
+            return
+        if any(batch.handed_off for batch in handed):
+            self._confirm()
+        self._handed = []
+        for batch in handed:
+            self._fault.reached("before-commit")
+            self._commit(batch.messages)
+            metrics.count_batch(COMPONENT, self.binding.name)
+            metrics.record_outcomes(self.binding.name, self.binding.tenant, batch.counts)
+            self.stats.update(batch.counts)
 
     def _wait_in_group(self, batch: _Batch) -> bool:
         """Wait for a batch's answer while polling the consumer (its partitions paused).
@@ -229,32 +260,40 @@ class KafkaTailer:
                     consumer.resume(paused)
         return True
 
-    def _hand_off(self, batch: _Batch, outcomes: list[Outcome]) -> Counter[str]:
-        """Hand off every non-ok outcome and confirm; retry until delivered or stopping."""
-        outcomes = _complete(outcomes, len(batch.messages))
+    def _hand_off(self, batch: _Batch) -> None:
+        """Produce every non-ok outcome of ``batch`` (confirmed later, by :meth:`_confirm`);
+        retry until produced or stopping."""
         while True:
-            counts: Counter[str] = Counter()
             try:  # produce() itself can refuse a record (too large once headers are added)
-                for outcome in outcomes:
-                    if outcome["status"] == "ok":
-                        counts["ok"] += 1
-                        continue
-                    msg = batch.messages[outcome["id"]]
-                    parcel = parcel_from_message(msg)
-                    counts[self.handoff.resolve(self.binding, parcel, outcome)] += 1
-                if counts["ok"] == len(batch.messages):
-                    return counts
-                self.handoff.confirm()
-                return counts
+                batch.counts = self.handoff.resolve_messages(self.binding, batch.messages,
+                                                             batch.outcomes)
+                return
             except HandoffError as exc:
-                metrics.count_handoff_failure(self.binding.topic)
-                log.error("binding %s: hand-off of %d record(s) to delay/dead-letter topics "
-                          "was not confirmed (%s); not committing, trying again in %gs. "
-                          "Check that the delay and dead-letter topics exist and accept "
-                          "records of this size.", self.binding.name,
-                          len(batch.messages) - counts["ok"], exc, self.options.handoff_retry_s)
-                if self._stop.wait(self.options.handoff_retry_s):
-                    raise SchedulerUnavailable("stopping with an unconfirmed hand-off") from exc
+                self._handoff_failed(exc, len(batch.messages))
+
+    def _confirm(self) -> None:
+        """Wait until every hand-off produced so far is delivered; when one was not, produce
+        the hand-offs of every unconfirmed batch again (never commit over a lost one)."""
+        while True:
+            try:
+                self.handoff.confirm()
+                return
+            except HandoffError as exc:
+                self._handoff_failed(exc, sum(len(b.messages) - b.counts["ok"]
+                                              for b in self._handed))
+            for batch in self._handed:
+                if batch.handed_off:
+                    self._hand_off(batch)
+
+    def _handoff_failed(self, exc: HandoffError, records: int) -> None:
+        metrics.count_handoff_failure(self.binding.topic)
+        log.error("binding %s: hand-off of %d record(s) to delay/dead-letter topics "
+                  "was not confirmed (%s); not committing, trying again in %gs. "
+                  "Check that the delay and dead-letter topics exist and accept "
+                  "records of this size.", self.binding.name, records, exc,
+                  self.options.handoff_retry_s)
+        if self._stop.wait(self.options.handoff_retry_s):
+            raise SchedulerUnavailable("stopping with an unconfirmed hand-off") from exc
 
     def _commit(self, messages: list[Any]) -> None:
         high: dict[tuple[str, int], int] = {}
@@ -289,6 +328,7 @@ class KafkaTailer:
         try:
             while self._in_flight:
                 self._resolve_oldest()
+            self._settle()
             self._commit_positions(partitions)
         finally:
             self._commit_sync = False
@@ -349,6 +389,7 @@ class KafkaTailer:
             self._drain(gone)
         except SchedulerUnavailable:
             self._in_flight.clear()
+            self._handed = []
         finally:
             self._in_revoke = False
 

@@ -1,0 +1,100 @@
+"""``Handoff.resolve_messages`` (a batch at once, with the retry-flood fast path) writes the
+same records, headers and counts as ``Handoff.resolve`` on each record (pure logic: the
+producer is a recorder; the real hand-off is proven by the delay and fault suites)."""
+
+from __future__ import annotations
+
+from typing import Any
+from unittest import mock
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asynctier.delay_streams import handoff as handoff_module
+from asynctier.delay_streams.handoff import Handoff, parcel_from_message
+from asynctier.platform import names as n
+from asynctier.platform.binding import Binding
+from asynctier.platform.config import Settings
+from asynctier.platform.wire import Outcome, failed, ok, retry
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, bytes | None, bytes | None, list[Any]]] = []
+
+    def produce(self, topic: str, value: bytes | None, key: bytes | None = None,
+                headers: list[Any] | None = None, timestamp_ms: int = 0) -> None:
+        self.records.append((topic, value, key, list(headers or [])))
+
+
+class _Msg:
+    def __init__(self, offset: int, headers: list[tuple[str, bytes | None]] | None) -> None:
+        self._offset = offset
+        self._headers = headers
+
+    def topic(self) -> str:
+        return "orders"
+
+    def partition(self) -> int:
+        return self._offset % 3
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes:
+        return b'{"n": %d}' % self._offset
+
+    def key(self) -> bytes | None:
+        return None if self._offset % 2 else b"k%d" % self._offset
+
+    def headers(self) -> list[tuple[str, bytes | None]] | None:
+        return self._headers
+
+
+HEADERS = st.one_of(
+    st.none(),
+    st.just([("trace", b"abc")]),
+    st.just([(n.H_ATTEMPT, b"3"), (n.H_ORIGIN, b"orders/1/9"), (n.H_FIRST_SEEN, b"1000")]),
+)
+OUTCOME = st.sampled_from(["ok", "retry", "retry-after", "held", "failed", "retry-other"])
+
+
+def _outcome(kind: str, i: int) -> Outcome:
+    return {
+        "ok": lambda: ok(i),
+        "retry": lambda: retry(i, "RuntimeError: boom"),
+        "retry-other": lambda: retry(i, "ValueError: other"),
+        "retry-after": lambda: retry(i, "later", after_s=7.0),
+        "held": lambda: retry(i, "over quota", after_s=2.5, spends_attempt=False),
+        "failed": lambda: failed(i, "rejected: no"),
+    }[kind]()
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.tuples(HEADERS, OUTCOME), min_size=1, max_size=30),
+       max_attempts=st.sampled_from([1, 2, 5]))
+def test_the_batch_path_writes_what_the_record_path_writes(
+        rows: list[tuple[Any, str]], max_attempts: int) -> None:
+    with mock.patch.object(handoff_module.time, "time", lambda: 1_700_000_000.0):
+        _compare(rows, max_attempts)
+
+
+def _compare(rows: list[tuple[Any, str]], max_attempts: int) -> None:
+    binding = Binding("b", "orders", "tests.funcs.basic:record",
+                      retry_ladder_s=(1.0, 2.0, 4.0), max_attempts=max_attempts)
+    messages = [_Msg(i, headers) for i, (headers, _) in enumerate(rows)]
+    outcomes = [_outcome(kind, i) for i, (_, kind) in enumerate(rows)]
+
+    batch, single = _Recorder(), _Recorder()
+    by_batch = Handoff(Settings(), producer=batch)  # type: ignore[arg-type]
+    by_record = Handoff(Settings(), producer=single)  # type: ignore[arg-type]
+    counts = by_batch.resolve_messages(binding, messages, outcomes)
+    expected: dict[str, int] = {}
+    for msg, outcome in zip(messages, outcomes, strict=True):
+        got = by_record.resolve(binding, parcel_from_message(msg), outcome)
+        expected[got] = expected.get(got, 0) + 1
+
+    assert sorted(batch.records, key=repr) == sorted(single.records, key=repr)
+    assert dict(counts) == expected
+    assert by_batch._retries == by_record._retries
+    assert by_batch._dead == by_record._dead
