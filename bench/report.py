@@ -26,6 +26,15 @@ class Results:
     limiter_used: bool | None = None
     profiles: dict[str, Profile] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    #: every round of the interleaved asynctier scenarios (no-op, limiter, flood); ``rows``
+    #: holds, per scenario, the round of the median rate
+    rounds: list[dict[str, Row]] = field(default_factory=list)
+
+    def keep_median_rows(self) -> None:
+        """Put each repeated scenario's median-rate round in ``rows``."""
+        for key in {k for r in self.rounds for k in r}:
+            runs = sorted((r[key] for r in self.rounds if key in r), key=lambda row: row.rate)
+            self.rows[key] = runs[(len(runs) - 1) // 2]
 
     def rate(self, key: str) -> float | None:
         """Items/s of row ``key`` (None when it was not measured)."""
@@ -33,7 +42,13 @@ class Results:
         return row.rate if row is not None and row.rate > 0 else None
 
     def ratio(self, key: str, over: str) -> float | None:
-        """rate(key) / rate(over)."""
+        """rate(key) / rate(over); for scenarios measured in rounds, the median of the
+        rounds' ratios (each round runs both back to back, so a slow spell of the machine
+        weighs on both sides of a ratio, not on one)."""
+        pairs = [r[key].rate / r[over].rate for r in self.rounds
+                 if key in r and over in r and r[key].rate > 0 and r[over].rate > 0]
+        if pairs:
+            return sorted(pairs)[(len(pairs) - 1) // 2]
         a, b = self.rate(key), self.rate(over)
         return a / b if a is not None and b is not None else None
 
@@ -152,6 +167,30 @@ def _cpu_split(results: Results) -> list[str]:
     return [*lines, ""]
 
 
+def _rounds_table(results: Results) -> list[str]:
+    if len(results.rounds) < 2:
+        return []
+    lines = ["## Rounds", "",
+             f"The asynctier scenarios ran in {len(results.rounds)} interleaved rounds "
+             "(no-op, limiter, flood, then again). The throughput table shows each "
+             "scenario's median round; the flood and limiter targets take the median of "
+             "the rounds' ratios.", "",
+             "| round | no-op records/s | limiter records/s | flood records/s "
+             "| limiter / no-op | flood / no-op |", "|--:|--:|--:|--:|--:|--:|"]
+    for i, r in enumerate(results.rounds, 1):
+        def rate(key: str, r: dict[str, Row] = r) -> str:
+            return f"{r[key].rate:,.0f}" if key in r else "n/a"
+
+        def share(key: str, r: dict[str, Row] = r) -> str:
+            if key in r and "asynctier" in r and r["asynctier"].rate > 0:
+                return f"{r[key].rate / r['asynctier'].rate:.2f}"
+            return "n/a"
+
+        lines.append(f"| {i} | {rate('asynctier')} | {rate('limiter')} | {rate('flood')} "
+                     f"| {share('limiter')} | {share('flood')} |")
+    return [*lines, ""]
+
+
 def _targets_table(results: Results) -> list[str]:
     lines = ["| target | wanted | measured | met |", "|---|--:|--:|---|"]
     head = results.headline()
@@ -255,6 +294,7 @@ def render(results: Results) -> str:
     if notes:
         out += ["Notes:", "", *notes, ""]
     out += ["## Targets", "", *_targets_table(results), ""]
+    out += _rounds_table(results)
     if results.latency is not None:
         out += ["## Latency (record-to-start)", "", *_latency_lines(results.latency), ""]
     if results.memory:

@@ -59,11 +59,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
                    help="py-spy the tailer and scheduler (auto: when a target is missed, "
                         "not in --quick)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="interleaved rounds of the no-op, limiter and flood runs; their "
+                        "ratios are medians over the rounds [3; quick 1]")
     p.add_argument("--out", type=Path, help="results file [bench/RESULTS.md; quick: none]")
     args = p.parse_args(argv)
     quick = args.quick
     args.records = args.records or (20_000 if quick else 200_000)
     args.peer_records = min(args.peer_records or (2_000 if quick else 20_000), args.records)
+    args.rounds = max(1, args.rounds or (1 if quick else 3))
     args.latency_seconds = args.latency_seconds or (5.0 if quick else 30.0)
     backlogs = args.backlogs or ("5000,50000" if quick else "10000,500000")
     args.backlogs = [int(x) for x in backlogs.split(",") if x.strip()]
@@ -100,8 +104,10 @@ class Runner:
         print(f"   ({time.monotonic() - started:.1f} s)", flush=True)
 
     def row(self, key: str, row: scenarios.Row) -> None:
-        """Keep a row and print it."""
+        """Keep a row (in the current round too) and print it."""
         self.results.rows[key] = row
+        if key in ("asynctier", "limiter", "flood") and self.results.rounds:
+            self.results.rounds[-1][key] = row
         print(f"   {row.name}: {row.items:,} in {row.seconds:.2f} s = {row.rate:,.0f}/s, "
               f"{row.cpu_per_1k:.3f} CPU-s/1k" + (f"; {row.note}" if row.note else ""),
               flush=True)
@@ -114,11 +120,16 @@ class Runner:
         self.step("raw", lambda: self.row("raw", scenarios.kafka_loop(s, self.topic, n, "raw")))
         self.step("client", lambda: self.row(
             "client", scenarios.kafka_loop(s, self.topic, n, "client")))
-        self.step("asynctier", lambda: self.row(
-            "asynctier", scenarios.asynctier_noop(s, f, self.topic, n)))
-        self.step("limiter", self._limiter)
-        self.step("flood", lambda: self.row(
-            "flood", scenarios.asynctier_flood(s, f, self.topic, n)))
+        for round_ in range(a.rounds):
+            if a.rounds > 1:
+                print(f"-- round {round_ + 1} of {a.rounds}", flush=True)
+            self.results.rounds.append({})
+            self.step("asynctier", lambda: self.row(
+                "asynctier", scenarios.asynctier_noop(s, f, self.topic, n)))
+            self.step("limiter", self._limiter)
+            self.step("flood", lambda: self.row(
+                "flood", scenarios.asynctier_flood(s, f, self.topic, n)))
+        self.results.keep_median_rows()
         self.step("latency", self._latency)
         values: list[bytes] = []
         if {"celery", "dramatiq"} & a.only:
