@@ -63,7 +63,8 @@ _SAFETY = {"enable.auto.commit": False, "enable.auto.offset.store": False}
 
 def tailer_consumer_config(settings: Settings, group: str, *, session_timeout_ms: int,
                            max_poll_interval_ms: int, fetch_wait_max_ms: int,
-                           queued_max_kbytes: int) -> dict[str, Any]:
+                           queued_max_kbytes: int,
+                           fetch_max_bytes: int | None = None) -> dict[str, Any]:
     """The consumer settings of every tailer (main and delay).
 
     The arguments are defaults that the operator's ``[kafka]`` table may tune (for example
@@ -78,6 +79,8 @@ def tailer_consumer_config(settings: Settings, group: str, *, session_timeout_ms
         "fetch.wait.max.ms": fetch_wait_max_ms,
         "queued.max.messages.kbytes": queued_max_kbytes,
     }
+    if fetch_max_bytes is not None:
+        conf["fetch.max.bytes"] = fetch_max_bytes
     conf.update(settings.kafka)
     conf.update(_SAFETY)
     conf["group.id"] = group

@@ -68,10 +68,14 @@ class _Batch:
 
 def consumer_config(settings: Settings, group: str, options: TailerOptions) -> dict[str, Any]:
     """The main tailer's consumer (see :func:`tailer_consumer_config`)."""
+    # Read-ahead is bounded (2 MiB queued, 1 MiB fetches: some 10,000 records of 100
+    # bytes, a fraction of a second of work) so that a tailer's memory does not grow with
+    # the backlog behind it; a larger record still comes through whole.
     return tailer_consumer_config(settings, group,
                                   session_timeout_ms=options.session_timeout_ms,
                                   max_poll_interval_ms=options.max_poll_interval_ms,
-                                  fetch_wait_max_ms=50, queued_max_kbytes=32768)
+                                  fetch_wait_max_ms=50, queued_max_kbytes=2048,
+                                  fetch_max_bytes=1 << 20)
 
 
 def _complete(outcomes: list[Outcome], n: int) -> list[Outcome]:
