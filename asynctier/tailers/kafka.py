@@ -112,6 +112,7 @@ class KafkaTailer:
         self._next: list[Any] = []
         self._next_since = 0.0
         self._lost: set[tuple[str, int]] = set()
+        self._owned: set[tuple[str, int]] = set()  # assigned, neither revoked nor lost
         self._consumer: Consumer | None = None
         self._stop = threading.Event()
         self.stats: Counter[str] = Counter()
@@ -158,7 +159,13 @@ class KafkaTailer:
             self._next_since = now
         if len(nxt) < size:
             wait = max(0.0, self.options.linger_s - (now - self._next_since)) if in_flight else 0
-            nxt += consumer.consume(size - len(nxt), wait)
+            got = consumer.consume(size - len(nxt), wait)
+            # consume() serves rebalance callbacks: a revoke or a loss replaces self._next
+            # by a list without the records of the partitions gone, so the list is taken
+            # again here (one held across the call would run those records here while
+            # their new owner runs them too, or drop what consume() returned).
+            nxt = self._next
+            nxt += got
         if nxt and (len(nxt) >= size or not in_flight
                     or time.monotonic() - self._next_since >= self.options.linger_s):
             self._next = []
@@ -170,17 +177,22 @@ class KafkaTailer:
             first = consumer.poll(self.options.idle_poll_s)
             if first is not None:
                 self._next_since = time.monotonic()
-                self._next = [first, *consumer.consume(size - 1, 0)]
+                self._next = [first]
+                got = consumer.consume(size - 1, 0)  # may serve a rebalance (see above)
+                self._next += got
 
     def _submit(self, messages: list[Any]) -> None:
         name = self.binding.name
         good: list[Any] = []
         cols = wire.Columns()
         add = cols.add
+        owned = self._owned
         for msg in messages:
             if msg.error() is not None:
                 self._log_consume_error(msg.error())
                 continue
+            if (msg.topic(), msg.partition()) not in owned:
+                continue  # revoked or lost since it was read: its new owner runs it
             add(name, msg.value(), msg.key(), msg.headers(), 1,
                 f"{msg.topic()}/{msg.partition()}/{msg.offset()}", msg.timestamp()[1])
             good.append(msg)
@@ -306,8 +318,11 @@ class KafkaTailer:
             off = msg.offset()
             if off >= high.get(tp, -1):
                 high[tp] = off
+        # Only partitions this tailer still owns: a position committed for a partition
+        # another consumer took over (here, or later by _commit_positions at stop) would
+        # move that consumer's committed offset back.
         offsets = [TopicPartition(t, p, o + 1) for (t, p), o in high.items()
-                   if (t, p) not in self._lost]
+                   if (t, p) not in self._lost and (t, p) in self._owned]
         if not offsets or self._consumer is None:
             return
         for done in offsets:
@@ -328,18 +343,19 @@ class KafkaTailer:
         """Resolve every batch under way, then commit synchronously where this tailer
         stands on ``partitions`` (all when None): an asynchronous commit still on its way
         must land before another consumer takes a partition over."""
-        self._commit_sync = True
+        was_sync, self._commit_sync = self._commit_sync, True
         try:
             while self._in_flight:
                 self._resolve_oldest()
             self._settle()
             self._commit_positions(partitions)
         finally:
-            self._commit_sync = False
+            self._commit_sync = was_sync  # a revoke served while stopping keeps it synchronous
 
     def _commit_positions(self, partitions: set[tuple[str, int]] | None) -> None:
         mine = [TopicPartition(t, p, o) for (t, p), o in self._committed.items()
-                if (partitions is None or (t, p) in partitions) and (t, p) not in self._lost]
+                if (partitions is None or (t, p) in partitions) and (t, p) not in self._lost
+                and (t, p) in self._owned]
         if partitions is not None:
             for tp in partitions:
                 self._committed.pop(tp, None)
@@ -377,6 +393,7 @@ class KafkaTailer:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             self._lost.discard((tp.topic, tp.partition))
+            self._owned.add((tp.topic, tp.partition))
         log.info("binding %s: assigned %s", self.binding.name,
                  ", ".join(f"{tp.topic}/{tp.partition}" for tp in partitions) or "nothing")
 
@@ -396,6 +413,7 @@ class KafkaTailer:
             self._handed = []
         finally:
             self._in_revoke = False
+            self._owned -= gone
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.warning("binding %s: lost %s; their batches under way will not be committed",
@@ -403,4 +421,6 @@ class KafkaTailer:
                     ", ".join(f"{tp.topic}/{tp.partition}" for tp in partitions))
         for tp in partitions:
             self._lost.add((tp.topic, tp.partition))
+            self._owned.discard((tp.topic, tp.partition))
+            self._committed.pop((tp.topic, tp.partition), None)  # never committed again
         self._next = [m for m in self._next if (m.topic(), m.partition()) not in self._lost]

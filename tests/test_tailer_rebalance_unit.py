@@ -1,0 +1,102 @@
+"""The tailer loop when a rebalance callback runs inside ``consume()`` (pure logic: the
+consumer is a stand-in that serves the callback the way librdkafka does, from inside the
+call). The records of a partition revoked there are not run by this tailer (its new owner
+runs them), and the records ``consume()`` returned are not dropped when a partition is lost.
+The real rebalances are exercised by tests/faults (rolling restarts, crashes)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, deque
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from asynctier.tailers.kafka import KafkaTailer, TailerOptions, _Batch
+
+
+class _Msg:
+    def __init__(self, partition: int, offset: int) -> None:
+        self.p, self.o = partition, offset
+
+    def topic(self) -> str:
+        return "t"
+
+    def partition(self) -> int:
+        return self.p
+
+    def offset(self) -> int:
+        return self.o
+
+    def error(self) -> None:
+        return None
+
+
+class _TP:
+    def __init__(self, partition: int) -> None:
+        self.topic, self.partition = "t", partition
+
+
+class _Call:
+    def __init__(self) -> None:
+        self.future: Future[bytes] = Future()
+
+
+def _tailer(mode: str) -> tuple[KafkaTailer, Any, list[list[tuple[int, int]]]]:
+    tailer = KafkaTailer.__new__(KafkaTailer)
+    tailer.options = TailerOptions(batch_size=100, max_in_flight=2, linger_s=10.0)
+    tailer._in_flight, tailer._handed = deque(), []
+    tailer._lost, tailer._committed, tailer.stats = set(), {}, Counter()
+    tailer._owned = {("t", 0), ("t", 1)}
+    tailer._in_revoke = tailer._commit_sync = False
+    tailer._stop = threading.Event()
+    tailer.binding = type("B", (), {"name": "orders", "topic": "t"})()
+    submitted: list[list[tuple[int, int]]] = []
+
+    def submit(messages: list[_Msg]) -> None:
+        submitted.append([(m.p, m.o) for m in messages])
+
+    tailer._submit = submit  # type: ignore[method-assign]
+    tailer._drain = lambda partitions=None: tailer._in_flight.clear()  # type: ignore[method-assign]
+
+    class Consumer:
+        calls = 0
+
+        def consume(self, n: int, wait: float) -> list[_Msg]:
+            self.calls += 1
+            if self.calls == 1:  # partition 0 goes away while consume() runs
+                callback = tailer._on_revoke if mode == "revoke" else tailer._on_lost
+                callback(self, [_TP(0)])  # type: ignore[arg-type,list-item]
+                return [_Msg(1, 10)]
+            return [_Msg(1, 11)]
+
+        def poll(self, timeout: float) -> None:
+            return None
+
+    # one batch under way; two records of partition 0 read and waiting to leave
+    tailer._in_flight.append(_Batch([_Msg(1, 1)], _Call()))  # type: ignore[arg-type]
+    tailer._next = [_Msg(0, 5), _Msg(0, 6)]
+    tailer._next_since = time.monotonic()
+    return tailer, Consumer(), submitted
+
+
+@pytest.mark.parametrize("mode", ["revoke", "lost"])
+def test_records_of_a_partition_gone_inside_consume_are_not_run_and_others_kept(
+        mode: str) -> None:
+    logging.disable(logging.CRITICAL)
+    try:
+        tailer, consumer, submitted = _tailer(mode)
+        for _ in range(3):
+            tailer._step(consumer)
+        tailer._next_since = 0.0  # the linger is over: what waits leaves now
+        tailer._step(consumer)
+    finally:
+        logging.disable(logging.NOTSET)
+    sent = [rec for batch in submitted for rec in batch] + [
+        (m.p, m.o) for m in tailer._next]
+    assert (0, 5) not in sent and (0, 6) not in sent  # the partition's new owner runs them
+    assert (1, 10) in sent  # what consume() returned in the same call is not dropped
+    assert ("t", 0) not in tailer._owned
