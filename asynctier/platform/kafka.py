@@ -81,6 +81,9 @@ def tailer_consumer_config(settings: Settings, group: str, *, session_timeout_ms
     }
     if fetch_max_bytes is not None:
         conf["fetch.max.bytes"] = fetch_max_bytes
+        # When the read-ahead is full, fetch again soon after it drains, not a second
+        # later (librdkafka's default backoff): a small read-ahead must not stall reading.
+        conf["fetch.queue.backoff.ms"] = 5
     conf.update(settings.kafka)
     conf.update(_SAFETY)
     conf["group.id"] = group
