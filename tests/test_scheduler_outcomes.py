@@ -169,3 +169,27 @@ def test_big_mixed_batch_gets_every_outcome(sched: Running) -> None:
     outcomes = sched.submit(batch)
     statuses = [o["status"] for o in outcomes.values()]
     assert statuses.count("ok") == 3000 and statuses.count("retry") == 500
+
+
+class _Custom(Exception):
+    def __init__(self, n: int) -> None:
+        super().__init__("same args")
+        self.n = n
+
+    def __str__(self) -> str:
+        return f"custom {self.n}"
+
+
+def test_error_text_is_the_exception_text_whether_remembered_or_not() -> None:
+    from asynctier.platform.scheduler.outcomes import MAX_ERROR, error_text
+
+    for _ in range(2):  # the second round comes from memory where it may
+        assert error_text(RuntimeError("boom")) == "RuntimeError: boom"
+        assert error_text(ValueError("boom")) == "ValueError: boom"
+        assert error_text(RuntimeError(True)) == "RuntimeError: True"
+        assert error_text(RuntimeError(1)) == "RuntimeError: 1"
+        assert error_text(RuntimeError([1])) == "RuntimeError: [1]"
+        assert error_text(_Custom(1)) == "_Custom: custom 1"
+        assert error_text(_Custom(2)) == "_Custom: custom 2"
+        long = error_text(RuntimeError("x" * 2000))
+        assert len(long) == MAX_ERROR and long.endswith("...")

@@ -77,7 +77,7 @@ def _tailer(mode: str) -> tuple[KafkaTailer, Any, list[list[tuple[int, int]]]]:
             return None
 
     # one batch under way; two records of partition 0 read and waiting to leave
-    tailer._in_flight.append(_Batch([_Msg(1, 1)], _Call()))  # type: ignore[arg-type]
+    tailer._in_flight.append(_Batch([_Msg(1, 1)], _Call(), {("t", 1): 1}))  # type: ignore[arg-type]
     tailer._next = [_Msg(0, 5), _Msg(0, 6)]
     tailer._next_since = time.monotonic()
     return tailer, Consumer(), submitted

@@ -56,6 +56,7 @@ class TailerOptions:
 class _Batch:
     messages: list[Any]
     call: PendingCall
+    high: dict[tuple[str, int], int]  # per partition, the highest offset in the batch
     started: float = field(default_factory=time.monotonic)
     outcomes: list[Outcome] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
@@ -187,20 +188,25 @@ class KafkaTailer:
         cols = wire.Columns()
         add = cols.add
         owned = self._owned
+        high: dict[tuple[str, int], int] = {}  # per partition, the highest offset
         for msg in messages:
             if msg.error() is not None:
                 self._log_consume_error(msg.error())
                 continue
-            if (msg.topic(), msg.partition()) not in owned:
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            tp = (topic, partition)
+            if tp not in owned:
                 continue  # revoked or lost since it was read: its new owner runs it
             add(name, msg.value(), msg.key(), msg.headers(), 1,
-                f"{msg.topic()}/{msg.partition()}/{msg.offset()}", msg.timestamp()[1])
+                f"{topic}/{partition}/{offset}", msg.timestamp()[1])
             good.append(msg)
+            if offset > high.get(tp, -1):
+                high[tp] = offset
         if not good:
             return
         self._fault.reached("before-rpc")
         self._in_flight.append(_Batch(good, self.client.submit_encoded(cols.encode(),
-                                                                        len(good))))
+                                                                        len(good)), high))
         self._fault.reached("mid-batch")
         metrics.add_in_flight(COMPONENT, name, len(good))
 
@@ -240,7 +246,7 @@ class KafkaTailer:
         self._handed = []
         for batch in handed:
             self._fault.reached("before-commit")
-            self._commit(batch.messages)
+            self._commit(batch.high)
             metrics.count_batch(COMPONENT, self.binding.name)
             metrics.record_outcomes(self.binding.name, self.binding.tenant, batch.counts)
             self.stats.update(batch.counts)
@@ -311,13 +317,8 @@ class KafkaTailer:
         if self._stop.wait(self.options.handoff_retry_s):
             raise SchedulerUnavailable("stopping with an unconfirmed hand-off") from exc
 
-    def _commit(self, messages: list[Any]) -> None:
-        high: dict[tuple[str, int], int] = {}
-        for msg in messages:
-            tp = (msg.topic(), msg.partition())
-            off = msg.offset()
-            if off >= high.get(tp, -1):
-                high[tp] = off
+    def _commit(self, high: dict[tuple[str, int], int]) -> None:
+        """Commit past the highest offsets of a batch (``high``: per partition)."""
         # Only partitions this tailer still owns: a position committed for a partition
         # another consumer took over (here, or later by _commit_positions at stop) would
         # move that consumer's committed offset back.

@@ -12,10 +12,28 @@ from asynctier.platform.wire import Outcome, failed, retry
 MAX_ERROR = 500
 
 
+_TEXTS: dict[tuple[type[BaseException], tuple[object, ...]], str] = {}
+
+
 def error_text(exc: BaseException) -> str:
-    """``ExcType: message``, cut to :data:`MAX_ERROR` characters."""
-    text = f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= MAX_ERROR else text[: MAX_ERROR - 3] + "..."
+    """``ExcType: message``, cut to :data:`MAX_ERROR` characters.
+
+    Remembered for exceptions whose text comes from string arguments alone (no ``__str__``
+    of their own): a failing function tends to fail the same way for every item."""
+    kind = type(exc)
+    args = exc.args
+    plain = kind.__str__ is BaseException.__str__ and all(type(a) is str for a in args)
+    if plain:
+        text = _TEXTS.get((kind, args))
+        if text is not None:
+            return text
+    text = f"{kind.__name__}: {exc}"
+    text = text if len(text) <= MAX_ERROR else text[: MAX_ERROR - 3] + "..."
+    if plain:
+        if len(_TEXTS) >= 1024:
+            _TEXTS.clear()
+        _TEXTS[(kind, args)] = text
+    return text
 
 
 def of_exception(item_id: int, exc: BaseException) -> Outcome:
