@@ -61,13 +61,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         "not in --quick)")
     p.add_argument("--rounds", type=int, default=None,
                    help="interleaved rounds of the no-op, limiter and flood runs; their "
-                        "ratios are medians over the rounds [3; quick 1]")
+                        "ratios are medians over the rounds [5; quick 1]")
     p.add_argument("--out", type=Path, help="results file [bench/RESULTS.md; quick: none]")
     args = p.parse_args(argv)
     quick = args.quick
     args.records = args.records or (20_000 if quick else 200_000)
     args.peer_records = min(args.peer_records or (2_000 if quick else 20_000), args.records)
-    args.rounds = max(1, args.rounds or (1 if quick else 3))
+    args.rounds = max(1, args.rounds or (1 if quick else 5))
     args.latency_seconds = args.latency_seconds or (5.0 if quick else 30.0)
     backlogs = args.backlogs or ("5000,50000" if quick else "10000,500000")
     args.backlogs = [int(x) for x in backlogs.split(",") if x.strip()]
