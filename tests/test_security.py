@@ -103,7 +103,8 @@ def test_client_properties_come_only_from_the_operators_config() -> None:
     conf = consumer_config(settings, "g", TailerOptions())
     fixed = {"group.id", "enable.auto.commit", "enable.auto.offset.store", "auto.offset.reset",
              "partition.assignment.strategy", "session.timeout.ms", "max.poll.interval.ms",
-             "fetch.wait.max.ms", "queued.max.messages.kbytes"}
+             "fetch.wait.max.ms", "queued.max.messages.kbytes", "fetch.max.bytes",
+             "fetch.queue.backoff.ms"}
     assert set(conf) == set(operator) | fixed
     assert not any(k.startswith(("plugin.", "ssl.engine")) for k in conf)
 
