@@ -99,16 +99,16 @@ def _wait_pids(run: AsynctierRun, timeout_s: float = 30.0) -> dict[str, int]:
 
 
 def profile_drain(services: Services, folder: Path, topic: str, n: int,
-                  function: str = "noop") -> Profile:
-    """Drain ``topic`` with ``bench.noop:<function>`` under py-spy; the summary per
-    process."""
+                  function: str = "noop", bind_args: tuple[str, ...] = ()) -> Profile:
+    """Drain ``topic`` with ``bench.noop:<function>`` (bound with ``bind_args`` more, for
+    example a rate) under py-spy; the summary per process."""
     exe = py_spy()
     if exe is None:
         raise BenchError("py-spy is not installed (pip install py-spy)")
     spies: dict[str, subprocess.Popen[bytes]] = {}
     files = {t: folder / f"profile-{function}-{t}.txt" for t in TARGETS}
     with platform(services, folder, f"profile-{function}") as run:
-        run.bind(function, topic, function)
+        run.bind(function, topic, function, *bind_args)
         progress = GroupProgress(services.kafka_bootstrap, run.group(function), topic)
 
         def attach() -> None:

@@ -96,6 +96,65 @@ def test_a_take_larger_than_the_burst_waits_in_one_round_trip(settings: Settings
     assert 0.45 <= elapsed <= 0.7, elapsed
 
 
+def test_a_fast_binding_that_takes_spare_tokens_ahead_never_exceeds_its_rate(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    # 20,000/s with a burst of 2,000: a take asks for 50 ms (1,000 tokens) of spare, granted
+    # only from what the bucket holds. Two schedulers x 4 tasks take 50 at a time for 1.5 s,
+    # faster than the rate: the limit binds.
+    binding = BASE.with_changes(rate_per_s=20_000.0, burst=2_000)
+    chunk, seconds = 50, 1.5
+    granted: list[tuple[float, int]] = []
+    calls_before = _script_calls(redis_client)
+
+    async def scheduler(admission: RedisAdmission, until: float) -> None:
+        while time.monotonic() < until:
+            await admission.take_tokens(binding, chunk)
+            granted.append((time.monotonic(), chunk))
+
+    async def scenario() -> float:
+        async with admissions(settings, 2) as (a, b):
+            start = time.monotonic()
+            await asyncio.gather(*(scheduler(x, start + seconds) for x in (a, b)
+                                   for _ in range(4)))
+            return start
+
+    start = asyncio.run(scenario())
+    calls = _script_calls(redis_client) - calls_before
+    taken = sum(n for _, n in granted)
+    elapsed = max(t for t, _ in granted) - start
+    print(f"\nbinding: {len(granted)} takes, {calls} script calls, {taken} tokens in "
+          f"{elapsed:.2f} s (limit {2_000 + 20_000 * elapsed:.0f})")
+    # never more than the burst plus the rate over the time (tokens come from the bucket)
+    assert taken <= 2_000 + 20_000 * elapsed
+    # and close to it: the limit binds here, spare tokens are not lost in bulk
+    assert taken >= 0.8 * 20_000 * elapsed
+
+
+def test_a_never_binding_limit_serves_most_takes_without_a_round_trip(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    binding = BASE.with_changes(rate_per_s=1_000_000.0)  # spare: 50,000 tokens a take
+    calls_before = _script_calls(redis_client)
+
+    async def scenario() -> int:
+        async with admissions(settings, 2) as (a, b):
+            for _ in range(100):
+                for admission in (a, b):
+                    await admission.take_tokens(binding, 1000)
+            assert not a.stats.throttled and not b.stats.throttled
+        return 200
+
+    takes = asyncio.run(scenario())
+    calls = _script_calls(redis_client) - calls_before
+    print(f"\nnever binding: {takes} takes of 1,000, {calls} script calls")
+    assert calls <= takes / 10, (calls, takes)
+
+
+def _script_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha",
+                                                                     "cmdstat_eval"))
+
+
 def test_unlimited_binding_takes_no_tokens(settings: Settings) -> None:
     async def scenario() -> None:
         async with admissions(settings, 1) as (a,):

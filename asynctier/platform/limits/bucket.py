@@ -58,12 +58,29 @@ class TokenBucket:
         self._tokens = min(self._tokens, burst)
 
 
-class RedisBucket:
-    """One token bucket per binding in Redis, shared by every scheduler."""
+#: A fast binding's scheduler takes this many seconds' worth of its rate ahead ...
+SPARE_S = 0.05
+#: ... when that is at least this many tokens (a slower binding pays a round trip per
+#: take, which is then at most a few a second per batch size).
+MIN_SPARE = 100
 
-    def __init__(self, client: Redis, names: Names) -> None:
+
+class RedisBucket:
+    """One token bucket per binding in Redis, shared by every scheduler.
+
+    For a fast binding (see :data:`SPARE_S`) a take also asks for spare tokens, granted
+    only from what the bucket holds (never into debt); later takes are served from them,
+    without a round trip, for up to :data:`SPARE_S`. Spare tokens left then are dropped:
+    the shared rate is never exceeded, and a never-binding limit costs one round trip per
+    ``SPARE_S`` instead of one per batch.
+    """
+
+    def __init__(self, client: Redis, names: Names,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._names = names
         self._take = client.register_script(TAKE_TOKENS)
+        self._clock = clock
+        self._spare: dict[str, tuple[int, float]] = {}  # binding: (tokens, usable until)
 
     def key(self, binding: str) -> str:
         """The bucket's Redis key."""
@@ -71,7 +88,20 @@ class RedisBucket:
 
     async def reserve(self, binding: Binding, n: int) -> float:
         """Take ``n`` tokens of ``binding``'s bucket; the seconds to wait (0: at once)."""
-        assert binding.rate_per_s is not None
-        wait_us = await self._take(keys=[self.key(binding.name)],
-                                   args=[binding.rate_per_s, burst_of(binding), n])
+        rate = binding.rate_per_s
+        assert rate is not None
+        name, now = binding.name, self._clock()
+        spare = self._spare.pop(name, None)
+        if spare is not None and now < spare[1]:
+            if spare[0] >= n:
+                self._spare[name] = (spare[0] - n, spare[1])
+                return 0.0
+            n -= spare[0]
+        burst = burst_of(binding)
+        want = int(min(burst, rate * SPARE_S))
+        want = want if want >= MIN_SPARE else 0
+        wait_us, granted = await self._take(keys=[self.key(name)],
+                                            args=[rate, burst, n, want])
+        if int(granted) > 0:
+            self._spare[name] = (int(granted), now + SPARE_S)
         return int(wait_us) / 1_000_000
