@@ -49,7 +49,7 @@ async def per_chunk_s(admission: Admission, binding: Binding) -> tuple[float, fl
     return (time.perf_counter() - wall) / CHUNKS, (time.process_time() - cpu) / CHUNKS
 
 
-def test_admission_costs_one_round_trip_per_step_per_chunk(settings: Settings,
+def test_admission_costs_at_most_one_round_trip_per_step_per_chunk(settings: Settings,
                                                            redis_client: redis.Redis) -> None:
     charged = Binding(name="charged", topic="t", function="m:f", tenant="acme",
                       rate_per_s=1_000_000.0)
@@ -68,9 +68,9 @@ def test_admission_costs_one_round_trip_per_step_per_chunk(settings: Settings,
             await admission.over_quota(charged, chunk_of(charged, -2))
             assert client.calls - before == 1
             await admission.take_tokens(charged, CHUNK)
-            assert client.calls - before == 2
+            assert client.calls - before == 1  # from the spare tokens of the first take
             await admission.over_quota(free, chunk_of(free, -2))
-            assert client.calls - before == 2  # a tenant known to have no quota: none
+            assert client.calls - before == 1  # a tenant known to have no quota: none
             async with admission.slot(capped):
                 pass
             before = client.calls

@@ -147,9 +147,16 @@ def test_chunk_sizer_targets_a_duration() -> None:
     assert sizer.size("fast") == 256
     chunks = sizer.split("fast", list(range(1000)))
     assert [len(c) for c in chunks] == [250, 250, 250, 250]
-    assert [len(c) for c in sizer.split("fast", list(range(1000)), spread=8)] == [125] * 8
-    assert [len(c) for c in sizer.split("fast", list(range(3)), spread=8)] == [1, 1, 1]
+    # a fast batch (1 ms in all) is not spread over idle workers: the hops would cost more
+    assert [len(c) for c in sizer.split("fast", list(range(1000)), spread=8)] == [250] * 4
+    assert [len(c) for c in sizer.split("fast", list(range(3)), spread=8)] == [3]
     assert [n for c in chunks for n in c] == list(range(1000))
+    # a long one (300 x 0.2 ms = 60 ms, over the 20 ms target) is
+    sizer.observe("slowish", 0.02, 100)
+    assert sizer.size("slowish") == 100
+    spread = sizer.split("slowish", list(range(300)), spread=8)
+    assert [len(c) for c in spread] == [38] * 7 + [34]
+    assert [n for c in spread for n in c] == list(range(300))
 
 
 # -- the bounded queue on asyncio ---------------------------------------------------------

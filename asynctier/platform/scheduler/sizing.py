@@ -47,9 +47,14 @@ class ChunkSizer:
     def split(self, binding: str, items: list[T], spread: int = 1,
               at_least: int = 1) -> list[list[T]]:
         """``items`` cut into even chunks of at most :meth:`size` items, and into at least
-        ``spread`` chunks when there are enough items (so idle workers share a batch);
-        never smaller than ``at_least`` (up to ``max_items``) items."""
-        size = min(self.size(binding), math.ceil(len(items) / max(spread, 1)))
+        ``spread`` chunks when there are enough items and the whole would hold one worker
+        longer than the target time (so idle workers share a long batch; a short one is
+        not worth the thread hops); never smaller than ``at_least`` (up to ``max_items``)
+        items."""
+        size = self.size(binding)
+        per_item = self._per_item_s.get(binding)
+        if per_item is None or len(items) * per_item > self.target_s:
+            size = min(size, math.ceil(len(items) / max(spread, 1)))
         size = max(size, min(at_least, self.max_items))
         if len(items) <= size:
             return [items]
