@@ -110,6 +110,7 @@ class KafkaTailer:
         self.handoff = Handoff(settings)
         self._in_flight: deque[_Batch] = deque()
         self._handed: list[_Batch] = []  # resolved, hand-offs not yet confirmed: uncommitted
+        self._no_more_commits = False  # set when stopping with an unconfirmed hand-off
         self._next: list[Any] = []
         self._next_since = 0.0
         self._lost: set[tuple[str, int]] = set()
@@ -315,6 +316,12 @@ class KafkaTailer:
                   "records of this size.", self.binding.name, records, exc,
                   self.options.handoff_retry_s)
         if self._stop.wait(self.options.handoff_retry_s):
+            # Stopping with records whose hand-off never landed: nothing more may be
+            # committed by this tailer (a later batch's offsets would cover them), and the
+            # batches it holds are dropped; all of it is read again from the last commit.
+            self._no_more_commits = True
+            self._in_flight.clear()
+            self._handed = []
             raise SchedulerUnavailable("stopping with an unconfirmed hand-off") from exc
 
     def _commit(self, high: dict[tuple[str, int], int]) -> None:
@@ -324,7 +331,7 @@ class KafkaTailer:
         # move that consumer's committed offset back.
         offsets = [TopicPartition(t, p, o + 1) for (t, p), o in high.items()
                    if (t, p) not in self._lost and (t, p) in self._owned]
-        if not offsets or self._consumer is None:
+        if not offsets or self._consumer is None or self._no_more_commits:
             return
         for done in offsets:
             self._committed[(done.topic, done.partition)] = done.offset
@@ -361,7 +368,7 @@ class KafkaTailer:
             for tp in partitions:
                 self._committed.pop(tp, None)
         consumer = self._consumer
-        if not mine or consumer is None:
+        if not mine or consumer is None or self._no_more_commits:
             return
         # When stopping (not inside a rebalance callback), a commit refused because the
         # group is rebalancing is tried again once the rebalance is through, for the
