@@ -1,8 +1,9 @@
-"""The tailer loop when a rebalance callback runs inside ``consume()`` (pure logic: the
-consumer is a stand-in that serves the callback the way librdkafka does, from inside the
-call). The records of a partition revoked there are not run by this tailer (its new owner
-runs them), and the records ``consume()`` returned are not dropped when a partition is lost.
-The real rebalances are exercised by tests/faults (rolling restarts, crashes)."""
+"""The tailer loop when a rebalance callback runs inside ``consume()``, and when it stops
+with an unconfirmed hand-off (pure logic: the consumer is a stand-in that serves the
+callback the way librdkafka does, from inside the call). The records of a partition revoked
+there are not run by this tailer (its new owner runs them), and the records ``consume()``
+returned are not dropped when a partition is lost; a stop during a refused hand-off commits
+nothing. The real rebalances and hand-offs are exercised by tests/faults."""
 
 from __future__ import annotations
 
@@ -100,3 +101,52 @@ def test_records_of_a_partition_gone_inside_consume_are_not_run_and_others_kept(
     assert (0, 5) not in sent and (0, 6) not in sent  # the partition's new owner runs them
     assert (1, 10) in sent  # what consume() returned in the same call is not dropped
     assert ("t", 0) not in tailer._owned
+
+
+def test_stopping_with_an_unconfirmed_hand_off_commits_nothing_after_it() -> None:
+    """A hand-off the broker refused, then a stop: the revoke at close() confirms an empty
+    producer (the failed records were never produced again) and must still not commit."""
+    from asynctier.platform.errors import HandoffError, SchedulerUnavailable
+
+    class Handoff:
+        confirms = 0
+
+        def confirm(self) -> None:
+            self.confirms += 1
+            if self.confirms == 1:
+                raise HandoffError("1 delivery failure(s): Broker: Message size too large")
+
+    class Consumer:
+        commits: list[Any] = []
+
+        def commit(self, offsets: Any, asynchronous: bool) -> None:
+            self.commits.append(offsets)
+
+        def assignment(self) -> list[Any]:
+            return []
+
+    tailer = KafkaTailer.__new__(KafkaTailer)
+    tailer.options = TailerOptions(handoff_retry_s=0.01)
+    tailer.binding = type("B", (), {"name": "orders", "topic": "t", "tenant": "x"})()
+    tailer.handoff = Handoff()  # type: ignore[assignment]
+    consumer = Consumer()
+    tailer._consumer = consumer  # type: ignore[assignment]
+    tailer._in_flight, tailer._lost, tailer._committed = deque(), set(), {}
+    tailer._owned = {("t", 0)}
+    tailer._in_revoke = tailer._commit_sync = False
+    tailer._no_more_commits = False
+    tailer.stats = Counter()
+    tailer._fault = type("F", (), {"reached": lambda self, where: None})()
+    tailer._stop = threading.Event()
+    tailer._stop.set()  # the stop arrives while the hand-off is being retried
+    failed = _Batch([_Msg(0, 7)], _Call(), {("t", 0): 7})  # type: ignore[arg-type]
+    failed.counts = Counter({"retry": 1})
+    tailer._handed = [failed]
+    logging.disable(logging.CRITICAL)
+    try:
+        with pytest.raises(SchedulerUnavailable):
+            tailer._settle()
+        tailer._drain({("t", 0)})  # what the revoke callback at close() does
+    finally:
+        logging.disable(logging.NOTSET)
+    assert consumer.commits == []
