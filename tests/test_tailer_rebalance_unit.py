@@ -50,7 +50,7 @@ def _tailer(mode: str) -> tuple[KafkaTailer, Any, list[list[tuple[int, int]]]]:
     tailer = KafkaTailer.__new__(KafkaTailer)
     tailer.options = TailerOptions(batch_size=100, max_in_flight=2, linger_s=10.0)
     tailer._in_flight, tailer._handed = deque(), []
-    tailer._lost, tailer._committed, tailer.stats = set(), {}, Counter()
+    tailer._committed, tailer.stats = {}, Counter()
     tailer._owned = {("t", 0), ("t", 1)}
     tailer._in_revoke = tailer._commit_sync = False
     tailer._stop = threading.Event()
@@ -131,7 +131,7 @@ def test_stopping_with_an_unconfirmed_hand_off_commits_nothing_after_it() -> Non
     tailer.handoff = Handoff()  # type: ignore[assignment]
     consumer = Consumer()
     tailer._consumer = consumer  # type: ignore[assignment]
-    tailer._in_flight, tailer._lost, tailer._committed = deque(), set(), {}
+    tailer._in_flight, tailer._committed = deque(), {}
     tailer._owned = {("t", 0)}
     tailer._in_revoke = tailer._commit_sync = False
     tailer._no_more_commits = False

@@ -113,8 +113,8 @@ class KafkaTailer:
         self._no_more_commits = False  # set when stopping with an unconfirmed hand-off
         self._next: list[Any] = []
         self._next_since = 0.0
-        self._lost: set[tuple[str, int]] = set()
-        self._owned: set[tuple[str, int]] = set()  # assigned, neither revoked nor lost
+        # assigned, neither revoked nor lost: only these are run and committed
+        self._owned: set[tuple[str, int]] = set()
         self._consumer: Consumer | None = None
         self._stop = threading.Event()
         self.stats: Counter[str] = Counter()
@@ -330,7 +330,7 @@ class KafkaTailer:
         # another consumer took over (here, or later by _commit_positions at stop) would
         # move that consumer's committed offset back.
         offsets = [TopicPartition(t, p, o + 1) for (t, p), o in high.items()
-                   if (t, p) not in self._lost and (t, p) in self._owned]
+                   if (t, p) in self._owned]
         if not offsets or self._consumer is None or self._no_more_commits:
             return
         for done in offsets:
@@ -362,8 +362,7 @@ class KafkaTailer:
 
     def _commit_positions(self, partitions: set[tuple[str, int]] | None) -> None:
         mine = [TopicPartition(t, p, o) for (t, p), o in self._committed.items()
-                if (partitions is None or (t, p) in partitions) and (t, p) not in self._lost
-                and (t, p) in self._owned]
+                if (partitions is None or (t, p) in partitions) and (t, p) in self._owned]
         if partitions is not None:
             for tp in partitions:
                 self._committed.pop(tp, None)
@@ -400,7 +399,6 @@ class KafkaTailer:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
-            self._lost.discard((tp.topic, tp.partition))
             self._owned.add((tp.topic, tp.partition))
         log.info("binding %s: assigned %s", self.binding.name,
                  ", ".join(f"{tp.topic}/{tp.partition}" for tp in partitions) or "nothing")
@@ -427,8 +425,8 @@ class KafkaTailer:
         log.warning("binding %s: lost %s; their batches under way will not be committed",
                     self.binding.name,
                     ", ".join(f"{tp.topic}/{tp.partition}" for tp in partitions))
-        for tp in partitions:
-            self._lost.add((tp.topic, tp.partition))
-            self._owned.discard((tp.topic, tp.partition))
-            self._committed.pop((tp.topic, tp.partition), None)  # never committed again
-        self._next = [m for m in self._next if (m.topic(), m.partition()) not in self._lost]
+        gone = {(tp.topic, tp.partition) for tp in partitions}
+        self._owned -= gone  # never run nor committed here again, unless assigned again
+        for tp in gone:
+            self._committed.pop(tp, None)
+        self._next = [m for m in self._next if (m.topic(), m.partition()) not in gone]
