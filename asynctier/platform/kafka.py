@@ -78,12 +78,12 @@ def tailer_consumer_config(settings: Settings, group: str, *, session_timeout_ms
         "max.poll.interval.ms": max_poll_interval_ms,
         "fetch.wait.max.ms": fetch_wait_max_ms,
         "queued.max.messages.kbytes": queued_max_kbytes,
+        # When the read-ahead is full, fetch again soon after it drains, not a second
+        # later (librdkafka's default backoff): a bounded read-ahead must not stall reading.
+        "fetch.queue.backoff.ms": 5,
     }
     if fetch_max_bytes is not None:
         conf["fetch.max.bytes"] = fetch_max_bytes
-        # When the read-ahead is full, fetch again soon after it drains, not a second
-        # later (librdkafka's default backoff): a small read-ahead must not stall reading.
-        conf["fetch.queue.backoff.ms"] = 5
     conf.update(settings.kafka)
     conf.update(_SAFETY)
     conf["group.id"] = group
