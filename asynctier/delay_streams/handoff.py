@@ -93,6 +93,19 @@ class _Plan:
     count: int = 0
 
 
+def _due_ms(binding: Binding, attempt: int, after_s: float | None, now_ms: int) -> int:
+    """When a record that failed ``attempt`` is due: ``after_s`` from now, else its ladder
+    step; rounded up to the millisecond (never early)."""
+    if after_s is None:
+        after_s = ladder_delay(attempt, binding.retry_ladder_s)
+    return now_ms + int(after_s * 1000 + 0.999)
+
+
+def _retry_step(attempt: int, spends: bool) -> str:
+    """The retries metric's step: the attempt that failed, or ``held`` (no attempt spent)."""
+    return str(attempt) if spends else "held"
+
+
 @functools.lru_cache(maxsize=4096)
 def first_hop(remaining_ms: int, ladder: tuple[float, ...]) -> str:
     """The interval name (``30s``...) of the first hop for a record due in ``remaining_ms``
@@ -126,14 +139,11 @@ class Handoff:
         if spends and parcel.attempt >= binding.max_attempts:
             self.dead_letter(binding, parcel, "attempts_exhausted", error, parcel.attempt)
             return "dead_letter"
-        after = outcome["after_s"]
-        if after is None:
-            after = ladder_delay(parcel.attempt, binding.retry_ladder_s)
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        due_ms = now_ms + int(after * 1000 + 0.999)
+        due_ms = _due_ms(binding, parcel.attempt, outcome["after_s"], now_ms)
         next_attempt = parcel.attempt + 1 if spends else parcel.attempt
         self.delay(binding, parcel, due_ms, next_attempt, error, now_ms)
-        self._retries[(binding.name, str(parcel.attempt) if spends else "held")] += 1
+        self._retries[(binding.name, _retry_step(parcel.attempt, spends))] += 1
         return "retry"
 
     def resolve_messages(self, binding: Binding, messages: Sequence[Any],
@@ -176,32 +186,31 @@ class Handoff:
         return counts
 
     def _fresh_plan(self, binding: Binding, outcome: Outcome, now_ms: int) -> _Plan:
-        """Where a retried record seen for the first time goes, and its headers."""
+        """Where a retried record seen for the first time goes, and its headers around its
+        origin (the headers :meth:`delay` writes)."""
         spends = outcome["spends_attempt"]
-        after = outcome["after_s"]
-        if after is None:
-            after = ladder_delay(1, binding.retry_ladder_s)
-        due_ms = now_ms + int(after * 1000 + 0.999)
-        topic = self.names.delay_topic(first_hop(due_ms - now_ms, binding.retry_ladder_s))
-        error = outcome["error"] or outcome["status"]
-        head: list[tuple[str, bytes | None]] = [
-                (n.H_BINDING, self._text(binding.name)),
-                (n.H_ATTEMPT, b"2" if spends else b"1")]
-        tail: list[tuple[str, bytes | None]] = [
-                (n.H_ERROR, self._text(error[:ERROR_MAX_CHARS])),
-                (n.H_FIRST_SEEN, str(now_ms).encode()),
-                (n.H_DUE, str(due_ms).encode())]
-        return _Plan(topic, head, tail, "1" if spends else "held")
+        fresh = Parcel(None, None, [], "", 1, now_ms)
+        due_ms = _due_ms(binding, 1, outcome["after_s"], now_ms)
+        topic, headers = self._delay_record(binding, fresh, due_ms, 2 if spends else 1,
+                                            outcome["error"] or outcome["status"], now_ms)
+        at = next(i for i, (name, _) in enumerate(headers) if name == n.H_ORIGIN)
+        return _Plan(topic, headers[:at], headers[at + 1:], _retry_step(1, spends))
 
     def delay(self, binding: Binding, parcel: Parcel, due_ms: int, attempt: int,
               error: str, now_ms: int | None = None) -> str:
         """Write the record to the delay topic of its first hop towards ``due_ms``."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        topic, headers = self._delay_record(binding, parcel, due_ms, attempt, error, now_ms)
+        self.producer.produce(topic, parcel.value, parcel.key, headers)
+        return topic
+
+    def _delay_record(self, binding: Binding, parcel: Parcel, due_ms: int, attempt: int,
+                      error: str, now_ms: int) -> tuple[str, list[tuple[str, bytes | None]]]:
+        """The delay topic and headers of ``parcel`` due at ``due_ms``."""
         topic = self.names.delay_topic(first_hop(due_ms - now_ms, binding.retry_ladder_s))
         headers = self._headers(binding, parcel, attempt, error)
         headers.append((n.H_DUE, str(due_ms).encode()))
-        self.producer.produce(topic, parcel.value, parcel.key, headers)
-        return topic
+        return topic, headers
 
     def dead_letter(self, binding: Binding | str, parcel: Parcel, reason: str, error: str,
                     attempts_made: int) -> str:
