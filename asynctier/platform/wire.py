@@ -204,7 +204,6 @@ def decode_items(data: bytes) -> list[Item]:
     doc: Any = fastavro.schemaless_reader(io.BytesIO(data), load_schema("submit"), None)
     count: int = doc["count"]
     names: list[str] = doc["bindings"]
-    binding_of = _unpack("i", doc["binding_of"]) if doc["binding_of"] else [0] * count
     ids = _unpack("q", doc["ids"]) if doc["ids"] else range(count)
     attempts = _unpack("i", doc["attempts"]) if doc["attempts"] else [doc["attempt"]] * count
     payloads = _cut(doc["payloads"], _unpack("i", doc["payload_lens"]))
@@ -224,6 +223,7 @@ def decode_items(data: bytes) -> list[Item]:
              "attempt": attempt, "source_ref": ref, "record_time_ms": at}
             for ident, payload, key, hs, attempt, ref, at in zip(
                 ids, payloads, keys, headers, attempts, refs, times, strict=True)]
+    binding_of = _unpack("i", doc["binding_of"]) if doc["binding_of"] else [0] * count
     return [
         {"id": ident, "binding": names[b], "payload": payload, "key": key, "headers": hs,
          "attempt": attempt, "source_ref": ref, "record_time_ms": at}
