@@ -7,6 +7,13 @@ only, nothing else - what the Kafka client alone can deliver to Python.
 Run as ``python -m bench.kafka_loops MODE BOOTSTRAP TOPIC GROUP N``; it prints one JSON
 line: items, seconds (from the first batch received to the last one done), the process's
 CPU seconds in that window and its peak RSS.
+
+``latency`` (``python -m bench.kafka_loops latency BOOTSTRAP TOPIC GROUP N FILE``) is the
+latency reference: the raw loop reading an open-loop producer's records as they come, and
+writing ``now - t0`` in ms (and the producer's lateness, the record's timestamp - ``t0``)
+for each of the first ``N`` records not marked ``warmup`` to ``FILE``; a batch fills for
+at most :data:`LATENCY_WAIT_S`. It prints ``ready`` once it has read a warm-up record (so
+it is assigned and caught up before the measured records are produced).
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ from confluent_kafka import Consumer
 from bench.measure import _vm_hwm
 
 BATCH = 1000
+#: How long the latency loop lets a batch fill (asynctier's tailer lingers as long): with
+#: the throughput loop's wait, a batch of 1000 at 10,000/s would wait 100 ms to fill.
+LATENCY_WAIT_S = 0.005
 
 
 def noop(payload: Any) -> None:
@@ -75,6 +85,42 @@ def run(mode: str, bootstrap: str, topic: str, group: str, n: int,
     return result
 
 
+def latency(bootstrap: str, topic: str, group: str, n: int, out: str,
+            timeout_s: float = 300.0) -> None:
+    """The raw loop's record-to-receive latency (see the module's docstring)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    samples: list[str] = []
+    ready = False
+    loads, now = json.loads, time.time
+    deadline = time.monotonic() + timeout_s
+    while len(samples) < n and time.monotonic() < deadline:
+        messages = consumer.consume(BATCH, LATENCY_WAIT_S)
+        for msg in messages:
+            if msg.error() is not None:
+                continue
+            payload = loads(msg.value() or b"{}")
+            noop(payload)
+            if payload.get("warmup"):
+                if not ready:
+                    ready = True
+                    print("ready", flush=True)
+                continue
+            t0 = payload["t0"]
+            produced_ms = msg.timestamp()[1] - t0 * 1000.0
+            samples.append(f"{t0} {(now() - t0) * 1000.0:.3f} {produced_ms:.3f}")
+        if messages:
+            consumer.commit(asynchronous=False)
+    consumer.close()
+    with open(out, "w") as f:
+        f.write("\n".join(samples) + "\n")
+    print(json.dumps({"items": len(samples)}), flush=True)
+
+
 if __name__ == "__main__":
     mode, bootstrap, topic, group, count = sys.argv[1:6]
-    print(json.dumps(run(mode, bootstrap, topic, group, int(count))))
+    if mode == "latency":
+        latency(bootstrap, topic, group, int(count), sys.argv[6])
+    else:
+        print(json.dumps(run(mode, bootstrap, topic, group, int(count))))

@@ -2,8 +2,8 @@
 
 ``noop`` does nothing; ``fail`` always raises (the retry flood); ``timed`` records
 record-to-start latency: now minus the record's producer time ``t0``, in milliseconds,
-appended with ``t0`` as a line ``<t0> <ms>`` to the file named by ``BENCH_LATENCY_FILE``
-(buffered, written every half second and at exit).
+written with ``t0`` and the producer's own lateness as a line ``<t0> <ms> <produced_ms>`` to
+the file named by ``BENCH_LATENCY_FILE`` when the process exits.
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ import atexit
 import os
 import threading
 import time
+from array import array
 from typing import Any
 
 from bench.kafka_loops import noop as _noop
-
-FLUSH_S = 0.5
 
 
 def noop(payload: Any, ctx: Any) -> None:
@@ -30,27 +29,33 @@ def fail(payload: Any, ctx: Any) -> None:
 
 
 class _Samples:
-    """Latency samples of this process, written out in batches."""
+    """Latency samples of this process, kept in flat arrays and written out at exit.
+
+    Nothing is written while the run goes on: formatting and writing thousands of lines
+    inside the measured function would hold its worker (and the GIL) for milliseconds and
+    show up in the very tail being measured.
+    """
 
     def __init__(self) -> None:
-        self.pending: list[tuple[float, float]] = []
+        self.t0 = array("d")
+        self.ms = array("d")
+        self.produced_ms = array("d")
         self.lock = threading.Lock()
-        self.last_flush = time.monotonic()
 
-    def add(self, t0: float, ms: float) -> None:
+    def add(self, t0: float, ms: float, produced_ms: float) -> None:
         with self.lock:
-            self.pending.append((t0, ms))
-        if time.monotonic() - self.last_flush >= FLUSH_S:
-            self.flush()
+            self.t0.append(t0)
+            self.ms.append(ms)
+            self.produced_ms.append(produced_ms)
 
     def flush(self) -> None:
         path = os.environ.get("BENCH_LATENCY_FILE")
         with self.lock:
-            taken, self.pending = self.pending, []
-            self.last_flush = time.monotonic()
-        if path and taken:
-            with open(path, "a") as fh:
-                fh.write("".join(f"{t0:.6f} {ms:.3f}\n" for t0, ms in taken))
+            rows = zip(self.t0, self.ms, self.produced_ms, strict=True)
+            if path and len(self.t0):
+                with open(path, "a") as fh:
+                    fh.write("".join(f"{t0:.6f} {ms:.3f} {p:.3f}\n" for t0, ms, p in rows))
+            self.t0, self.ms, self.produced_ms = array("d"), array("d"), array("d")
 
 
 _SAMPLES = _Samples()
@@ -58,8 +63,9 @@ atexit.register(_SAMPLES.flush)
 
 
 def timed(payload: Any, ctx: Any) -> None:
-    """Record now - ``payload["t0"]`` (ms); records marked ``warmup`` are skipped."""
+    """Record now - ``payload["t0"]`` (ms), and how late the producer was (the record's
+    timestamp - ``t0``, ms); records marked ``warmup`` are skipped."""
     started = time.time()
     if not payload.get("warmup"):
         t0 = payload["t0"]
-        _SAMPLES.add(t0, (started - t0) * 1000.0)
+        _SAMPLES.add(t0, (started - t0) * 1000.0, (ctx.record_time - t0) * 1000.0)

@@ -72,13 +72,23 @@ class Latency:
     produced: int
     samples: list[float]
     file: Path | None = None
+    producer_late: list[float] = field(default_factory=list)  # record timestamp - t0, ms
 
-    def percentile(self, p: float) -> float:
-        """The ``p``-th percentile in ms (nearest rank)."""
-        if not self.samples:
+    def percentile(self, p: float, of: list[float] | None = None) -> float:
+        """The ``p``-th percentile in ms (nearest rank) of the samples, or of ``of``."""
+        values = self.samples if of is None else of
+        if not values:
             return float("nan")
-        ordered = sorted(self.samples)
+        ordered = sorted(values)
         return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
+
+
+def _read_latency(rate: float, seconds: float, produced: int, path: Path) -> Latency:
+    """The samples written as ``<t0> <ms> <producer late ms>`` lines."""
+    rows = [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+    rows = [r for r in rows if len(r) == 3]
+    return Latency(rate, seconds, produced, [float(r[1]) for r in rows], path,
+                   [float(r[2]) for r in rows])
 
 
 def _broker_groups(services: Services) -> dict[str, Finder]:
@@ -240,10 +250,32 @@ def latency(services: Services, folder: Path, rate: float, seconds: float) -> La
         watch_drain(progress.committed, warm + produced, Meter({}), 120.0, check=run.check())
         progress.close()
     time.sleep(0.2)
-    pairs = [line.split() for line in samples_file.read_text().splitlines()] \
-        if samples_file.exists() else []
-    return Latency(rate, seconds, produced, [float(p[1]) for p in pairs if len(p) == 2],
-                   samples_file)
+    return _read_latency(rate, seconds, produced, samples_file)
+
+
+def raw_latency(services: Services, folder: Path, rate: float, seconds: float) -> Latency:
+    """The reference for :func:`latency`: the same open-loop producer, read by the raw
+    loop (record-to-receive, in a process of its own)."""
+    topic = f"bench-rawlat-{uuid.uuid4().hex[:6]}"
+    create_topic(services.kafka_bootstrap, topic)
+    samples_file = folder / f"rawlat-{uuid.uuid4().hex[:6]}.txt"
+    total = int(rate * seconds)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.kafka_loops", "latency", services.kafka_bootstrap,
+         topic, f"bench-rawlat-{uuid.uuid4().hex[:6]}", str(total), str(samples_file)],
+        cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        producer = warm_producer(services.kafka_bootstrap, topic, 500)
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise BenchError("the raw latency loop never read a warm-up record")
+        produced = open_loop(producer, topic, rate, seconds)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return _read_latency(rate, seconds, produced, samples_file)
 
 
 # --------------------------------------------------------------------------- peers

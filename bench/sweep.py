@@ -4,9 +4,11 @@ stands below the rate ``make bench`` uses (half of the measured maximum).
     python -m bench.sweep [--rates 5000,15000,30000,40000] [--seconds 10] [--warmup 5000]
 
 Each rate is the ``latency`` scenario of ``bench/run.py`` (an open-loop producer, a fresh
-``asynctier run`` on the ``timed`` function) for ``--seconds``. A first run at ``--warmup``
-records/s is thrown away: a broker that has just started compiles its hot paths for some
-30 seconds, and records produced meanwhile wait up to a second whatever consumes them.
+``asynctier run`` on the ``timed`` function) for ``--seconds``, preceded by its reference:
+the same producer read by the raw confluent-kafka loop (record-to-receive). A first run at
+``--warmup`` records/s is thrown away: a broker that has just started compiles its hot
+paths for some 30 seconds, and records produced meanwhile wait up to a second whatever
+consumes them.
 """
 
 from __future__ import annotations
@@ -35,10 +37,15 @@ def main(argv: list[str]) -> int:
         if args.warmup > 0:
             scenarios.latency(svc, folder, args.warmup, args.seconds)
         for rate in rates:
-            lat = scenarios.latency(svc, folder, rate, args.seconds)
-            print(f"rate {rate:,.0f}/s for {args.seconds:g} s: {len(lat.samples):,} samples, "
-                  + ", ".join(f"p{p:g} {lat.percentile(p):.1f} ms" for p in (50, 90, 99, 99.9)),
-                  flush=True)
+            for who, measure in (("raw loop", scenarios.raw_latency),
+                                 ("asynctier", scenarios.latency)):
+                lat = measure(svc, folder, rate, args.seconds)
+                print(f"rate {rate:,.0f}/s for {args.seconds:g} s, {who}: "
+                      f"{len(lat.samples):,} samples, "
+                      + ", ".join(f"p{p:g} {lat.percentile(p):.1f} ms"
+                                  for p in (50, 90, 99, 99.9))
+                      + f" (producer late: p99 {lat.percentile(99, lat.producer_late):.1f}"
+                      " ms)", flush=True)
     return 0
 
 
