@@ -23,6 +23,10 @@ PARTITIONS = 4
 
 def record(i: int, t0: float, **extra: object) -> bytes:
     """One record of about :data:`RECORD_BYTES` bytes."""
+    if not extra:  # the open-loop producer's case, written without json.dumps: at 40,000
+        # records/s the producer shares the 2 cores with everything it measures
+        head = f'{{"id":{i},"t0":{round(t0, 6)!r},"pad":"'
+        return f'{head}{"x" * max(0, RECORD_BYTES - len(head) - 2)}"}}'.encode()
     doc: dict[str, object] = {"id": i, "t0": round(t0, 6), **extra, "pad": ""}
     size = len(json.dumps(doc, separators=(",", ":")))
     doc["pad"] = "x" * max(0, RECORD_BYTES - size)

@@ -150,10 +150,14 @@ class Runner:
         top = self.results.rate("asynctier")
         if top is None:
             raise RuntimeError("no asynctier throughput to take half of")
+        raw = scenarios.raw_latency(self.svc, self.folder, top / 2, self.args.latency_seconds)
+        self.results.raw_latency = raw
         lat = scenarios.latency(self.svc, self.folder, top / 2, self.args.latency_seconds)
         self.results.latency = lat
-        print(f"   at {lat.rate:,.0f}/s: p50 {lat.percentile(50):.1f} ms, "
-              f"p99 {lat.percentile(99):.1f} ms ({len(lat.samples):,} samples)", flush=True)
+        for name, run in (("raw loop", raw), ("asynctier", lat)):
+            print(f"   {name} at {run.rate:,.0f}/s: p50 {run.percentile(50):.1f} ms, "
+                  f"p99 {run.percentile(99):.1f} ms ({len(run.samples):,} samples)",
+                  flush=True)
 
     def _memory(self) -> None:
         for n in self.args.backlogs:
