@@ -150,3 +150,83 @@ def test_stopping_with_an_unconfirmed_hand_off_commits_nothing_after_it() -> Non
     finally:
         logging.disable(logging.NOTSET)
     assert consumer.commits == []
+
+
+def _settling_tailer(handoff: Any) -> tuple[KafkaTailer, list[Any]]:
+    """A tailer holding two resolved batches of partition 0 whose records were handed off."""
+    tailer = KafkaTailer.__new__(KafkaTailer)
+    tailer.options = TailerOptions(handoff_retry_s=0.01)
+    tailer.binding = type("B", (), {"name": "orders", "topic": "t", "tenant": "x"})()
+    tailer.handoff = handoff
+    commits: list[Any] = []
+    tailer._commit = commits.append  # type: ignore[method-assign]
+    tailer._no_more_commits = False
+    tailer.stats = Counter()
+    tailer._fault = type("F", (), {"reached": lambda self, where: None})()
+    tailer._stop = threading.Event()
+    batches = []
+    for high in (7, 9):
+        batch = _Batch([_Msg(0, high)], _Call(), {("t", 0): high})  # type: ignore[arg-type]
+        batch.counts = Counter({"retry": 1})
+        batches.append(batch)
+    tailer._handed = batches
+    return tailer, commits
+
+
+def test_a_hand_off_still_travelling_is_not_waited_for_and_not_committed() -> None:
+    """Without waiting, nothing is committed until every hand-off has landed; then the
+    batches are committed in order, and nothing is re-produced."""
+
+    class Handoff:
+        landed = False
+        confirms = 0
+
+        def delivered(self) -> bool:
+            return self.landed
+
+        def confirm(self) -> None:
+            self.confirms += 1
+
+    handoff = Handoff()
+    tailer, commits = _settling_tailer(handoff)
+    tailer._settle(wait=False)
+    assert commits == [] and len(tailer._handed) == 2 and handoff.confirms == 0
+    handoff.landed = True
+    tailer._settle(wait=False)
+    assert commits == [{("t", 0): 7}, {("t", 0): 9}] and tailer._handed == []
+    assert handoff.confirms == 0  # it never waited
+
+
+def test_a_failed_delivery_seen_without_waiting_is_produced_again_before_any_commit() -> None:
+    """delivered() reports a failure: every unconfirmed batch is handed off again and
+    confirmed before its offsets are committed (never a commit over a lost record)."""
+    from asynctier.platform.errors import HandoffError
+
+    events: list[str] = []
+
+    class Handoff:
+        def delivered(self) -> bool:
+            events.append("delivered")
+            raise HandoffError("1 delivery failure(s): Broker: Unknown topic or partition")
+
+        def resolve_messages(self, binding: Any, messages: Any, outcomes: Any) -> Counter[str]:
+            events.append(f"produce {messages[0].o}")
+            return Counter({"retry": 1})
+
+        def confirm(self) -> None:
+            events.append("confirm")
+
+    tailer, _ = _settling_tailer(Handoff())
+    original = tailer._commit
+
+    def commit(high: dict[tuple[str, int], int]) -> None:
+        events.append(f"commit {high[('t', 0)]}")
+        original(high)
+
+    tailer._commit = commit  # type: ignore[method-assign]
+    logging.disable(logging.CRITICAL)
+    try:
+        tailer._settle(wait=False)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert events == ["delivered", "produce 7", "produce 9", "confirm", "commit 7", "commit 9"]
