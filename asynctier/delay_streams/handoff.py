@@ -247,15 +247,6 @@ class Handoff:
             data = self._texts[text] = text.encode("utf-8", "replace")
         return data
 
-    def delivered(self) -> bool:
-        """Without waiting: True (and the hand-offs counted, as :meth:`confirm` does) when
-        every record handed off so far is delivered, False while some are on their way;
-        HandoffError when a delivery failed."""
-        if not self.producer.delivered():
-            return False
-        self.confirm(0)  # nothing is left to wait for: this only counts them
-        return True
-
     def confirm(self, timeout_s: float = 30.0) -> None:
         """Raise HandoffError unless every record handed off so far is delivered.
 

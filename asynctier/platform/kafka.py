@@ -150,15 +150,6 @@ class ConfirmingProducer:
                 f"{left} record(s) still undelivered and {len(errors)} delivery failure(s)"
                 + (f": {detail}" if detail else ""))
 
-    def delivered(self) -> bool:
-        """Without waiting: True when everything produced so far is delivered, False while
-        some of it is still on its way; HandoffError when a delivery failed (as
-        :meth:`confirm`, which the caller then uses to wait)."""
-        left = self._producer.flush(0)  # serves the delivery reports, waits for nothing
-        if self._errors:
-            self.confirm(0)  # raises with the errors
-        return left == 0
-
     def close(self, timeout_s: float = 10.0) -> None:
         """Flush what is left."""
         self._producer.flush(timeout_s)

@@ -1,17 +1,15 @@
 """The Kafka tailer: one consumer group per binding, at-least-once checkpoints.
 
-Loop: ``consume(n)`` a batch, turn it into Items (no decoding here: the scheduler
-decodes), start the submit call, and while it runs fetch the next batch (at most
-``max_in_flight`` batches under way). Batches are resolved in order: every non-ok outcome
-is handed off to a delay or dead-letter topic, and the batch waits, uncommitted, while
-those records travel. Each time the next batch is resolved the loop looks, without
-waiting, whether every hand-off so far is delivered (nothing left in the producer, every
-delivery report good); only then are the waiting batches' offsets committed, oldest first,
-per partition highest + 1. The loop waits for delivery only when ``max_unconfirmed``
-batches are waiting, or when it has nothing else to do: delivery overlaps with the next
-batches' work instead of stalling the loop. A failed hand-off means no commit and another
-try. A partition that is revoked gets its batches finished, confirmed and committed in the
-revoke callback; a lost partition is never committed.
+Loop: ``consume(n)`` a batch, turn it into Items (no decoding here: the scheduler decodes),
+start the submit call, and while it runs fetch the next batch (at most ``max_in_flight``
+batches under way). Batches are resolved in order: every non-ok outcome is handed off to a
+delay or dead-letter topic, and the batch waits, uncommitted, while those records travel.
+When the next batch is resolved (or the loop has nothing else to do) the hand-offs are
+confirmed (flush returned 0, every delivery report good) and only then the waiting batches'
+offsets are committed, oldest first, per partition highest + 1: the wait for delivery
+overlaps with the next batch's work instead of stalling the loop. A failed hand-off means
+no commit and another try. A partition that is revoked gets its batches finished,
+confirmed and committed in the revoke callback; a lost partition is never committed.
 """
 
 from __future__ import annotations
@@ -47,8 +45,6 @@ class TailerOptions:
 
     batch_size: int = 1000
     max_in_flight: int = 2
-    #: resolved batches that may wait for their hand-offs' delivery before the loop waits
-    max_unconfirmed: int = 2
     idle_poll_s: float = 0.5
     linger_s: float = 0.005
     handoff_retry_s: float = 1.0
@@ -231,26 +227,23 @@ class KafkaTailer:
             return  # a revoke served while waiting resolved and committed it
         batch.outcomes = _complete(batch.call.result(self._stop), len(batch.messages))
         # The hand-offs of earlier batches have been on their way while this one ran:
-        # commit them if they have landed; wait for them only when too many batches wait.
-        self._settle(wait=len(self._handed) >= self.options.max_unconfirmed)
+        # confirm and commit them first, so that the wait for their delivery overlaps
+        # with work instead of stalling the loop.
+        self._settle()
         self._in_flight.popleft()
         metrics.add_in_flight(COMPONENT, self.binding.name, -len(batch.messages))
         self._hand_off(batch)
         self._handed.append(batch)
         if not batch.handed_off:
-            self._settle(wait=False)  # nothing of its own to confirm: commit if all landed
+            self._settle()  # nothing to confirm: commit now
 
-    def _settle(self, wait: bool = True) -> None:
-        """Confirm every hand-off made so far, then commit those batches, oldest first.
-        Without ``wait``, only if they are all delivered already (else nothing happens)."""
+    def _settle(self) -> None:
+        """Confirm every hand-off made so far, then commit those batches, oldest first."""
         handed = self._handed
         if not handed:
             return
         if any(batch.handed_off for batch in handed):
-            if wait:
-                self._confirm()
-            elif not self._landed():
-                return
+            self._confirm()
         self._handed = []
         for batch in handed:
             self._fault.reached("before-commit")
@@ -301,17 +294,6 @@ class KafkaTailer:
             except HandoffError as exc:
                 self._handoff_failed(exc, len(batch.messages))
 
-    def _landed(self) -> bool:
-        """Without waiting: True when every hand-off made so far has landed, False while
-        some are on their way. A failed one is dealt with as :meth:`_confirm` deals with
-        it (produced again and waited for), after which they have all landed."""
-        try:
-            return self.handoff.delivered()
-        except HandoffError as exc:
-            self._produce_again(exc)
-            self._confirm()
-            return True
-
     def _confirm(self) -> None:
         """Wait until every hand-off produced so far is delivered; when one was not, produce
         the hand-offs of every unconfirmed batch again (never commit over a lost one)."""
@@ -320,14 +302,11 @@ class KafkaTailer:
                 self.handoff.confirm()
                 return
             except HandoffError as exc:
-                self._produce_again(exc)
-
-    def _produce_again(self, exc: HandoffError) -> None:
-        """After a failed delivery: every unconfirmed batch's hand-offs, produced again."""
-        self._handoff_failed(exc, sum(len(b.messages) - b.counts["ok"] for b in self._handed))
-        for batch in self._handed:
-            if batch.handed_off:
-                self._hand_off(batch)
+                self._handoff_failed(exc, sum(len(b.messages) - b.counts["ok"]
+                                              for b in self._handed))
+            for batch in self._handed:
+                if batch.handed_off:
+                    self._hand_off(batch)
 
     def _handoff_failed(self, exc: HandoffError, records: int) -> None:
         metrics.count_handoff_failure(self.binding.topic)

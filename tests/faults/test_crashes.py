@@ -29,9 +29,7 @@ LADDER = (1.0, 2.0)
 ARGS = ("--retry-ladder", "1s,2s", "--max-attempts", "3")
 BATCH = 500
 IN_FLIGHT = 2  # TailerOptions.max_in_flight: batches under way per tailer
-UNCONFIRMED = 2  # TailerOptions.max_unconfirmed: resolved, their hand-offs still travelling
-# + the batch whose (asynchronous) commit had not landed
-UNCOMMITTED = IN_FLIGHT + UNCONFIRMED + 1
+UNCOMMITTED = IN_FLIGHT + 1  # + the batch whose (asynchronous) commit had not landed
 DELAY_BATCH = 500  # DelayOptions.batch_size
 
 
