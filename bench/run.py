@@ -60,14 +60,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="py-spy the tailer and scheduler (auto: when a target is missed, "
                         "not in --quick)")
     p.add_argument("--rounds", type=int, default=None,
-                   help="interleaved rounds of the no-op, limiter and flood runs; their "
-                        "ratios are medians over the rounds [5; quick 1]")
+                   help="interleaved rounds of the no-op, limiter and flood runs, every "
+                        "other one in reverse order; their ratios are medians over the "
+                        "rounds [7; quick 1]")
     p.add_argument("--out", type=Path, help="results file [bench/RESULTS.md; quick: none]")
     args = p.parse_args(argv)
     quick = args.quick
     args.records = args.records or (20_000 if quick else 200_000)
     args.peer_records = min(args.peer_records or (2_000 if quick else 20_000), args.records)
-    args.rounds = max(1, args.rounds or (1 if quick else 5))
+    args.rounds = max(1, args.rounds or (1 if quick else 7))
     args.latency_seconds = args.latency_seconds or (5.0 if quick else 30.0)
     backlogs = args.backlogs or ("5000,50000" if quick else "10000,500000")
     args.backlogs = [int(x) for x in backlogs.split(",") if x.strip()]
@@ -124,11 +125,17 @@ class Runner:
             if a.rounds > 1:
                 print(f"-- round {round_ + 1} of {a.rounds}", flush=True)
             self.results.rounds.append({})
-            self.step("asynctier", lambda: self.row(
-                "asynctier", scenarios.asynctier_noop(s, f, self.topic, n)))
-            self.step("limiter", self._limiter)
-            self.step("flood", lambda: self.row(
-                "flood", scenarios.asynctier_flood(s, f, self.topic, n)))
+            steps: list[tuple[str, Callable[[], None]]] = [
+                ("asynctier", lambda: self.row(
+                    "asynctier", scenarios.asynctier_noop(s, f, self.topic, n))),
+                ("limiter", self._limiter),
+                ("flood", lambda: self.row(
+                    "flood", scenarios.asynctier_flood(s, f, self.topic, n)))]
+            # Every other round runs them in reverse: the machine drifts during a run
+            # (the broker's JIT warms up; the no-op drain went from 82k/s to 118k/s over
+            # one run), and a fixed order would hand that drift to one side of a ratio.
+            for name, fn in steps if round_ % 2 == 0 else reversed(steps):
+                self.step(name, fn)
         self.results.keep_median_rows()
         self.step("latency", self._latency)
         values: list[bytes] = []
