@@ -29,7 +29,10 @@ LADDER = (1.0, 2.0)
 ARGS = ("--retry-ladder", "1s,2s", "--max-attempts", "3")
 BATCH = 500
 IN_FLIGHT = 2  # TailerOptions.max_in_flight: batches under way per tailer
-UNCOMMITTED = IN_FLIGHT + 1  # + the batch whose (asynchronous) commit had not landed
+# What a killed tailer leaves uncommitted: the batches under way, the last resolved one
+# while its hand-offs travel (confirmed when the next one is resolved), and the one before
+# it, whose asynchronous commit may not have landed.
+UNCOMMITTED = IN_FLIGHT + 2
 DELAY_BATCH = 500  # DelayOptions.batch_size
 
 
