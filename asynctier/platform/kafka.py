@@ -21,9 +21,32 @@ log = logging.getLogger(__name__)
 HeaderList = list[tuple[str, bytes | None]]
 
 
+#: librdkafka properties only a consumer reads: an operator's ``[kafka]`` table may hold
+#: them for the tailers, and producers and admin clients are not given them (librdkafka
+#: would print a CONFWARN line for each, on every client it makes).
+CONSUMER_ONLY = frozenset({
+    "group.id", "group.instance.id", "group.protocol", "group.remote.assignor",
+    "partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms",
+    "coordinator.query.interval.ms", "max.poll.interval.ms", "enable.auto.commit",
+    "auto.commit.interval.ms", "enable.auto.offset.store", "queued.min.messages",
+    "queued.max.messages.kbytes", "fetch.wait.max.ms", "fetch.queue.backoff.ms",
+    "fetch.message.max.bytes", "max.partition.fetch.bytes", "fetch.max.bytes",
+    "fetch.min.bytes", "fetch.error.backoff.ms", "isolation.level", "enable.partition.eof",
+    "check.crcs", "auto.offset.reset", "consume.callback.max.messages",
+})
+
+
+def client_config(settings: Settings, **extra: Any) -> dict[str, Any]:
+    """The ``[kafka]`` table for a producer or an admin client (consumer-only keys left
+    out), plus ``extra``."""
+    conf = {k: v for k, v in settings.kafka.items() if k not in CONSUMER_ONLY}
+    conf.update(extra)
+    return conf
+
+
 def admin(settings: Settings) -> AdminClient:
     """An AdminClient on the configured cluster."""
-    return AdminClient(settings.kafka_config())
+    return AdminClient(client_config(settings))
 
 
 def topic_partitions(client: AdminClient, topic: str, timeout_s: float = 10.0) -> int | None:
@@ -84,6 +107,10 @@ def tailer_consumer_config(settings: Settings, group: str, *, session_timeout_ms
     }
     if fetch_max_bytes is not None:
         conf["fetch.max.bytes"] = fetch_max_bytes
+    if str(settings.kafka.get("group.protocol", "classic")).lower() == "consumer":
+        # KIP-848: the broker assigns partitions and sets the session's timeouts; the
+        # client may not set them
+        del conf["partition.assignment.strategy"], conf["session.timeout.ms"]
     conf.update(settings.kafka)
     conf.update(_SAFETY)
     conf["group.id"] = group
@@ -99,7 +126,7 @@ class ConfirmingProducer:
     """
 
     def __init__(self, settings: Settings, **extra: Any) -> None:
-        conf = settings.kafka_config(**{
+        conf = client_config(settings, **{
             "enable.idempotence": True,
             "linger.ms": 5,
             "compression.type": "lz4",

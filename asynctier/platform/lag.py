@@ -44,6 +44,7 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import parse_duration
 from asynctier.platform.errors import AsynctierError
+from asynctier.platform.kafka import client_config
 from asynctier.platform.names import Names
 
 log = logging.getLogger(__name__)
@@ -175,7 +176,7 @@ class LagReader:
     def __init__(self, settings: Settings, timeout_s: float = 10.0) -> None:
         self.settings = settings
         self.timeout_s = timeout_s
-        self._admin = AdminClient(settings.kafka_config())
+        self._admin = AdminClient(client_config(settings))
         self._consumer: _Consumer | None = None
         self._times: dict[Spot, int] = {}  # record time (ms) at (topic, partition, offset)
 

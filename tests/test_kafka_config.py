@@ -1,0 +1,52 @@
+"""Client settings from the operator's ``[kafka]`` table: the tailers follow the group
+protocol the operator chose (KIP-848's ``consumer`` leaves assignment and session to the
+broker), and producers and admin clients never get consumer-only keys (librdkafka would
+print a CONFWARN line for each on every client)."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import Producer
+
+from asynctier.platform.config import Settings
+from asynctier.platform.kafka import ConfirmingProducer, client_config, tailer_consumer_config
+
+OPERATOR = {"bootstrap.servers": "127.0.0.1:1", "security.protocol": "PLAINTEXT",
+            "fetch.max.bytes": "2097152", "max.poll.interval.ms": "60000"}
+
+
+def _tailer(kafka: dict[str, str]) -> dict[str, object]:
+    return tailer_consumer_config(Settings(kafka=kafka), "g", session_timeout_ms=30_000,
+                                  max_poll_interval_ms=300_000, fetch_wait_max_ms=50,
+                                  queued_max_kbytes=2048)
+
+
+def test_classic_groups_are_cooperative_sticky_with_our_session() -> None:
+    conf = _tailer(OPERATOR)
+    assert conf["partition.assignment.strategy"] == "cooperative-sticky"
+    assert conf["session.timeout.ms"] == 30_000
+    assert conf["max.poll.interval.ms"] == "60000"  # the operator's value wins
+    assert conf["enable.auto.commit"] is False and conf["group.id"] == "g"
+
+
+def test_kip_848_groups_leave_assignment_and_session_to_the_broker() -> None:
+    conf = _tailer({**OPERATOR, "group.protocol": "consumer"})
+    assert conf["group.protocol"] == "consumer"
+    assert "partition.assignment.strategy" not in conf and "session.timeout.ms" not in conf
+    assert conf["enable.auto.commit"] is False and conf["fetch.max.bytes"] == "2097152"
+
+
+def test_producers_and_admins_get_no_consumer_keys() -> None:
+    conf = client_config(Settings(kafka={**OPERATOR, "group.protocol": "consumer",
+                                         "session.timeout.ms": "6000"}), acks="all")
+    assert conf == {"bootstrap.servers": "127.0.0.1:1", "security.protocol": "PLAINTEXT",
+                    "acks": "all"}
+
+
+def test_a_hand_off_producer_prints_no_configuration_warning(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    kafka = {**OPERATOR, "group.protocol": "consumer", "session.timeout.ms": "6000"}
+    Producer(dict(kafka))  # the control: librdkafka does warn about these keys
+    assert "CONFWARN" in capfd.readouterr().err
+    ConfirmingProducer(Settings(kafka=kafka))
+    assert "CONFWARN" not in capfd.readouterr().err
