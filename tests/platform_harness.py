@@ -36,6 +36,7 @@ class Platform:
         self.settings = settings
         self.folder = folder
         self.allow = list(allow)
+        self.group_protocol = "classic"
         self.ledger = folder / "ledger.txt"
         self.scheduler_ports: list[int] = []
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -43,9 +44,17 @@ class Platform:
 
     def config_file(self) -> Path:
         """The platform's asynctier.toml: the test's Kafka, and the shortest session the
-        broker allows (6 s), so a SIGKILLed tailer's partitions move on in seconds."""
+        broker allows (6 s), so a SIGKILLed tailer's partitions move on in seconds. With
+        ``group_protocol = "consumer"`` (KIP-848) the session is the broker's (6 s in the
+        dev stack) and the config only names the protocol."""
         path = self.folder / "asynctier.toml"
         if not path.exists():
+            if self.group_protocol == "consumer":  # KIP-848: the broker sets the session
+                path.write_text(
+                    "[kafka]\n"
+                    f'"bootstrap.servers" = "{self.settings.kafka_bootstrap}"\n'
+                    '"group.protocol" = "consumer"\n')
+                return path
             path.write_text(
                 "[kafka]\n"
                 f'"bootstrap.servers" = "{self.settings.kafka_bootstrap}"\n'

@@ -564,6 +564,13 @@ class KafkaNode:
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
             "log.retention.hours": "168",
+            # Groups on KIP-848's protocol (group.protocol=consumer) get their session
+            # and heartbeat from the broker: the short ones the tests' classic groups
+            # ask for themselves (6 s, 1 s), so a killed tailer's partitions move on soon.
+            "group.consumer.min.session.timeout.ms": "6000",
+            "group.consumer.session.timeout.ms": "6000",
+            "group.consumer.min.heartbeat.interval.ms": "500",
+            "group.consumer.heartbeat.interval.ms": "1000",
         }
         if self.sasl_plain_users:
             props.update(self._sasl_properties())

@@ -44,6 +44,24 @@ def plat(settings: Settings, tmp_path: Path) -> Iterator[FaultPlatform]:
     platform.stop_all()
 
 
+def _group_type(settings: Settings, binding: str) -> str:
+    """``classic`` or ``consumer``: the protocol the binding's group runs (asked until the
+    group has members)."""
+    from confluent_kafka import ConsumerGroupType
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    group = settings.names.group(binding)
+
+    def described() -> ConsumerGroupType | None:
+        found = admin.describe_consumer_groups([group])[group].result(timeout=10)
+        return found.type if found.members else None
+
+    kind = wait_until(described, 30, f"group {group} has no members")
+    return {ConsumerGroupType.CLASSIC: "classic", ConsumerGroupType.CONSUMER: "consumer"}.get(
+        kind, str(kind))
+
+
 def _tailers(plat: FaultPlatform, name: str, batch: int = BATCH,
              env: dict[str, str] | None = None) -> str:
     return plat.start_with(env or {}, "tailers", name, "--batch-size", str(batch))
@@ -124,14 +142,17 @@ def test_delay_tailer_sigkill(plat: FaultPlatform, settings: Settings,
     assert result.ok, result.summary()
 
 
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
 def test_rolling_sigterm_of_two_tailers(plat: FaultPlatform, settings: Settings,
                                         unique_topic: Callable[..., str], records: int,
-                                        fault_results: list[Report]) -> None:
+                                        fault_results: list[Report], protocol: str) -> None:
     """Two tailers restarted one after the other with SIGTERM while records flow: nothing
-    lost, no duplicates (every stop is clean). It was opt-in while it flaked (1 of 3 CI
-    runs, 1 of 6 local runs: a stopping tailer had its commits refused during the rebalance,
-    and a tailer ran a revoked partition's records, a stale batch list held across
-    ``consume()``); both are fixed, and it passed 35 runs in a row since."""
+    lost, no duplicates (every stop is clean), under the classic group protocol and under
+    KIP-848's (``group.protocol = "consumer"`` in ``[kafka]``). It was opt-in while it
+    flaked (1 of 3 CI runs, 1 of 6 local runs: a stopping tailer had its commits refused
+    during the rebalance, and a tailer ran a revoked partition's records, a stale batch
+    list held across ``consume()``); both are fixed, and it passed 39 runs in a row since."""
+    plat.group_protocol = protocol
     topic = unique_topic(8)
     ids = range(records)
     produce(settings, topic, make_docs(records, failing_every=50,
@@ -147,9 +168,10 @@ def test_rolling_sigterm_of_two_tailers(plat: FaultPlatform, settings: Settings,
     on_progress(plat, records // 2)()
     assert plat.stop("t2") == 0
     _tailers(plat, "t2b")
+    assert _group_type(settings, "orders") == protocol  # the protocol asked for is in use
     wait_resolved(plat, ids, 180)
-    result = report(plat, "rolling SIGTERM of 2 tailers", "orders", ids, LADDER, 0,
-                    fault_results)
+    name = "rolling SIGTERM of 2 tailers" + (" (KIP-848)" if protocol == "consumer" else "")
+    result = report(plat, name, "orders", ids, LADDER, 0, fault_results)
     assert result.ok, result.summary()
 
 
