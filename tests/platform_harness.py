@@ -49,17 +49,11 @@ class Platform:
         dev stack) and the config only names the protocol."""
         path = self.folder / "asynctier.toml"
         if not path.exists():
-            if self.group_protocol == "consumer":  # KIP-848: the broker sets the session
-                path.write_text(
-                    "[kafka]\n"
-                    f'"bootstrap.servers" = "{self.settings.kafka_bootstrap}"\n'
-                    '"group.protocol" = "consumer"\n')
-                return path
-            path.write_text(
-                "[kafka]\n"
-                f'"bootstrap.servers" = "{self.settings.kafka_bootstrap}"\n'
-                '"session.timeout.ms" = "6000"\n'
-                '"heartbeat.interval.ms" = "1000"\n')
+            session = ('"group.protocol" = "consumer"\n' if self.group_protocol == "consumer"
+                       else '"session.timeout.ms" = "6000"\n"heartbeat.interval.ms" = "1000"\n')
+            path.write_text("[kafka]\n"
+                            f'"bootstrap.servers" = "{self.settings.kafka_bootstrap}"\n'
+                            + session)
         return path
 
     def env(self) -> dict[str, str]:

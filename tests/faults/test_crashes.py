@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import ConsumerGroupType
+from confluent_kafka.admin import AdminClient
 
 from asynctier.platform.config import Settings
 from tests.faults.checker import Report
@@ -44,14 +46,9 @@ def plat(settings: Settings, tmp_path: Path) -> Iterator[FaultPlatform]:
     platform.stop_all()
 
 
-def _group_type(settings: Settings, binding: str) -> str:
-    """``classic`` or ``consumer``: the protocol the binding's group runs (asked until the
-    group has members)."""
-    from confluent_kafka import ConsumerGroupType
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
-    group = settings.names.group(binding)
+def _group_type(admin: AdminClient, group: str) -> str:
+    """``classic`` or ``consumer``: the protocol ``group`` runs (asked until it has
+    members)."""
 
     def described() -> ConsumerGroupType | None:
         found = admin.describe_consumer_groups([group])[group].result(timeout=10)
@@ -145,7 +142,8 @@ def test_delay_tailer_sigkill(plat: FaultPlatform, settings: Settings,
 @pytest.mark.parametrize("protocol", ["classic", "consumer"])
 def test_rolling_sigterm_of_two_tailers(plat: FaultPlatform, settings: Settings,
                                         unique_topic: Callable[..., str], records: int,
-                                        fault_results: list[Report], protocol: str) -> None:
+                                        fault_results: list[Report], protocol: str,
+                                        kafka_admin: AdminClient) -> None:
     """Two tailers restarted one after the other with SIGTERM while records flow: nothing
     lost, no duplicates (every stop is clean), under the classic group protocol and under
     KIP-848's (``group.protocol = "consumer"`` in ``[kafka]``). It was opt-in while it
@@ -168,7 +166,8 @@ def test_rolling_sigterm_of_two_tailers(plat: FaultPlatform, settings: Settings,
     on_progress(plat, records // 2)()
     assert plat.stop("t2") == 0
     _tailers(plat, "t2b")
-    assert _group_type(settings, "orders") == protocol  # the protocol asked for is in use
+    group = settings.names.group("orders")
+    assert _group_type(kafka_admin, group) == protocol  # the protocol asked for is in use
     wait_resolved(plat, ids, 180)
     name = "rolling SIGTERM of 2 tailers" + (" (KIP-848)" if protocol == "consumer" else "")
     result = report(plat, name, "orders", ids, LADDER, 0, fault_results)
