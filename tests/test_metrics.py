@@ -60,6 +60,7 @@ def test_every_metric_of_the_issue_is_defined() -> None:
         "asynctier_live_schedulers": (),
         "asynctier_batches_total": ("component", "binding"),
         "asynctier_handoff_failures_total": ("topic",),
+        "asynctier_run_once_total": ("binding", "outcome"),
     }
     assert {n: tuple(m._labelnames) for n, m in metrics.ALL_METRICS.items()} == wanted
 

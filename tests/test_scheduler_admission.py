@@ -13,9 +13,10 @@ import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 
+from asynctier.platform.admission import RUN
 from asynctier.platform.binding import Binding
 from asynctier.platform.scheduler import SchedulerOptions
-from asynctier.platform.wire import Item
+from asynctier.platform.wire import Item, Outcome
 from tests.scheduler_harness import by_id, item, items, local_scheduler
 
 
@@ -31,6 +32,13 @@ class Recording:
         self.quota_on = False
         self.broken = False
         self.lock = threading.Lock()
+
+    async def claim(self, binding: Binding, items: Sequence[Item]) -> str:
+        return RUN * len(items)
+
+    async def finish(self, binding: Binding, items: Sequence[Item],
+                     outcomes: Sequence[Outcome]) -> None:
+        pass
 
     async def over_quota(self, binding: Binding, items: Sequence[Item]) -> dict[int, float]:
         if self.broken:

@@ -220,8 +220,9 @@ class DelayTailer:
             elif parcel.due_ms > now:
                 actions.append(self._hop(binding, parcel))
             else:
-                ref = f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
-                entries.append(make_entry(len(entries), binding, parcel, ref))
+                # the record's origin: every copy of one record is one record to the
+                # scheduler (its run-once key and its quota charge)
+                entries.append(make_entry(len(entries), binding, parcel, parcel.origin))
         outcomes = submit_entries(self.client, entries, stop)
         immediate, resolving = resolutions(self.handoff, entries, outcomes)
         results = hand_off(self.handoff, [*actions, *resolving], stop,

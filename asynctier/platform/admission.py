@@ -2,6 +2,9 @@
 
 The dispatcher asks, per chunk of items of one binding (never per item):
 
+0. :meth:`Admission.claim` - claims a batch's records so that a record that already
+   succeeded is not run again (``ok`` without running) and one running elsewhere waits;
+   :meth:`Admission.finish` marks a chunk's successes and releases the rest.
 1. :meth:`Admission.over_quota` - which items are over their tenant's quota; those get a
    ``retry`` outcome that spends no attempt, after the seconds returned.
 2. :meth:`Admission.take_tokens` - waits until ``n`` items may start under the binding's
@@ -21,11 +24,27 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from asynctier.platform.binding import Binding
-from asynctier.platform.wire import Item
+from asynctier.platform.wire import Item, Outcome
+
+#: Claim codes (one character per item, see :mod:`asynctier.platform.limits.once`).
+RUN = "0"
+DONE = "1"
+BUSY = "2"
+TAKEN_OVER = "3"
 
 
 class Admission(Protocol):
     """What the dispatcher needs from rate limits, quotas and concurrency caps."""
+
+    async def claim(self, binding: Binding, items: Sequence[Item]) -> str:
+        """One code per item: :data:`RUN` or :data:`TAKEN_OVER` (claimed: run it),
+        :data:`DONE` (succeeded before: do not run) or :data:`BUSY` (running elsewhere)."""
+        ...
+
+    async def finish(self, binding: Binding, items: Sequence[Item],
+                     outcomes: Sequence[Outcome]) -> None:
+        """Claimed ``items`` ran (or will not run here): keep their successes, free the rest."""
+        ...
 
     async def over_quota(self, binding: Binding, items: Sequence[Item]) -> dict[int, float]:
         """Item ids over quota, each with the seconds until it may run."""
@@ -49,7 +68,15 @@ class Admission(Protocol):
 
 
 class OpenAdmission:
-    """Admits everything at once: no quota, no rate limit, no concurrency cap."""
+    """Admits everything at once: no quota, no rate limit, no concurrency cap, no claims."""
+
+    async def claim(self, binding: Binding, items: Sequence[Item]) -> str:
+        """Everything runs."""
+        return RUN * len(items)
+
+    async def finish(self, binding: Binding, items: Sequence[Item],
+                     outcomes: Sequence[Outcome]) -> None:
+        """Nothing to remember."""
 
     async def over_quota(self, binding: Binding, items: Sequence[Item]) -> dict[int, float]:
         """Nothing is over quota."""

@@ -134,6 +134,12 @@ BATCHES = Counter(
     "Batches handled, by component and binding.",
     ["component", "binding"],
 )
+RUN_ONCE = Counter(
+    "asynctier_run_once_total",
+    "Records read again whose run was guarded: skipped (it had succeeded), waited (a copy "
+    "was running) or taken_over (its scheduler had died).",
+    ["binding", "outcome"],
+)
 HANDOFF_FAILURES = Counter(
     "asynctier_handoff_failures_total",
     "Failed hand-offs to a delay or dead-letter topic (delivery not confirmed).",
@@ -160,6 +166,7 @@ ALL_METRICS: Final = {
     "asynctier_live_schedulers": LIVE_SCHEDULERS,
     "asynctier_batches_total": BATCHES,
     "asynctier_handoff_failures_total": HANDOFF_FAILURES,
+    "asynctier_run_once_total": RUN_ONCE,
 }
 
 
@@ -285,6 +292,11 @@ def record_dead_letters(binding: str, reasons: Mapping[str, int]) -> None:
 def count_batch(component: str, binding: str, n: int = 1) -> None:
     """Count ``n`` batches handled by ``component`` for ``binding``."""
     BATCHES.labels(component, binding).inc(n)
+
+
+def count_run_once(binding: str, outcome: str, n: int = 1) -> None:
+    """Count records of ``binding`` the run-once guard skipped, made wait or took over."""
+    RUN_ONCE.labels(binding, outcome).inc(n)
 
 
 def count_handoff_failure(topic: str, n: int = 1) -> None:

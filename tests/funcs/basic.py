@@ -82,3 +82,13 @@ def timed(payload: Any, ctx: Context) -> None:
 
 async def async_noop(payload: Any, ctx: Context) -> None:
     """Does nothing, from the event loop (throughput)."""
+
+
+def slow_record(payload: Any, ctx: Context) -> None:
+    """Records the payload and its context, sleeps ``payload["sleep"]`` seconds (0 when not
+    given) and raises when ``payload["fail"]`` is true."""
+    with _LOCK:
+        SEEN.append((payload, ctx))
+    time.sleep(payload.get("sleep", 0))
+    if payload.get("fail"):
+        raise RuntimeError("asked to fail")

@@ -4,7 +4,9 @@ Per chunk of items of one binding, each step is at most one Redis round trip:
 ``over_quota`` (quota and idempotency keys, one script), ``take_tokens`` (token bucket, one
 script) and ``slot`` (a lease: one script to take it when free, one command to give it
 back). Nothing is refused for being throttled: items wait, or are delayed without spending
-an attempt when over quota.
+an attempt when over quota. For a binding that is not ``idempotent``, ``claim`` and
+``finish`` keep a record that succeeded from running again (:mod:`.once`: one script per
+batch, one per chunk).
 
 When Redis does not answer, each binding follows its ``redis_policy``: ``fail_open`` (the
 default) admits through this scheduler's local limiter (:mod:`.local`) and counts it;
@@ -24,12 +26,14 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from asynctier.platform.admission import RUN
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.limits.aimd import Aimd, AimdConfig
 from asynctier.platform.limits.bucket import RedisBucket
 from asynctier.platform.limits.concurrency import DEFAULT_LEASE_S, LeasePool, LocalLimit
 from asynctier.platform.limits.local import LocalLimiter
+from asynctier.platform.limits.once import DEFAULT_DONE_TTL_S, RunOnce
 from asynctier.platform.limits.outage import REDIS_DOWN, Backoff, Outage
 from asynctier.platform.limits.quota import (
     DEFAULT_CHARGE_TTL_S,
@@ -38,7 +42,7 @@ from asynctier.platform.limits.quota import (
     RedisQuota,
 )
 from asynctier.platform.limits.stats import AdmissionStats
-from asynctier.platform.wire import Item
+from asynctier.platform.wire import Item, Outcome
 
 T = TypeVar("T")
 
@@ -52,6 +56,7 @@ class AdmissionConfig:
     quota_recheck_s: float = DEFAULT_RECHECK_S
     socket_timeout_s: float = 1.0
     probe_interval_s: float = 1.0
+    done_ttl_s: float = DEFAULT_DONE_TTL_S
     aimd: AimdConfig = field(default_factory=AimdConfig)
 
 
@@ -91,6 +96,7 @@ class RedisAdmission:
         self._quota = RedisQuota(self._client, names, self.config.charge_ttl_s,
                                  self.config.quota_recheck_s)
         self._leases = LeasePool(self._client, names, self.config.lease_s)
+        self._once = RunOnce(self._client, names, self.config.done_ttl_s)
         self._fallback = LocalLimiter()
         self._outage = Outage(self.config.probe_interval_s)
         self._locals: dict[str, _Local] = {}
@@ -143,6 +149,33 @@ class RedisAdmission:
         finally:
             local.limit.release()
 
+    async def claim(self, binding: Binding, items: Sequence[Item]) -> str:
+        """Claim ``items`` for this scheduler: one code per item (see :mod:`.once`). A
+        binding marked ``idempotent`` runs everything unclaimed, and so does a
+        ``fail_open`` binding while Redis is down."""
+        if binding.idempotent or not items:
+            return RUN * len(items)
+        return await self._guarded(binding, lambda: self._once.claim(binding.name, items),
+                                   lambda: RUN * len(items))
+
+    async def finish(self, binding: Binding, items: Sequence[Item],
+                     outcomes: Sequence[Outcome]) -> None:
+        """After claimed ``items`` ran (or will not run here): remember the successes,
+        release the others. Redis being down costs only the memory of these successes."""
+        if binding.idempotent or not items:
+            return
+        if not self._outage.may_try():  # not now: a claim left behind is told apart later
+            self._once.forget(binding.name, items)
+            self.stats.count_fallback(binding.name)
+            return
+        try:
+            await self._once.finish(binding.name, items, outcomes)
+        except REDIS_DOWN as exc:
+            self._outage.failed(binding, exc)
+            self.stats.count_fallback(binding.name)
+        else:
+            self._outage.recovered()
+
     def report(self, binding: Binding, ok: int, failed: int) -> None:
         """Feed the binding's adaptive limit with a chunk's outcomes."""
         local = self._local(binding)
@@ -156,6 +189,7 @@ class RedisAdmission:
     async def close(self) -> None:
         """Give back every lease and close the Redis client (if it was created here)."""
         await self._leases.close()
+        await self._once.close()
         if self._own_client:
             await self._client.aclose()
 

@@ -2,6 +2,9 @@
 
 Per chunk (never per item), in this order:
 
+0. **Claim** (per batch, :meth:`Admission.claim`): a record that already succeeded is
+   answered ``ok`` without running; one still running elsewhere waits for that run. After
+   a chunk ran, :meth:`Admission.finish` remembers its successes before it is answered.
 1. **Intake** (:meth:`Dispatcher.submit`, in the caller's task, holding no worker):
    :meth:`Admission.over_quota` (those items get a ``retry`` that spends no attempt),
    then :meth:`Admission.take_tokens` (a rate-limited binding's call simply takes
@@ -22,10 +25,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from asynctier.platform import metrics
-from asynctier.platform.admission import Admission
+from asynctier.platform.admission import BUSY, DONE, RUN, TAKEN_OVER, Admission
 from asynctier.platform.binding import Binding
 from asynctier.platform.errors import FunctionNotFound, ModuleNotAllowed
 from asynctier.platform.limits.bucket import burst_of
@@ -33,9 +38,13 @@ from asynctier.platform.scheduler.bounded import BoundedQueue, Chunk
 from asynctier.platform.scheduler.outcomes import error_text
 from asynctier.platform.scheduler.runtime import Job, Runtime
 from asynctier.platform.scheduler.sizing import ChunkSizer
-from asynctier.platform.wire import Item, Outcome, failed, retry
+from asynctier.platform.wire import Item, Outcome, failed, ok, retry
 
 log = logging.getLogger(__name__)
+
+#: A record running elsewhere is asked about again after this, doubling up to the max.
+BUSY_POLL_FIRST_S = 0.05
+BUSY_POLL_MAX_S = 1.0
 
 
 def _fits_one_burst(binding: Binding, n: int) -> bool:
@@ -43,12 +52,20 @@ def _fits_one_burst(binding: Binding, n: int) -> bool:
     return binding.rate_per_s is None or n <= burst_of(binding)
 
 
+@dataclass(eq=False)
+class _Group:
+    """Chunks of one batch queued at once: ``open`` have not ended yet."""
+
+    open: int
+    ended: list[tuple[Chunk, list[Outcome] | None]] = field(default_factory=list)
+
+
 class Dispatcher:
     """Admits, queues and runs chunks with ``workers`` worker tasks."""
 
     def __init__(self, runtime: Runtime, admission: Admission, queue: BoundedQueue,
                  sizer: ChunkSizer, workers: int = 8, capped_chunks: int = 2,
-                 admission_retry_s: float = 5.0) -> None:
+                 admission_retry_s: float = 5.0, busy_grace_s: float = 10.0) -> None:
         self.runtime = runtime
         self.admission = admission
         self.queue = queue
@@ -56,9 +73,11 @@ class Dispatcher:
         self.workers = workers
         self.capped_chunks = capped_chunks
         self.admission_retry_s = admission_retry_s
+        self.busy_grace_s = busy_grace_s
         self.running_items = 0
         self._capped: dict[str, asyncio.Semaphore] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Future[None]] = set()
 
     def start(self) -> None:
         """Start the worker tasks on the running loop."""
@@ -75,7 +94,90 @@ class Dispatcher:
     # -- intake ---------------------------------------------------------------------------
 
     async def submit(self, binding: Binding, items: list[Item]) -> list[Outcome]:
-        """Every outcome of ``items`` (all of ``binding``); waits while the queue is full."""
+        """Every outcome of ``items`` (all of ``binding``); waits while the queue is full.
+
+        Records are claimed first (:meth:`Admission.claim`): one that already succeeded is
+        answered ``ok`` without running, and one still running elsewhere (a copy read again
+        after a crash) waits for that run to end, then is answered ``ok`` or runs here.
+        """
+        skipped, items, busy = await self._claim(binding, items)
+        if busy:
+            metrics.count_run_once(binding.name, "waited", len(busy))
+        waiting = asyncio.create_task(self._when_free(binding, busy)) if busy else None
+        try:
+            results = skipped + await self._submit_claimed(binding, items)
+            if waiting is not None:
+                results += await waiting
+        finally:
+            if waiting is not None:
+                waiting.cancel()
+        return results
+
+    async def _claim(self, binding: Binding,
+                     items: list[Item]) -> tuple[list[Outcome], list[Item], list[Item]]:
+        """(``ok`` outcomes of the records already done, records to run, records busy)."""
+        if not items:
+            return [], items, []
+        try:
+            codes = await self.admission.claim(binding, items)
+            if len(codes) != len(items):
+                raise ValueError(f"{len(codes)} claim codes for {len(items)} items")
+        except Exception:
+            log.exception("binding %s: could not claim %d record(s); running them without "
+                          "the run-once guard", binding.name, len(items))
+            return [], items, []
+        if codes.count(RUN) == len(codes):
+            return [], items, []
+        done = [ok(i["id"]) for i, c in zip(items, codes, strict=True) if c == DONE]
+        run = [i for i, c in zip(items, codes, strict=True) if c in (RUN, TAKEN_OVER)]
+        busy = [i for i, c in zip(items, codes, strict=True) if c == BUSY]
+        if done:
+            metrics.count_run_once(binding.name, "skipped", len(done))
+        taken = codes.count(TAKEN_OVER)
+        if taken:
+            metrics.count_run_once(binding.name, "taken_over", taken)
+            log.warning("binding %s: %d record(s) were claimed by a scheduler that died before "
+                        "they ended; they run again here", binding.name, taken,
+                        extra={"binding": binding.name})
+        return done, run, busy
+
+    async def _when_free(self, binding: Binding, busy: list[Item]) -> list[Outcome]:
+        """Outcomes of records running elsewhere: ``ok`` once that run succeeded, or run
+        here once it failed or its scheduler died; a held retry (no attempt spent) when
+        the other run is still going after the binding's timeout and a grace."""
+        results: list[Outcome] = []
+        deadline = time.monotonic() + binding.timeout_s + self.busy_grace_s
+        pause = BUSY_POLL_FIRST_S
+        while busy:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, BUSY_POLL_MAX_S)
+            done, run, busy = await self._claim(binding, busy)
+            results += done
+            if run:
+                results += await self._submit_claimed(binding, run)
+            if busy and time.monotonic() >= deadline:
+                log.warning("binding %s: %d record(s) are still running in another scheduler "
+                            "after %gs; they come back in %gs without spending an attempt",
+                            binding.name, len(busy), binding.timeout_s + self.busy_grace_s,
+                            self.admission_retry_s, extra={"binding": binding.name})
+                results += [retry(i["id"], "a copy of this record is still running elsewhere",
+                                  after_s=self.admission_retry_s, spends_attempt=False)
+                            for i in busy]
+                break
+        return results
+
+    async def _finish(self, binding: Binding, items: Sequence[Item],
+                      outcomes: Sequence[Outcome]) -> None:
+        """Tell the admission how claimed ``items`` ended (successes are remembered)."""
+        if not items:
+            return
+        try:
+            await self.admission.finish(binding, items, outcomes)
+        except Exception:
+            log.exception("binding %s: could not record how %d claimed record(s) ended; a "
+                          "copy read again may run again", binding.name, len(items))
+
+    async def _submit_claimed(self, binding: Binding, items: list[Item]) -> list[Outcome]:
         results: list[Outcome] = []
         futures: list[asyncio.Future[list[Outcome]]] = []
         cap = self._cap(binding)
@@ -86,9 +188,16 @@ class Dispatcher:
             refused, items = await self._admit_or_retry(binding, items)
             results.extend(refused)
             admitted = True
+        parts = list(self.sizer.split(binding.name, items, self.workers, cap or 1))
+        # Chunks queued together at once end together: the last one records how all of them
+        # ended, in one round trip (a capped binding's chunks wait for their gate one by
+        # one, so each records its own).
+        group = _Group(len(parts)) if admitted and not cap and len(parts) > 1 else None
+        queued = 0
         try:
-            for part in self.sizer.split(binding.name, items, self.workers, cap or 1):
-                refused, chunk = await self._intake(binding, part, admitted)
+            for part in parts:
+                refused, chunk = await self._intake(binding, part, admitted, group)
+                queued += 1
                 results.extend(refused)
                 if chunk is not None:
                     futures.append(chunk.future)
@@ -97,21 +206,54 @@ class Dispatcher:
         finally:
             for future in futures:  # the caller went away: queued chunks are skipped
                 future.cancel()
+            if queued < len(parts):  # ... and the parts never queued are free again
+                left = [i for part in parts[queued:] for i in part]
+                self._later(self._finish(binding, left, []))
+                if group is not None:
+                    self._later(self._end_in_group(group, binding, None, len(parts) - queued))
         return results
+
+    def _later(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` to its end even though the caller is being cancelled."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _end_in_group(self, group: _Group, binding: Binding,
+                            ended: tuple[Chunk, list[Outcome] | None] | None,
+                            count: int = 1) -> None:
+        """A chunk of ``group`` ended (``outcomes`` None: it did not run); the last one
+        records how every chunk of the group ended, then answers them."""
+        if ended is not None:
+            group.ended.append(ended)
+        group.open -= count
+        if group.open > 0:
+            return
+        chunks, group.ended = group.ended, []
+        await self._finish(binding, [i for c, _ in chunks for i in c.items],
+                           [o for _, outcomes in chunks for o in outcomes or ()])
+        for chunk, outcomes in chunks:
+            if outcomes is not None and not chunk.future.done():
+                chunk.future.set_result(outcomes)
 
     async def _admit_or_retry(self, binding: Binding,
                               items: list[Item]) -> tuple[list[Outcome], list[Item]]:
         try:
-            return await self._admit(binding, items)
+            refused, admitted = await self._admit(binding, items)
         except Exception as exc:
             log.error("binding %s: admission failed (%s); %d item(s) will come back in %gs",
                       binding.name, error_text(exc), len(items), self.admission_retry_s)
-            return [retry(i["id"], f"admission failed: {error_text(exc)}",
-                          after_s=self.admission_retry_s, spends_attempt=False)
-                    for i in items], []
+            refused = [retry(i["id"], f"admission failed: {error_text(exc)}",
+                             after_s=self.admission_retry_s, spends_attempt=False)
+                       for i in items]
+            admitted = []
+        if refused:  # claimed, but not run here: free for the copy that comes back
+            ids = {o["id"] for o in refused}
+            await self._finish(binding, [i for i in items if i["id"] in ids], refused)
+        return refused, admitted
 
-    async def _intake(self, binding: Binding, items: list[Item],
-                      admitted_already: bool = False) -> tuple[list[Outcome], Chunk | None]:
+    async def _intake(self, binding: Binding, items: list[Item], admitted_already: bool = False,
+                      group: _Group | None = None) -> tuple[list[Outcome], Chunk | None]:
         refused: list[Outcome] = []
         if admitted_already:
             admitted = items
@@ -119,7 +261,8 @@ class Dispatcher:
             refused, admitted = await self._admit_or_retry(binding, items)
         if not admitted:
             return refused, None
-        chunk = Chunk(binding, admitted, asyncio.get_running_loop().create_future())
+        chunk = Chunk(binding, admitted, asyncio.get_running_loop().create_future(),
+                      group=group)
         if self._cap(binding):
             await self._capped_gate(chunk)
         chunk.queued_at = time.monotonic()
@@ -150,19 +293,24 @@ class Dispatcher:
         while True:
             chunk = await self.queue.get()
             metrics.set_queue_depths(self.queue.fair.items_by_tier())
-            if chunk.future.done():
+            outcomes: list[Outcome] | None = None
+            if not chunk.future.done():  # else its caller went away: it runs when sent again
+                self.running_items += chunk.cost
+                try:
+                    outcomes = await self._run(chunk)
+                except Exception as exc:  # a bug here must not lose the items: they come back
+                    log.exception("binding %s: a chunk failed in the scheduler",
+                                  chunk.binding.name)
+                    outcomes = [retry(i["id"], f"scheduler error: {error_text(exc)}",
+                                      spends_attempt=False, after_s=self.admission_retry_s)
+                                for i in chunk.items]
+                finally:
+                    self.running_items -= chunk.cost
+            if chunk.group is not None:
+                await self._end_in_group(chunk.group, chunk.binding, (chunk, outcomes))
                 continue
-            self.running_items += chunk.cost
-            try:
-                outcomes = await self._run(chunk)
-            except Exception as exc:  # a bug here must not lose the items: they come back
-                log.exception("binding %s: a chunk failed in the scheduler", chunk.binding.name)
-                outcomes = [retry(i["id"], f"scheduler error: {error_text(exc)}",
-                                  spends_attempt=False, after_s=self.admission_retry_s)
-                            for i in chunk.items]
-            finally:
-                self.running_items -= chunk.cost
-            if not chunk.future.done():
+            await self._finish(chunk.binding, chunk.items, outcomes or [])  # before answering
+            if outcomes is not None and not chunk.future.done():
                 chunk.future.set_result(outcomes)
 
     async def _run(self, chunk: Chunk) -> list[Outcome]:

@@ -1,0 +1,267 @@
+"""Run once: a record whose function succeeded is not run again when it is read again.
+
+At-least-once delivery reads a record again after a crash or a rebalance (its offset was
+not committed yet), and a retried record can reach a delay topic twice. For a binding that
+is not ``idempotent`` (the default) the scheduler guards each record by its ``source_ref``
+in Redis (the delay tailers send the record's origin as its ``source_ref``, so every copy
+of one record is the same record here):
+
+- before a chunk is queued, one script per batch (:data:`CLAIM`) claims each record for
+  this scheduler (``r<holder>``); a record already done (``d``) is answered ``ok``
+  without running; a record claimed by a live scheduler (a copy still running there) waits
+  until it is done or released; a record claimed by a dead scheduler is taken over;
+- after the chunk ran, and before it is answered, one script (:data:`FINISH`) marks the
+  successes done for at least ``done_ttl_s`` and frees the rest, so a retry runs again.
+
+A scheduler is alive while its holder key (``<prefix>:once-holder:<holder>``) exists: set
+with every claim and renewed by a heartbeat while it holds claims, it expires
+``holder_ttl_s`` after the scheduler dies. What this cannot prevent is a function that
+succeeded in a scheduler killed before :data:`FINISH` ran: that record runs again (at
+least once wins over at most once). The cost is one round trip per batch and one per chunk,
+about 2 µs of Redis CPU per record, and a hash field of about 50 bytes per record for
+``done_ttl_s`` to ``4/3 done_ttl_s``: a binding whose function is idempotent should say so
+(``asynctier bind --idempotent``) and skip all of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Final
+
+from redis.asyncio import Redis
+
+from asynctier.platform.admission import BUSY, RUN, TAKEN_OVER
+from asynctier.platform.limits.outage import REDIS_DOWN
+from asynctier.platform.limits.quota import join_refs
+from asynctier.platform.names import Names
+from asynctier.platform.wire import Item, Outcome
+
+log = logging.getLogger(__name__)
+
+# Claim codes, one character per item: RUN (claimed here), DONE (succeeded before: answer
+# ok without running), BUSY (claimed by a live scheduler, maybe this one: wait for it),
+# TAKEN_OVER (its claimant died: claimed here).
+
+#: A record's success is remembered this long. A record is read again after a crash within
+#: the group's session timeout and a restart, minutes at most; two delay copies of one
+#: record come back within that same window of each other.
+DEFAULT_DONE_TTL_S = 900.0
+#: A scheduler's holder key lives this long without a beat (renewed every third of it).
+DEFAULT_HOLDER_TTL_S = 5.0
+#: CLAIM's code for a record this scheduler claims already (never returned by :class:`RunOnce`).
+MINE: Final = "4"
+
+#: Records are kept in hashes, one per binding per span of ``done_ttl_s / 3``:
+#: ``<prefix>:once:<binding>:<span number>``, field the source reference, value ``r<holder>``
+#: (claimed), ``d`` (done) or ``f`` (free again). A record's state is its value in the newest
+#: of the last :data:`SPANS_KEPT` hashes that has one; writes go to the current hash, which
+#: expires one span after the last one kept. A hash field costs about half the memory of a
+#: key with its own expiry, and a whole batch is read with one HMGET and written with one
+#: HSET per hash (a script that called GET and SET per record cost Redis twice the CPU).
+SPANS_KEPT: Final = 4
+
+_SPLIT = """
+local function split(text)
+  local out = {}
+  if text == '' then return out end
+  local start = 1
+  while start <= #text + 1 do
+    local stop = string.find(text, '\\n', start, true) or (#text + 1)
+    out[#out + 1] = string.sub(text, start, stop - 1)
+    start = stop + 1
+  end
+  return out
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+_WRITE = """
+local function write(key, pairs, ttl)
+  if #pairs == 0 then return end
+  for s = 1, #pairs, 2000 do
+    redis.call('HSET', key, unpack(pairs, s, math.min(s + 1999, #pairs)))
+  end
+  redis.call('PEXPIRE', key, ttl)
+end
+"""
+
+#: Claim every record of a batch for one holder.
+#:
+#: ARGV[1]  the holder (this scheduler)
+#: ARGV[2]  the holder keys' prefix (a holder is alive while prefix .. holder exists)
+#: ARGV[3]  milliseconds a holder key lives
+#: ARGV[4]  milliseconds a span lasts
+#: ARGV[5]  the binding's hashes' prefix
+#: ARGV[6]  the batch's source references, in order, joined by newlines
+#: Returns  one code per record (RUN, DONE, BUSY, TAKEN_OVER: see the module docstring; and
+#:          4 for a record this holder claims already, which :class:`RunOnce` tells apart)
+CLAIM: Final = _SPLIT + _WRITE + f"""
+local me = ARGV[1]
+local holders = ARGV[2]
+redis.call('SET', holders .. me, '1', 'PX', ARGV[3])
+local span = tonumber(ARGV[4])
+local prefix = ARGV[5]
+local refs = split(ARGV[6])
+local n = #refs
+local cur = math.floor(now / span)
+local state = {{}}
+local found = 0
+for b = cur, cur - {SPANS_KEPT - 1}, -1 do
+  local key = prefix .. b
+  if redis.call('EXISTS', key) == 1 then
+    for s = 1, n, 1000 do
+      local e = math.min(s + 999, n)
+      local got = redis.call('HMGET', key, unpack(refs, s, e))
+      for i = s, e do
+        if state[i] == nil and got[i - s + 1] then
+          state[i] = got[i - s + 1]
+          found = found + 1
+        end
+      end
+    end
+  end
+  if found == n then break end
+end
+local mine = 'r' .. me
+local codes = {{}}
+local claims = {{}}
+local alive = {{}}
+local seen = {{}}
+for i = 1, n do
+  local v = state[i]
+  if seen[refs[i]] then
+    codes[i] = '2'  -- a second copy in this batch waits for the first
+  elseif not v or v == 'f' then
+    codes[i] = '0'
+  elseif v == 'd' then
+    codes[i] = '1'
+  elseif v == mine then
+    codes[i] = '4'  -- this scheduler's: running here, or a claim it could not free
+  else
+    local holder = string.sub(v, 2)
+    local live = alive[holder]
+    if live == nil then
+      live = redis.call('EXISTS', holders .. holder) == 1
+      alive[holder] = live
+    end
+    codes[i] = live and '2' or '3'
+  end
+  seen[refs[i]] = true
+  if codes[i] == '0' or codes[i] == '3' then
+    claims[#claims + 1] = refs[i]
+    claims[#claims + 1] = mine
+  end
+end
+write(prefix .. cur, claims, span * {SPANS_KEPT + 1})
+return table.concat(codes)
+"""
+
+#: Mark a chunk's successes done and free its other records (a retry runs again).
+#:
+#: ARGV[1]  milliseconds a span lasts
+#: ARGV[2]  the binding's hashes' prefix
+#: ARGV[3]  the successes' references joined by newlines ('' for none)
+#: ARGV[4]  the others' references joined by newlines ('' for none)
+FINISH: Final = _SPLIT + _WRITE + f"""
+local span = tonumber(ARGV[1])
+local key = ARGV[2] .. math.floor(now / span)
+local pairs = {{}}
+for _, ref in ipairs(split(ARGV[3])) do
+  pairs[#pairs + 1] = ref
+  pairs[#pairs + 1] = 'd'
+end
+for _, ref in ipairs(split(ARGV[4])) do
+  pairs[#pairs + 1] = ref
+  pairs[#pairs + 1] = 'f'
+end
+write(key, pairs, span * {SPANS_KEPT + 1})
+return 0
+"""
+
+
+class RunOnce:
+    """Claims records for this scheduler and remembers the ones that succeeded."""
+
+    def __init__(self, client: Redis, names: Names, done_ttl_s: float = DEFAULT_DONE_TTL_S,
+                 holder_ttl_s: float = DEFAULT_HOLDER_TTL_S) -> None:
+        self._client = client
+        self._names = names
+        self._claim = client.register_script(CLAIM)
+        self._finish = client.register_script(FINISH)
+        self.holder = uuid.uuid4().hex[:12]
+        self._span_ms = max(1, int(done_ttl_s * 1000 / (SPANS_KEPT - 1)))
+        self._holder_ms = int(holder_ttl_s * 1000)
+        self._holders = names.redis_key("once-holder", "")
+        self._running: dict[str, set[str]] = {}  # per binding: refs claimed, not finished
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    def prefix(self, binding: str) -> str:
+        """The prefix of ``binding``'s hashes (the span number follows)."""
+        return self._names.redis_key("once", binding, "")
+
+    async def claim(self, binding: str, items: Sequence[Item]) -> str:
+        """One code per item (see :data:`RUN` and the others)."""
+        if not items:
+            return ""
+        refs = [item["source_ref"] for item in items]
+        codes = await self._claim(args=[
+            self.holder, self._holders, self._holder_ms, self._span_ms,
+            self.prefix(binding), join_refs(refs)])
+        text = codes.decode() if isinstance(codes, bytes) else str(codes)
+        running = self._running.setdefault(binding, set())
+        if text.count(RUN) == len(text):
+            running.update(refs)
+        else:
+            out = []
+            for ref, code in zip(refs, text, strict=True):
+                if code == MINE:  # running here: wait for it; else a claim left behind
+                    code = BUSY if ref in running else RUN
+                if code in (RUN, TAKEN_OVER):
+                    running.add(ref)
+                out.append(code)
+            text = "".join(out)
+        self._ensure_heartbeat()
+        return text
+
+    def forget(self, binding: str, items: Sequence[Item]) -> None:
+        """``items`` no longer run here (their claims, if still in Redis, are stale)."""
+        running = self._running.get(binding)
+        if running:
+            running.difference_update(i["source_ref"] for i in items)
+
+    async def finish(self, binding: str, items: Sequence[Item],
+                     outcomes: Sequence[Outcome]) -> None:
+        """Mark the items whose outcome is ``ok`` done; free the others."""
+        self.forget(binding, items)
+        ok = {o["id"] for o in outcomes if o["status"] == "ok"}
+        done = [i["source_ref"] for i in items if i["id"] in ok]
+        other = [i["source_ref"] for i in items if i["id"] not in ok]
+        await self._finish(args=[self._span_ms, self.prefix(binding),
+                                 join_refs(done) if done else "",
+                                 join_refs(other) if other else ""])
+
+    async def close(self) -> None:
+        """Stop the heartbeat and drop the holder key: claims left here are free at once."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+        with contextlib.suppress(*REDIS_DOWN):
+            await self._client.delete(self._holders + self.holder)
+
+    def _ensure_heartbeat(self) -> None:
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.create_task(self._beat(), name="asynctier-once-heartbeat")
+
+    async def _beat(self) -> None:
+        while any(self._running.values()):
+            await asyncio.sleep(self._holder_ms / 3000)
+            try:
+                await self._client.set(self._holders + self.holder, "1", px=self._holder_ms)
+            except REDIS_DOWN as exc:
+                log.debug("could not renew the run-once holder key: %s", exc)

@@ -1,0 +1,241 @@
+"""The run-once guard against the real Redis: a record that succeeded is not run again when
+it is read again, a copy running elsewhere is waited for, a dead scheduler's claims are
+taken over, and an ``idempotent`` binding skips all of it.
+
+Two :class:`RedisAdmission` instances (each with its own client and holder id) stand for
+two schedulers; they share only what Redis holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+
+import redis
+
+from asynctier.platform.admission import BUSY, DONE, RUN, TAKEN_OVER
+from asynctier.platform.binding import Binding
+from asynctier.platform.config import Settings
+from asynctier.platform.limits import AdmissionConfig, RedisAdmission
+from asynctier.platform.wire import Item, Outcome, ok, retry
+from tests.funcs import basic
+from tests.scheduler_harness import by_id, local_scheduler
+
+GUARDED = Binding("orders", "orders", "tests.funcs.basic:slow_record", timeout_s=5.0)
+
+
+def make_items(refs: list[str], payload: dict[str, object] | None = None,
+               binding: str = "orders") -> list[Item]:
+    body = json.dumps(payload or {}).encode()
+    return [{"id": n, "binding": binding, "payload": body, "key": None, "headers": [],
+             "attempt": 1, "source_ref": ref, "record_time_ms": 0}
+            for n, ref in enumerate(refs)]
+
+
+def runs_by_ref() -> Counter[str]:
+    return Counter(ctx.source for _, ctx in basic.SEEN)
+
+
+def test_claim_codes_follow_a_record_from_claim_to_done(settings: Settings,
+                                                        redis_client: redis.Redis) -> None:
+    refs = ["orders/0/1", "orders/0/2", "orders/0/3"]
+    batch = make_items(refs)
+
+    async def scenario() -> list[str]:
+        a, b = RedisAdmission(settings), RedisAdmission(settings)
+        try:
+            seen = [await a.claim(GUARDED, batch), await b.claim(GUARDED, batch)]
+            outcomes: list[Outcome] = [ok(0), retry(1, "boom")]
+            await a.finish(GUARDED, batch[:2], outcomes)  # the third still runs in a
+            seen.append(await b.claim(GUARDED, batch))
+            # a dies: its holder key is gone (as when it stops beating for 5 s)
+            redis_client.delete(f"{settings.prefix}:once-holder:{a._once.holder}")
+            seen.append(await b.claim(GUARDED, batch[2:]))
+            seen.append(await a.claim(GUARDED, batch))
+            return seen
+        finally:
+            await a.close()
+            await b.close()
+
+    assert asyncio.run(scenario()) == [
+        RUN * 3,  # a claims all three
+        BUSY * 3,  # b finds them running in a, which is alive
+        DONE + RUN + BUSY,  # 1 succeeded; 2 failed and was released: b claims it; 3 in a
+        TAKEN_OVER,  # a is dead: b takes 3 over
+        DONE + BUSY + BUSY,  # b holds 2 and 3 now
+    ]
+    kept = list(redis_client.scan_iter(match=f"{settings.prefix}:once:orders:*"))
+    assert kept and all(redis_client.ttl(k) > 900 for k in kept)  # done marks: 15 min +
+
+
+def test_two_copies_in_one_batch_are_one_record(settings: Settings) -> None:
+    batch = make_items(["orders/9/1", "orders/9/2", "orders/9/1"])
+
+    async def scenario() -> list[str]:
+        admission = RedisAdmission(settings)
+        try:
+            first = await admission.claim(GUARDED, batch)
+            await admission.finish(GUARDED, batch[:2], [ok(0), ok(1)])
+            return [first, await admission.claim(GUARDED, batch[2:])]
+        finally:
+            await admission.close()
+
+    assert asyncio.run(scenario()) == [RUN + RUN + BUSY, DONE]
+
+
+def test_a_claim_this_scheduler_could_not_free_is_taken_back(settings: Settings) -> None:
+    """Redis was down when a chunk ended: its claims stay in Redis. The record's copy that
+    comes back must run (not wait for a run that is over), while a copy of a record still
+    running here waits."""
+    batch = make_items(["orders/8/1", "orders/8/2"])
+
+    async def scenario() -> list[str]:
+        admission = RedisAdmission(settings)
+        try:
+            first = await admission.claim(GUARDED, batch)
+            admission._once.forget(GUARDED.name, batch[:1])  # ended; its finish was lost
+            return [first, await admission.claim(GUARDED, batch)]
+        finally:
+            await admission.close()
+
+    assert asyncio.run(scenario()) == [RUN + RUN, RUN + BUSY]
+
+
+def test_a_done_mark_lasts_its_ttl_and_then_the_record_may_run_again(
+        settings: Settings) -> None:
+    batch = make_items(["orders/1/7"])
+
+    async def scenario() -> list[str]:
+        admission = RedisAdmission(settings, AdmissionConfig(done_ttl_s=1.0))
+        try:
+            await admission.claim(GUARDED, batch)
+            await admission.finish(GUARDED, batch, [ok(0)])
+            seen = [await admission.claim(GUARDED, batch)]
+            started = time.monotonic()
+            while await admission.claim(GUARDED, batch) == DONE:
+                assert time.monotonic() - started < 5, "the done mark outlived its ttl"
+                await asyncio.sleep(0.1)
+            seen.append(RUN)
+            return seen
+        finally:
+            await admission.close()
+
+    assert asyncio.run(scenario()) == [DONE, RUN]
+
+
+def test_an_idempotent_binding_is_never_claimed(settings: Settings,
+                                                redis_client: redis.Redis) -> None:
+    free = GUARDED.with_changes(idempotent=True)
+    batch = make_items(["orders/2/1", "orders/2/2"])
+
+    async def scenario() -> list[str]:
+        admission = RedisAdmission(settings)
+        try:
+            first = await admission.claim(free, batch)
+            await admission.finish(free, batch, [ok(0), ok(1)])
+            return [first, await admission.claim(free, batch)]
+        finally:
+            await admission.close()
+
+    assert asyncio.run(scenario()) == [RUN * 2, RUN * 2]
+    assert not list(redis_client.scan_iter(match=f"{settings.prefix}:once*"))
+
+
+def test_without_redis_a_fail_open_binding_runs_everything(settings: Settings) -> None:
+    dead = settings.with_overrides(redis_url="redis://127.0.0.1:1/0")
+    batch = make_items(["orders/3/1", "orders/3/2"])
+
+    async def scenario() -> str:
+        admission = RedisAdmission(dead, AdmissionConfig(socket_timeout_s=0.2))
+        try:
+            codes = await admission.claim(GUARDED, batch)
+            await admission.finish(GUARDED, batch, [ok(0), ok(1)])  # must not raise
+            return codes
+        finally:
+            await admission.close()
+
+    assert asyncio.run(scenario()) == RUN * 2
+
+
+def test_a_batch_read_again_runs_only_what_did_not_succeed(settings: Settings) -> None:
+    basic.reset()
+    refs = [f"orders/4/{n}" for n in range(40)]
+
+    async def scenario() -> tuple[dict[int, Outcome], dict[int, Outcome]]:
+        admission = RedisAdmission(settings)
+        scheduler = local_scheduler([GUARDED], admission=admission)
+        scheduler.start()
+        try:
+            failing = make_items(refs)
+            for i in failing[30:]:  # the last ten fail the first time
+                i["payload"] = b'{"fail": true}'
+            first = by_id(await scheduler.process(failing))
+            again = by_id(await scheduler.process(make_items(refs)))  # read again
+            return first, again
+        finally:
+            await scheduler.stop()
+            await admission.close()
+
+    first, again = asyncio.run(scenario())
+    assert [first[n]["status"] for n in range(40)] == ["ok"] * 30 + ["retry"] * 10
+    assert all(o["status"] == "ok" for o in again.values()) and len(again) == 40
+    runs = runs_by_ref()
+    assert {runs[r] for r in refs[:30]} == {1}, "a record that succeeded ran again"
+    assert {runs[r] for r in refs[30:]} == {2}, "a failed record must run again"
+
+
+def test_two_schedulers_given_the_same_batch_run_each_record_once(settings: Settings) -> None:
+    """The copy read again after a tailer crash reaches another scheduler while the first
+    is still running the batch: it waits, and is answered ok without running."""
+    basic.reset()
+    refs = [f"orders/5/{n}" for n in range(20)]
+
+    async def scenario() -> list[dict[int, Outcome]]:
+        made = [RedisAdmission(settings) for _ in range(2)]
+        schedulers = [local_scheduler([GUARDED], admission=a) for a in made]
+        for s in schedulers:
+            s.start()
+        try:
+            return [by_id(o) for o in await asyncio.gather(
+                *(s.process(make_items(refs, {"sleep": 0.02})) for s in schedulers))]
+        finally:
+            for s in schedulers:
+                await s.stop()
+            for a in made:
+                await a.close()
+
+    answers = asyncio.run(scenario())
+    for outcomes in answers:
+        assert [outcomes[n]["status"] for n in range(20)] == ["ok"] * 20
+    assert runs_by_ref() == Counter({ref: 1 for ref in refs})
+
+
+def test_a_dead_schedulers_claims_are_taken_over_within_the_holder_ttl(
+        settings: Settings) -> None:
+    """A scheduler that claimed a batch and died (its holder key stops being renewed):
+    the batch sent again to another scheduler waits at most the holder TTL (5 s), then
+    runs."""
+    basic.reset()
+    refs = [f"orders/6/{n}" for n in range(10)]
+
+    async def scenario() -> tuple[dict[int, Outcome], float]:
+        dying, alive = RedisAdmission(settings), RedisAdmission(settings)
+        await dying.claim(GUARDED, make_items(refs))
+        dying._once._running.clear()  # its heartbeat stops, as a SIGKILL would stop it
+        scheduler = local_scheduler([GUARDED], admission=alive)
+        scheduler.start()
+        started = time.monotonic()
+        try:
+            outcomes = by_id(await scheduler.process(make_items(refs)))
+            return outcomes, time.monotonic() - started
+        finally:
+            await scheduler.stop()
+            await alive.close()
+            await dying._client.aclose()
+
+    outcomes, took = asyncio.run(scenario())
+    assert [outcomes[n]["status"] for n in range(10)] == ["ok"] * 10
+    assert runs_by_ref() == Counter({ref: 1 for ref in refs})
+    assert took < 8, f"waited {took:.1f}s for a dead scheduler's claims"
