@@ -78,6 +78,8 @@ class Results:
             "p99_ms": self.p99(),
             "raw_p99_ms": self.p99(raw=True),
             "flood_ratio": self.ratio("flood", "asynctier"),
+            "flood_ratio_idempotent": self.ratio("flood_idempotent", "idempotent"),
+            "run_once_cost": self.ratio("asynctier", "idempotent"),
             "limiter_ratio": self.ratio("limiter", "asynctier"),
             "rss_growth": max(growth.values()) if growth else None,
         }
@@ -137,7 +139,8 @@ def _rss(row: Row) -> str:
     return " / ".join(f"{k} {_mb(v)}" for k, v in row.peak_rss.items())
 
 
-ORDER = ("raw", "client", "asynctier", "limiter", "flood", "celery", "dramatiq")
+ORDER = ("raw", "client", "asynctier", "limiter", "flood", "idempotent", "flood_idempotent",
+         "celery", "dramatiq")
 
 
 def _throughput_table(results: Results) -> list[str]:
@@ -180,18 +183,23 @@ def _rounds_table(results: Results) -> list[str]:
              "scenario's median round; the flood and limiter targets take the median of "
              "the rounds' ratios.", "",
              "| round | no-op records/s | limiter records/s | flood records/s "
-             "| limiter / no-op | flood / no-op |", "|--:|--:|--:|--:|--:|--:|"]
+             "| limiter / no-op | flood / no-op | no-op --idempotent | flood --idempotent "
+             "| flood / no-op, --idempotent | guarded no-op / --idempotent |",
+             "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for i, r in enumerate(results.rounds, 1):
         def rate(key: str, r: dict[str, Row] = r) -> str:
             return f"{r[key].rate:,.0f}" if key in r else "n/a"
 
-        def share(key: str, r: dict[str, Row] = r) -> str:
-            if key in r and "asynctier" in r and r["asynctier"].rate > 0:
-                return f"{r[key].rate / r['asynctier'].rate:.2f}"
+        def share(key: str, over: str = "asynctier", r: dict[str, Row] = r) -> str:
+            if key in r and over in r and r[over].rate > 0:
+                return f"{r[key].rate / r[over].rate:.2f}"
             return "n/a"
 
         lines.append(f"| {i} | {rate('asynctier')} | {rate('limiter')} | {rate('flood')} "
-                     f"| {share('limiter')} | {share('flood')} |")
+                     f"| {share('limiter')} | {share('flood')} | {rate('idempotent')} "
+                     f"| {rate('flood_idempotent')} "
+                     f"| {share('flood_idempotent', 'idempotent')} "
+                     f"| {share('asynctier', 'idempotent')} |")
     return [*lines, ""]
 
 
@@ -286,6 +294,12 @@ How it is measured:
   the client and broker alone give at that rate on this machine.
 - **retry flood**: the same topic bound to a function that always raises; the main topic
   drains into the 30 s delay topic. Measured like the success run.
+- **run-once guard**: the no-op and the flood are bound as a user binds by default (not
+  `--idempotent`: the scheduler claims every record in Redis before it runs and writes
+  its success down after; README, "Run once"), and again bound `--idempotent` (no guard).
+  The targets use the default binding; `flood_ratio_idempotent` is the flood against the
+  no-op with both bound `--idempotent`, `run_once_cost` the default no-op against the
+  `--idempotent` one. Each ratio is the median of the rounds' ratios.
 - **memory**: the kernel's peak RSS (VmHWM) of the tailer and scheduler processes while
   draining a preloaded backlog of each size, each in a fresh platform.
 - Kafka + Redis CPU is counted when their process ids are known (this run's own stack,

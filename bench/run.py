@@ -1,7 +1,8 @@
 """``make bench`` / ``python bench/run.py [--quick]``: the benchmarks of issue 7, in one run.
 
 Preloads the records, measures the references (raw loop, client only), asynctier (no-op,
-never-binding rate limit, retry flood, latency at half load, memory at two backlogs) and
+never-binding rate limit, retry flood; the no-op and the flood again bound ``--idempotent``,
+without the run-once guard; latency at half load, memory at two backlogs) and
 the peers (Celery, Dramatiq), then writes ``bench/RESULTS.md`` (not in ``--quick``,
 unless ``--out`` says where) and prints the final line::
 
@@ -37,8 +38,10 @@ from bench.records import preload  # noqa: E402
 from bench.report import Results  # noqa: E402
 from bench.stack import Services, machine, services  # noqa: E402
 
-SCENARIOS = ("raw", "client", "asynctier", "limiter", "flood", "latency", "celery",
-             "dramatiq", "memory", "profile")
+SCENARIOS = ("raw", "client", "asynctier", "limiter", "flood", "idempotent",
+             "flood_idempotent", "latency", "celery", "dramatiq", "memory", "profile")
+#: The scenarios run in interleaved rounds.
+ROUND_KEYS = ("asynctier", "limiter", "flood", "idempotent", "flood_idempotent")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -60,9 +63,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="py-spy the tailer and scheduler (auto: when a target is missed, "
                         "not in --quick)")
     p.add_argument("--rounds", type=int, default=None,
-                   help="interleaved rounds of the no-op, limiter and flood runs, every "
-                        "other one in reverse order; their ratios are medians over the "
-                        "rounds [7; quick 1]")
+                   help="interleaved rounds of the no-op, limiter and flood runs (and "
+                        "their --idempotent twins), every other one in reverse order; "
+                        "their ratios are medians over the rounds [7; quick 1]")
     p.add_argument("--out", type=Path, help="results file [bench/RESULTS.md; quick: none]")
     args = p.parse_args(argv)
     quick = args.quick
@@ -107,7 +110,7 @@ class Runner:
     def row(self, key: str, row: scenarios.Row) -> None:
         """Keep a row (in the current round too) and print it."""
         self.results.rows[key] = row
-        if key in ("asynctier", "limiter", "flood") and self.results.rounds:
+        if key in ROUND_KEYS and self.results.rounds:
             self.results.rounds[-1][key] = row
         print(f"   {row.name}: {row.items:,} in {row.seconds:.2f} s = {row.rate:,.0f}/s, "
               f"{row.cpu_per_1k:.3f} CPU-s/1k" + (f"; {row.note}" if row.note else ""),
@@ -130,7 +133,12 @@ class Runner:
                     "asynctier", scenarios.asynctier_noop(s, f, self.topic, n))),
                 ("limiter", self._limiter),
                 ("flood", lambda: self.row(
-                    "flood", scenarios.asynctier_flood(s, f, self.topic, n)))]
+                    "flood", scenarios.asynctier_flood(s, f, self.topic, n))),
+                ("idempotent", lambda: self.row(
+                    "idempotent", scenarios.asynctier_noop(s, f, self.topic, n, True))),
+                ("flood_idempotent", lambda: self.row(
+                    "flood_idempotent",
+                    scenarios.asynctier_flood(s, f, self.topic, n, True)))]
             # Every other round runs them in reverse: the machine drifts during a run
             # (the broker's JIT warms up; the no-op drain went from 82k/s to 118k/s over
             # one run), and a fixed order would hand that drift to one side of a ratio.

@@ -180,11 +180,18 @@ def _row(name: str, services: Services, drain: Drain, note: str = "") -> Row:
                note, detail)
 
 
-def asynctier_noop(services: Services, folder: Path, topic: str, n: int) -> Row:
-    """The default ``asynctier run`` on the no-op function, drained until lag 0."""
+IDEMPOTENT_NOTE = "bound --idempotent: no run-once guard"
+
+
+def asynctier_noop(services: Services, folder: Path, topic: str, n: int,
+                   idempotent: bool = False) -> Row:
+    """The default ``asynctier run`` on the no-op function, drained until lag 0; bound as
+    is (the run-once guard on), or ``--idempotent``."""
     with platform(services, folder, "noop") as run:
-        run.bind("noop", topic, "noop")
+        run.bind("noop", topic, "noop", *(("--idempotent",) if idempotent else ()))
         drain = drain_asynctier(services, run, topic, n, "noop")
+    if idempotent:
+        return _row("asynctier, no-op bound --idempotent", services, drain, IDEMPOTENT_NOTE)
     return _row("asynctier (default `asynctier run`, no-op)", services, drain)
 
 
@@ -211,17 +218,21 @@ def asynctier_limited(services: Services, folder: Path, topic: str, n: int,
                 note), bool(seen)
 
 
-def asynctier_flood(services: Services, folder: Path, topic: str, n: int) -> Row:
+def asynctier_flood(services: Services, folder: Path, topic: str, n: int,
+                    idempotent: bool = False) -> Row:
     """Every call fails: the main topic's drain while everything goes to the delay topic."""
     with platform(services, folder, "flood") as run:
-        run.bind("fail", topic, "fail")
+        run.bind("fail", topic, "fail", *(("--idempotent",) if idempotent else ()))
         drain = drain_asynctier(services, run, topic, n, "fail")
         delay_topic = f"{run.prefix}.delay.30s"
         progress = GroupProgress(services.kafka_bootstrap, "bench-peek", delay_topic)
         handed = progress.end()
         progress.close()
-    return _row("asynctier, 100% failures (retry flood)", services, drain,
-                f"{handed:,} records handed off to {delay_topic}")
+    name = "asynctier, 100% failures (retry flood)"
+    note = f"{handed:,} records handed off to {delay_topic}"
+    if idempotent:
+        name, note = name + ", bound --idempotent", f"{note}; {IDEMPOTENT_NOTE}"
+    return _row(name, services, drain, note)
 
 
 def asynctier_memory(services: Services, folder: Path, n: int) -> Row:
