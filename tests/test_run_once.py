@@ -103,6 +103,37 @@ def test_a_claim_this_scheduler_could_not_free_is_taken_back(settings: Settings)
     assert asyncio.run(scenario()) == [RUN + RUN, RUN + BUSY]
 
 
+def test_chunks_ending_together_are_written_in_few_round_trips(settings: Settings) -> None:
+    """Twenty chunks end at once: they are written together, in one round trip, and each
+    returns only once its marks are in Redis."""
+    chunks = [make_items([f"orders/7/{c * 10 + n}" for n in range(10)]) for c in range(20)]
+
+    async def scenario() -> tuple[int, str]:
+        admission = RedisAdmission(settings)
+        once = admission._once
+        calls = 0
+        write = once._finish
+
+        async def counted(**kwargs: object) -> object:
+            nonlocal calls
+            calls += 1
+            return await write(**kwargs)
+
+        once._finish = counted  # type: ignore[assignment]
+        try:
+            every = [i for c in chunks for i in c]
+            await admission.claim(GUARDED, every)
+            await asyncio.gather(*(admission.finish(GUARDED, c, [ok(i["id"]) for i in c])
+                                   for c in chunks))
+            return calls, await admission.claim(GUARDED, every)
+        finally:
+            await admission.close()
+
+    calls, codes = asyncio.run(scenario())
+    assert codes == DONE * 200
+    assert calls == 1, f"{calls} round trips for 20 chunks"
+
+
 def test_a_done_mark_lasts_its_ttl_and_then_the_record_may_run_again(
         settings: Settings) -> None:
     batch = make_items(["orders/1/7"])

@@ -10,14 +10,15 @@ of one record is the same record here):
   this scheduler (``r<holder>``); a record already done (``d``) is answered ``ok``
   without running; a record claimed by a live scheduler (a copy still running there) waits
   until it is done or released; a record claimed by a dead scheduler is taken over;
-- after the chunk ran, and before it is answered, one script (:data:`FINISH`) marks the
-  successes done for at least ``done_ttl_s`` and frees the rest, so a retry runs again.
+- after a chunk ran, and before it is answered, one script (:data:`FINISH`) marks the
+  successes done for at least ``done_ttl_s`` and frees the rest, so a retry runs again
+  (chunks that end while one such write is under way go together in the next).
 
 A scheduler is alive while its holder key (``<prefix>:once-holder:<holder>``) exists: set
 with every claim and renewed by a heartbeat while it holds claims, it expires
 ``holder_ttl_s`` after the scheduler dies. What this cannot prevent is a function that
 succeeded in a scheduler killed before :data:`FINISH` ran: that record runs again (at
-least once wins over at most once). The cost is one round trip per batch and one per chunk,
+least once wins over at most once). The cost is one round trip per batch and one per write,
 about 2 µs of Redis CPU per record, and a hash field of about 50 bytes per record for
 ``done_ttl_s`` to ``4/3 done_ttl_s``: a binding whose function is idempotent should say so
 (``asynctier bind --idempotent``) and skip all of it.
@@ -199,6 +200,10 @@ class RunOnce:
         self._holders = names.redis_key("once-holder", "")
         self._running: dict[str, set[str]] = {}  # per binding: refs claimed, not finished
         self._heartbeat: asyncio.Task[None] | None = None
+        # chunks ended and not yet written: per binding, the done and the free refs
+        self._pending: dict[str, tuple[list[str], list[str]]] = {}
+        self._waiters: list[asyncio.Future[None]] = []
+        self._writer: asyncio.Task[None] | None = None
 
     def prefix(self, binding: str) -> str:
         """The prefix of ``binding``'s hashes (the span number follows)."""
@@ -236,14 +241,45 @@ class RunOnce:
 
     async def finish(self, binding: str, items: Sequence[Item],
                      outcomes: Sequence[Outcome]) -> None:
-        """Mark the items whose outcome is ``ok`` done; free the others."""
+        """Mark the items whose outcome is ``ok`` done and free the others; return once
+        Redis has it.
+
+        Chunks that end while a write is under way are written together by the next one:
+        one round trip per write whatever the number of chunks (a round trip costs this
+        process more CPU than the records it carries), and a chunk waits at most one
+        round trip more than its own.
+        """
         self.forget(binding, items)
         ok = {o["id"] for o in outcomes if o["status"] == "ok"}
-        done = [i["source_ref"] for i in items if i["id"] in ok]
-        other = [i["source_ref"] for i in items if i["id"] not in ok]
-        await self._finish(args=[self._span_ms, self.prefix(binding),
-                                 join_refs(done) if done else "",
-                                 join_refs(other) if other else ""])
+        done, free = self._pending.setdefault(binding, ([], []))
+        for item in items:
+            (done if item["id"] in ok else free).append(item["source_ref"])
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write(), name="asynctier-once-writer")
+        await waiter
+
+    async def _write(self) -> None:
+        while self._pending:
+            pending, self._pending = self._pending, {}
+            waiters, self._waiters = self._waiters, []
+            try:
+                for binding, (done, free) in pending.items():
+                    await self._finish(args=[self._span_ms, self.prefix(binding),
+                                             join_refs(done) if done else "",
+                                             join_refs(free) if free else ""])
+            except BaseException as exc:
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_exception(exc if isinstance(exc, Exception)
+                                             else RuntimeError("the write was cancelled"))
+                if not isinstance(exc, Exception):
+                    raise
+            else:
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
 
     async def close(self) -> None:
         """Stop the heartbeat and drop the holder key: claims left here are free at once."""

@@ -13,7 +13,6 @@ import asyncio
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.scheduler.queues import FairQueue, pick_waiter
@@ -28,7 +27,6 @@ class Chunk:
     items: list[Item]
     future: asyncio.Future[list[Outcome]]
     queued_at: float = field(default=0.0)
-    group: Any = field(default=None)  # the dispatcher's: chunks of one batch that end together
 
     @property
     def cost(self) -> int:

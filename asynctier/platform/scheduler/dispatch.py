@@ -26,7 +26,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from asynctier.platform import metrics
@@ -50,14 +49,6 @@ BUSY_POLL_MAX_S = 1.0
 def _fits_one_burst(binding: Binding, n: int) -> bool:
     """True when ``n`` items fit in the binding's token bucket at once (or it has none)."""
     return binding.rate_per_s is None or n <= burst_of(binding)
-
-
-@dataclass(eq=False)
-class _Group:
-    """Chunks of one batch queued at once: ``open`` have not ended yet."""
-
-    open: int
-    ended: list[tuple[Chunk, list[Outcome] | None]] = field(default_factory=list)
 
 
 class Dispatcher:
@@ -189,14 +180,10 @@ class Dispatcher:
             results.extend(refused)
             admitted = True
         parts = list(self.sizer.split(binding.name, items, self.workers, cap or 1))
-        # Chunks queued together at once end together: the last one records how all of them
-        # ended, in one round trip (a capped binding's chunks wait for their gate one by
-        # one, so each records its own).
-        group = _Group(len(parts)) if admitted and not cap and len(parts) > 1 else None
         queued = 0
         try:
             for part in parts:
-                refused, chunk = await self._intake(binding, part, admitted, group)
+                refused, chunk = await self._intake(binding, part, admitted)
                 queued += 1
                 results.extend(refused)
                 if chunk is not None:
@@ -209,8 +196,6 @@ class Dispatcher:
             if queued < len(parts):  # ... and the parts never queued are free again
                 left = [i for part in parts[queued:] for i in part]
                 self._later(self._finish(binding, left, []))
-                if group is not None:
-                    self._later(self._end_in_group(group, binding, None, len(parts) - queued))
         return results
 
     def _later(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -218,23 +203,6 @@ class Dispatcher:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    async def _end_in_group(self, group: _Group, binding: Binding,
-                            ended: tuple[Chunk, list[Outcome] | None] | None,
-                            count: int = 1) -> None:
-        """A chunk of ``group`` ended (``outcomes`` None: it did not run); the last one
-        records how every chunk of the group ended, then answers them."""
-        if ended is not None:
-            group.ended.append(ended)
-        group.open -= count
-        if group.open > 0:
-            return
-        chunks, group.ended = group.ended, []
-        await self._finish(binding, [i for c, _ in chunks for i in c.items],
-                           [o for _, outcomes in chunks for o in outcomes or ()])
-        for chunk, outcomes in chunks:
-            if outcomes is not None and not chunk.future.done():
-                chunk.future.set_result(outcomes)
 
     async def _admit_or_retry(self, binding: Binding,
                               items: list[Item]) -> tuple[list[Outcome], list[Item]]:
@@ -252,8 +220,8 @@ class Dispatcher:
             await self._finish(binding, [i for i in items if i["id"] in ids], refused)
         return refused, admitted
 
-    async def _intake(self, binding: Binding, items: list[Item], admitted_already: bool = False,
-                      group: _Group | None = None) -> tuple[list[Outcome], Chunk | None]:
+    async def _intake(self, binding: Binding, items: list[Item],
+                      admitted_already: bool = False) -> tuple[list[Outcome], Chunk | None]:
         refused: list[Outcome] = []
         if admitted_already:
             admitted = items
@@ -261,8 +229,7 @@ class Dispatcher:
             refused, admitted = await self._admit_or_retry(binding, items)
         if not admitted:
             return refused, None
-        chunk = Chunk(binding, admitted, asyncio.get_running_loop().create_future(),
-                      group=group)
+        chunk = Chunk(binding, admitted, asyncio.get_running_loop().create_future())
         if self._cap(binding):
             await self._capped_gate(chunk)
         chunk.queued_at = time.monotonic()
@@ -306,9 +273,6 @@ class Dispatcher:
                                 for i in chunk.items]
                 finally:
                     self.running_items -= chunk.cost
-            if chunk.group is not None:
-                await self._end_in_group(chunk.group, chunk.binding, (chunk, outcomes))
-                continue
             await self._finish(chunk.binding, chunk.items, outcomes or [])  # before answering
             if outcomes is not None and not chunk.future.done():
                 chunk.future.set_result(outcomes)
