@@ -13,11 +13,13 @@ import json
 import time
 from collections import Counter
 
+import pytest
 import redis
 
 from asynctier.platform.admission import BUSY, DONE, RUN, TAKEN_OVER
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
+from asynctier.platform.errors import ConfigError
 from asynctier.platform.limits import AdmissionConfig, RedisAdmission
 from asynctier.platform.wire import Item, Outcome, ok, retry
 from tests.funcs import basic
@@ -36,6 +38,15 @@ def make_items(refs: list[str], payload: dict[str, object] | None = None,
 
 def runs_by_ref() -> Counter[str]:
     return Counter(ctx.source for _, ctx in basic.SEEN)
+
+
+def test_the_window_comes_from_the_config_file() -> None:
+    assert Settings.from_mapping({}).run_once_window_s == 900.0
+    assert Settings.from_mapping({"asynctier": {"run_once_window": "1h"}}).run_once_window_s \
+        == 3600.0
+    for bad, says in (("30s", "too short"), ("soon", "is not a duration")):
+        with pytest.raises(ConfigError, match=says):
+            Settings.from_mapping({"asynctier": {"run_once_window": bad}})
 
 
 def test_claim_codes_follow_a_record_from_claim_to_done(settings: Settings,

@@ -54,8 +54,9 @@ def _timeout(text: str) -> float:
 @click.option("--retry-ladder", help="Delays between attempts [default: 30s,1m,5m,30m].")
 @click.option("--idempotent/--not-idempotent", default=False, show_default=True,
               help="Say the function may safely run twice on one record. Otherwise (the "
-                   "default) the scheduler remembers each success in Redis for 15 minutes "
-                   "and does not run a record read again after a crash twice.")
+                   "default) the scheduler remembers each success in Redis for "
+                   "run_once_window (15m) and does not run a record read again after a "
+                   "crash twice.")
 @click.option("--redis-policy", type=click.Choice(["fail_open", "fail_closed"]),
               default="fail_open", show_default=True,
               help="When Redis is down: local limits (fail_open) or pause (fail_closed).")

@@ -89,12 +89,14 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
     stop_on_signals(stop)
     _serve_metrics(metrics_port)
     if component == "scheduler":
-        from asynctier.platform.limits import RedisAdmission
+        from asynctier.platform.limits import AdmissionConfig, RedisAdmission
         from asynctier.platform.scheduler import run_scheduler
 
+        admission = RedisAdmission(settings,
+                                   AdmissionConfig(done_ttl_s=settings.run_once_window_s))
         run_scheduler(settings, listen=listen or settings.scheduler_listen,
                       allow_modules=allow or settings.allow_modules, stop=stop,
-                      admission=RedisAdmission(settings))
+                      admission=admission)
     elif component == "tailers":
         run_tailers(settings, stop, batch_size, export_lag=metrics_port is not None)
     else:

@@ -12,6 +12,7 @@ The file::
     schedulers = ["127.0.0.1:50051"]     # used when Redis membership is unavailable
     scheduler_listen = "127.0.0.1:50051"
     metrics_port = 0                     # 0: no metrics endpoint
+    run_once_window = "15m"              # how long a success is remembered (run once)
 
     [kafka]                              # passed to librdkafka as is
     "bootstrap.servers" = "127.0.0.1:9092"
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from asynctier.platform.durations import parse_duration
 from asynctier.platform.errors import ConfigError
 from asynctier.platform.names import DEFAULT_PREFIX, Names
 
@@ -43,6 +45,15 @@ DEFAULT_SCHEDULER = "127.0.0.1:50051"
 
 #: librdkafka keys a binding may never set: they come only from the operator's config file.
 _SECRET_KEY_MARKERS = ("password", "secret", "sasl.", "ssl.key", "token")
+
+
+def _window(value: Any) -> float:
+    """``run_once_window``: a duration (``15m``, ``1h``) of at least 1 minute."""
+    seconds = parse_duration(str(value))
+    if seconds < 60:
+        raise ValueError(f"run_once_window = {value!r} is too short: a record read again "
+                         "after a crash comes back within a minute or more; use 1m or longer")
+    return seconds
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -63,6 +74,8 @@ class Settings:
     schedulers: tuple[str, ...] = (DEFAULT_SCHEDULER,)
     scheduler_listen: str = DEFAULT_SCHEDULER
     metrics_port: int = 0
+    #: How long the scheduler remembers a record's success for the run-once guard.
+    run_once_window_s: float = 900.0
 
     @property
     def names(self) -> Names:
@@ -129,7 +142,7 @@ class Settings:
         kafka.setdefault("bootstrap.servers", DEFAULT_KAFKA_BOOTSTRAP)
         redis = dict(doc.get("redis", {}))
         known = {"prefix", "data_dir", "allow_modules", "schedulers", "scheduler_listen",
-                 "metrics_port"}
+                 "metrics_port", "run_once_window"}
         bad = set(main) - known
         if bad:
             raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [asynctier]; "
@@ -144,6 +157,7 @@ class Settings:
                 schedulers=tuple(main.get("schedulers", (DEFAULT_SCHEDULER,))),
                 scheduler_listen=str(main.get("scheduler_listen", DEFAULT_SCHEDULER)),
                 metrics_port=int(main.get("metrics_port", 0)),
+                run_once_window_s=_window(main.get("run_once_window", "15m")),
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {exc}") from exc
