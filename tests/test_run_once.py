@@ -12,6 +12,7 @@ import asyncio
 import json
 import time
 from collections import Counter
+from collections.abc import Sequence
 
 import pytest
 import redis
@@ -226,6 +227,41 @@ def test_a_batch_read_again_runs_only_what_did_not_succeed(settings: Settings) -
     runs = runs_by_ref()
     assert {runs[r] for r in refs[:30]} == {1}, "a record that succeeded ran again"
     assert {runs[r] for r in refs[30:]} == {2}, "a failed record must run again"
+
+
+def test_records_claimed_by_a_caller_that_went_away_before_they_queued_are_freed(
+        settings: Settings) -> None:
+    """The tailer's call is cancelled while its batch waits for admission: the records it
+    claimed are freed at once, so the copy sent again runs instead of waiting for a run
+    that will never happen."""
+    refs = [f"orders/10/{n}" for n in range(5)]
+
+    class Stuck(RedisAdmission):
+        async def over_quota(self, binding: Binding, items: Sequence[Item]) -> dict[int, float]:
+            await asyncio.Event().wait()  # admission never answers
+            return {}
+
+    async def scenario() -> str:
+        stuck, other = Stuck(settings), RedisAdmission(settings)
+        scheduler = local_scheduler([GUARDED], admission=stuck)
+        scheduler.start()
+        try:
+            call = asyncio.create_task(scheduler.process(make_items(refs)))
+            deadline = time.monotonic() + 10
+            while not await stuck._client.keys(f"{settings.prefix}:once:orders:*"):
+                assert time.monotonic() < deadline, "the batch was never claimed"
+                await asyncio.sleep(0.02)
+            call.cancel()
+            while (codes := await other.claim(GUARDED, make_items(refs))) != RUN * 5:
+                assert time.monotonic() < deadline, f"still claimed: {codes}"
+                await asyncio.sleep(0.05)
+            return codes
+        finally:
+            await scheduler.stop()
+            await stuck.close()
+            await other.close()
+
+    assert asyncio.run(scenario()) == RUN * 5
 
 
 def test_two_schedulers_given_the_same_batch_run_each_record_once(settings: Settings) -> None:

@@ -173,15 +173,16 @@ class Dispatcher:
         futures: list[asyncio.Future[list[Outcome]]] = []
         cap = self._cap(binding)
         admitted = False
-        if _fits_one_burst(binding, len(items)):
-            # One admission round trip for the whole batch when the bucket could hand it
-            # out at once anyway; chunk by chunk only when the rate limit really binds.
-            refused, items = await self._admit_or_retry(binding, items)
-            results.extend(refused)
-            admitted = True
-        parts = list(self.sizer.split(binding.name, items, self.workers, cap or 1))
+        parts: list[list[Item]] | None = None
         queued = 0
         try:
+            if _fits_one_burst(binding, len(items)):
+                # One admission round trip for the whole batch when the bucket could hand
+                # it out at once anyway; chunk by chunk only when the rate limit binds.
+                refused, items = await self._admit_or_retry(binding, items)
+                results.extend(refused)
+                admitted = True
+            parts = list(self.sizer.split(binding.name, items, self.workers, cap or 1))
             for part in parts:
                 refused, chunk = await self._intake(binding, part, admitted)
                 queued += 1
@@ -193,8 +194,9 @@ class Dispatcher:
         finally:
             for future in futures:  # the caller went away: queued chunks are skipped
                 future.cancel()
-            if queued < len(parts):  # ... and the parts never queued are free again
-                left = [i for part in parts[queued:] for i in part]
+            # ... and the records it claimed that were neither queued nor refused are free
+            left = items if parts is None else [i for part in parts[queued:] for i in part]
+            if left:
                 self._later(self._finish(binding, left, []))
         return results
 
