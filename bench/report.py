@@ -178,7 +178,8 @@ def _rounds_table(results: Results) -> list[str]:
         return []
     lines = ["## Rounds", "",
              f"The asynctier scenarios ran in {len(results.rounds)} interleaved rounds "
-             "(no-op, limiter, flood, then flood, limiter, no-op, and so on). The "
+             "(no-op, limiter, flood, the --idempotent no-op and flood, then the same in "
+             "reverse order, and so on). The "
              "throughput table shows each "
              "scenario's median round; the flood and limiter targets take the median of "
              "the rounds' ratios.", "",

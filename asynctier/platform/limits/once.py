@@ -43,10 +43,6 @@ from asynctier.platform.wire import Item, Outcome
 
 log = logging.getLogger(__name__)
 
-# Claim codes, one character per item: RUN (claimed here), DONE (succeeded before: answer
-# ok without running), BUSY (claimed by a live scheduler, maybe this one: wait for it),
-# TAKEN_OVER (its claimant died: claimed here).
-
 #: A record's success is remembered this long. A record is read again after a crash within
 #: the group's session timeout and a restart, minutes at most; two delay copies of one
 #: record come back within that same window of each other.
@@ -65,7 +61,8 @@ MINE: Final = "4"
 #: HSET per hash (a script that called GET and SET per record cost Redis twice the CPU).
 SPANS_KEPT: Final = 4
 
-_SPLIT = """
+# Both scripts: split a newline-joined argument, and the time now (ms) from Redis TIME.
+_PRELUDE = """
 local function split(text)
   local out = {}
   if text == '' then return out end
@@ -99,9 +96,10 @@ end
 #: ARGV[4]  milliseconds a span lasts
 #: ARGV[5]  the binding's hashes' prefix
 #: ARGV[6]  the batch's source references, in order, joined by newlines
-#: Returns  one code per record (RUN, DONE, BUSY, TAKEN_OVER: see the module docstring; and
+#: Returns  one code per record (RUN, DONE, BUSY, TAKEN_OVER: see
+#:          :mod:`asynctier.platform.admission`; and
 #:          4 for a record this holder claims already, which :class:`RunOnce` tells apart)
-CLAIM: Final = _SPLIT + _WRITE + f"""
+CLAIM: Final = _PRELUDE + _WRITE + f"""
 local me = ARGV[1]
 local holders = ARGV[2]
 redis.call('SET', holders .. me, '1', 'PX', ARGV[3])
@@ -168,7 +166,7 @@ return table.concat(codes)
 #: ARGV[2]  the binding's hashes' prefix
 #: ARGV[3]  the successes' references joined by newlines ('' for none)
 #: ARGV[4]  the others' references joined by newlines ('' for none)
-FINISH: Final = _SPLIT + _WRITE + f"""
+FINISH: Final = _PRELUDE + _WRITE + f"""
 local span = tonumber(ARGV[1])
 local key = ARGV[2] .. math.floor(now / span)
 local pairs = {{}}
