@@ -49,7 +49,7 @@ class _Call:
 def _tailer(mode: str) -> tuple[KafkaTailer, Any, list[list[tuple[int, int]]]]:
     tailer = KafkaTailer.__new__(KafkaTailer)
     tailer.options = TailerOptions(batch_size=100, max_in_flight=2, linger_s=10.0)
-    tailer._in_flight, tailer._handed = deque(), []
+    tailer._in_flight, tailer._answered, tailer._handed = deque(), [], []
     tailer._committed, tailer.stats = {}, Counter()
     tailer._owned = {("t", 0), ("t", 1)}
     tailer._in_revoke = tailer._commit_sync = False
@@ -132,6 +132,7 @@ def test_stopping_with_an_unconfirmed_hand_off_commits_nothing_after_it() -> Non
     consumer = Consumer()
     tailer._consumer = consumer  # type: ignore[assignment]
     tailer._in_flight, tailer._committed = deque(), {}
+    tailer._answered = []
     tailer._owned = {("t", 0)}
     tailer._in_revoke = tailer._commit_sync = False
     tailer._no_more_commits = False

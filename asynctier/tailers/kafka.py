@@ -4,12 +4,15 @@ Loop: ``consume(n)`` a batch, turn it into Items (no decoding here: the schedule
 start the submit call, and while it runs fetch the next batch (at most ``max_in_flight``
 batches under way). Batches are resolved in order: every non-ok outcome is handed off to a
 delay or dead-letter topic, and the batch waits, uncommitted, while those records travel.
-When the next batch is resolved (or the loop has nothing else to do) the hand-offs are
-confirmed (flush returned 0, every delivery report good) and only then the waiting batches'
-offsets are committed, oldest first, per partition highest + 1: the wait for delivery
-overlaps with the next batch's work instead of stalling the loop. A failed hand-off means
-no commit and another try. A partition that is revoked gets its batches finished,
-confirmed and committed in the revoke callback; a lost partition is never committed.
+A batch with records to hand off is not handed off the moment its answer comes: the next
+batch is sent to the scheduler first, and the hand-offs are produced while it runs (the
+loop would otherwise sit waiting for that answer). At the next hand-off (or when the loop
+has nothing else to do) the earlier hand-offs are confirmed (flush returned 0, every
+delivery report good) and only then the waiting batches' offsets are committed, oldest
+first, per partition highest + 1: the wait for delivery overlaps with the next batch's
+work instead of stalling the loop. A failed hand-off means no commit and another try. A
+partition that is revoked gets its batches finished, confirmed and committed in the revoke
+callback; a lost partition is never committed.
 """
 
 from __future__ import annotations
@@ -109,6 +112,8 @@ class KafkaTailer:
         self.group = settings.names.group(binding.name)
         self.handoff = Handoff(settings)
         self._in_flight: deque[_Batch] = deque()
+        # answered, hand-offs not produced yet: produced while the next call runs
+        self._answered: list[_Batch] = []
         self._handed: list[_Batch] = []  # resolved, hand-offs not yet confirmed: uncommitted
         self._no_more_commits = False  # set when stopping with an unconfirmed hand-off
         self._next: list[Any] = []
@@ -151,7 +156,10 @@ class KafkaTailer:
         in_flight, size = self._in_flight, self.options.batch_size
         if in_flight and (len(in_flight) >= self.options.max_in_flight
                           or in_flight[0].call.future.done()):
-            self._resolve_oldest()
+            if self._answered and not in_flight[0].call.future.done():
+                self._hand_off_answered()  # while the scheduler works on what it has
+            else:
+                self._resolve_oldest()
             return
         # With nothing under way a batch leaves at once (low latency when records trickle
         # in). While one is under way the next one fills up, for at most linger_s, before it
@@ -173,7 +181,8 @@ class KafkaTailer:
             self._next = []
             self._submit(nxt)
         elif not in_flight:
-            if self._handed:  # nothing else to do: confirm and commit what was handed off
+            if self._answered or self._handed:  # nothing else to do: hand off, confirm
+                self._hand_off_answered()  # and commit
                 self._settle()
                 return
             first = consumer.poll(self.options.idle_poll_s)
@@ -225,16 +234,29 @@ class KafkaTailer:
         batch = self._in_flight[0]
         if not self._wait_in_group(batch):
             return  # a revoke served while waiting resolved and committed it
-        batch.outcomes = _complete(batch.call.result(self._stop), len(batch.messages))
-        # The hand-offs of earlier batches have been on their way while this one ran:
-        # confirm and commit them first, so that the wait for their delivery overlaps
-        # with work instead of stalling the loop.
-        self._settle()
+        batch.outcomes = outcomes = _complete(batch.call.result(self._stop),
+                                              len(batch.messages))
         self._in_flight.popleft()
         metrics.add_in_flight(COMPONENT, self.binding.name, -len(batch.messages))
-        self._hand_off(batch)
-        self._handed.append(batch)
-        if not batch.handed_off:
+        self._answered.append(batch)
+        if (len(self._answered) < self.options.max_in_flight and self._in_flight
+                and any(o["status"] != "ok" for o in outcomes)):
+            # Records to hand off: the next batch goes to the scheduler first, and these
+            # are produced while it runs (the loop would otherwise wait for the answer
+            # doing nothing); a batch that is all ok is committed at once.
+            return
+        self._hand_off_answered()
+
+    def _hand_off_answered(self) -> None:
+        """Produce the hand-offs of the answered batches, oldest first. The hand-offs of
+        earlier batches have been on their way meanwhile: they are confirmed and committed
+        first, so that the wait for their delivery overlaps with work."""
+        self._settle()
+        answered, self._answered = self._answered, []
+        for batch in answered:
+            self._hand_off(batch)
+            self._handed.append(batch)
+        if not any(batch.handed_off for batch in self._handed):
             self._settle()  # nothing to confirm: commit now
 
     def _settle(self) -> None:
@@ -321,6 +343,7 @@ class KafkaTailer:
             # batches it holds are dropped; all of it is read again from the last commit.
             self._no_more_commits = True
             self._in_flight.clear()
+            self._answered = []
             self._handed = []
             raise SchedulerUnavailable("stopping with an unconfirmed hand-off") from exc
 
@@ -355,6 +378,7 @@ class KafkaTailer:
         try:
             while self._in_flight:
                 self._resolve_oldest()
+            self._hand_off_answered()
             self._settle()
             self._commit_positions(partitions)
         finally:
@@ -416,6 +440,7 @@ class KafkaTailer:
             self._drain(gone)
         except SchedulerUnavailable:
             self._in_flight.clear()
+            self._answered = []
             self._handed = []
         finally:
             self._in_revoke = False
