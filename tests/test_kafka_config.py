@@ -9,7 +9,13 @@ import pytest
 from confluent_kafka import Producer
 
 from asynctier.platform.config import Settings
-from asynctier.platform.kafka import ConfirmingProducer, client_config, tailer_consumer_config
+from asynctier.platform.kafka import (
+    PRODUCER_DEFAULTS,
+    ConfirmingProducer,
+    client_config,
+    producer_config,
+    tailer_consumer_config,
+)
 
 OPERATOR = {"bootstrap.servers": "127.0.0.1:1", "security.protocol": "PLAINTEXT",
             "fetch.max.bytes": "2097152", "max.poll.interval.ms": "60000"}
@@ -41,6 +47,17 @@ def test_producers_and_admins_get_no_consumer_keys() -> None:
                                          "session.timeout.ms": "6000"}), acks="all")
     assert conf == {"bootstrap.servers": "127.0.0.1:1", "security.protocol": "PLAINTEXT",
                     "acks": "all"}
+
+
+def test_the_operators_producer_settings_win_over_the_platforms_defaults() -> None:
+    tuned = {**OPERATOR, "linger.ms": "50", "compression.type": "zstd",
+             "delivery.report.only.error": "false"}
+    conf = producer_config(Settings(kafka=tuned))
+    assert conf["linger.ms"] == "50" and conf["compression.type"] == "zstd"
+    assert conf["enable.idempotence"] is True  # a default the operator left alone
+    assert conf["message.max.bytes"] == PRODUCER_DEFAULTS["message.max.bytes"]
+    assert conf["delivery.report.only.error"] is True  # ours: no Python call per record
+    assert "fetch.max.bytes" not in conf and "max.poll.interval.ms" not in conf
 
 
 def test_a_hand_off_producer_prints_no_configuration_warning(

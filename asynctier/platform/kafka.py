@@ -117,6 +117,25 @@ def tailer_consumer_config(settings: Settings, group: str, *, session_timeout_ms
     return conf
 
 
+#: The platform's producer defaults; the operator's ``[kafka]`` table may tune any of them.
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    "enable.idempotence": True,
+    "linger.ms": 5,
+    "compression.type": "lz4",
+    "message.max.bytes": 8 * 1024 * 1024,
+}
+
+
+def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
+    """A :class:`ConfirmingProducer`'s settings: :data:`PRODUCER_DEFAULTS`, then the
+    operator's ``[kafka]`` table (consumer-only keys left out), then ``extra``; only failed
+    deliveries are reported, always (``flush()`` waits for every record either way, and no
+    Python call is made per delivered record)."""
+    conf = {**PRODUCER_DEFAULTS, **client_config(settings), **extra}
+    conf["delivery.report.only.error"] = True
+    return conf
+
+
 class ConfirmingProducer:
     """A producer whose :meth:`confirm` says whether everything produced since was delivered.
 
@@ -126,16 +145,7 @@ class ConfirmingProducer:
     """
 
     def __init__(self, settings: Settings, **extra: Any) -> None:
-        conf = client_config(settings, **{
-            "enable.idempotence": True,
-            "linger.ms": 5,
-            "compression.type": "lz4",
-            "message.max.bytes": 8 * 1024 * 1024,
-        })
-        conf.update(extra)
-        # Only failed deliveries are reported (flush() waits for every record either way):
-        # no Python call per delivered record.
-        conf["delivery.report.only.error"] = True
+        conf = producer_config(settings, **extra)
         conf["on_delivery"] = self._on_delivery
         self._producer = Producer(conf)
         self._errors: list[str] = []
