@@ -25,6 +25,7 @@ import click
 from asynctier.cli import settings_of
 from asynctier.platform import metrics
 from asynctier.platform.config import Settings
+from asynctier.platform.gcpolicy import quiet_gc
 from asynctier.platform.rpc import SchedulerClient
 
 log = logging.getLogger("asynctier.run")
@@ -62,6 +63,7 @@ def run_tailers(settings: Settings, stop: threading.Event, batch_size: int,
     from asynctier.tailers.kafka import TailerOptions
     from asynctier.tailers.manager import TailerManager
 
+    quiet_gc()
     client = SchedulerClient(scheduler_addresses(settings))
     manager = TailerManager(settings, client, TailerOptions(batch_size=batch_size))
     manager.start()
@@ -92,6 +94,7 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
         from asynctier.platform.limits import AdmissionConfig, RedisAdmission
         from asynctier.platform.scheduler import run_scheduler
 
+        quiet_gc()
         admission = RedisAdmission(settings,
                                    AdmissionConfig(done_ttl_s=settings.run_once_window_s))
         run_scheduler(settings, listen=listen or settings.scheduler_listen,
@@ -108,6 +111,7 @@ def run_delay(settings: Settings, stop: threading.Event, export_lag: bool = Fals
     from asynctier.delay_streams.tailer import run_delay_tailers
     from asynctier.platform.lag import LagCollector
 
+    quiet_gc()
     lag = LagCollector(settings, dict, include_bindings=False, delay=True, interval_s=5.0)
     if export_lag:
         lag.start()
