@@ -77,9 +77,10 @@ def test_tailer_sigkill_then_restart_loses_nothing(
     seen = ledger.ids_seen(platform.ledger)
     duplicates = sum(c - 1 for c in seen.values())
     print(f"\nduplicates after SIGKILL of the tailer: {duplicates}")
-    # At most the batches not yet committed when it died: the ones under way
-    # (max_in_flight, 2) and the last one, whose commit is sent asynchronously.
-    assert duplicates <= 3 * BATCH
+    # The binding is not --idempotent: the run-once guard answers ok, without running
+    # them, the records of the uncommitted batches that had already succeeded. One batch
+    # is allowed, as in tests/faults (a success not yet written down when the call ended).
+    assert duplicates <= BATCH
 
 
 def test_scheduler_killed_mid_batch_loses_nothing(
