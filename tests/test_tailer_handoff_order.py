@@ -4,7 +4,8 @@ consumer, the scheduler call and the hand-off are stand-ins that log what is don
 The next batch leaves for the scheduler before the answered batch's hand-offs are produced
 (they are produced while that call runs), and offsets are committed only after the
 hand-offs they cover are confirmed, oldest batch first. A batch that is all ``ok`` is
-committed at once. The real hand-offs are exercised by tests/faults and the delay tests."""
+committed at once, and with nothing to send the hand-offs do not wait for the call under
+way. The real hand-offs are exercised by tests/faults and the delay tests."""
 
 from __future__ import annotations
 
@@ -123,3 +124,17 @@ def test_an_all_ok_batch_is_committed_when_its_answer_comes() -> None:
     tailer._in_flight.append(_Batch([_Msg(2), _Msg(3)], _Call(), {("t", 0): 3}))  # type: ignore[arg-type]
     tailer._step(tailer._consumer)  # type: ignore[arg-type]
     assert log == [("commit", [2])]
+
+
+def test_with_nothing_to_send_hand_offs_do_not_wait_for_the_call_under_way() -> None:
+    """A slow call must not hold back the retries of the batch answered before it."""
+    log: list[tuple[Any, ...]] = []
+    tailer = _tailer(log, [])  # no more records to read
+    failing = _Call([wire.retry(0, "boom"), wire.retry(1, "boom")])
+    tailer._in_flight.append(_Batch([_Msg(0), _Msg(1)], failing, {("t", 0): 1}))  # type: ignore[arg-type]
+    slow = _Call()  # never answered in this test
+    tailer._in_flight.append(_Batch([_Msg(2), _Msg(3)], slow, {("t", 0): 3}))  # type: ignore[arg-type]
+    for _ in range(3):
+        tailer._step(tailer._consumer)  # type: ignore[arg-type]
+    assert log == [("produce", [0, 1])]
+    assert not slow.future.done()

@@ -6,13 +6,14 @@ batches under way). Batches are resolved in order: every non-ok outcome is hande
 delay or dead-letter topic, and the batch waits, uncommitted, while those records travel.
 A batch with records to hand off is not handed off the moment its answer comes: the next
 batch is sent to the scheduler first, and the hand-offs are produced while it runs (the
-loop would otherwise sit waiting for that answer). At the next hand-off (or when the loop
-has nothing else to do) the earlier hand-offs are confirmed (flush returned 0, every
-delivery report good) and only then the waiting batches' offsets are committed, oldest
-first, per partition highest + 1: the wait for delivery overlaps with the next batch's
-work instead of stalling the loop. A failed hand-off means no commit and another try. A
-partition that is revoked gets its batches finished, confirmed and committed in the revoke
-callback; a lost partition is never committed.
+loop would otherwise sit waiting for that answer), or at once when there is nothing to
+send. At the next hand-off (or when the loop has nothing else to do) the earlier hand-offs
+are confirmed (flush returned 0, every delivery report good) and only then the waiting
+batches' offsets are committed, oldest first, per partition highest + 1: the wait for
+delivery overlaps with the next batch's work instead of stalling the loop. A failed
+hand-off means no commit and another try. A partition that is revoked gets its batches
+finished, confirmed and committed in the revoke callback; a lost partition is never
+committed.
 """
 
 from __future__ import annotations
@@ -180,9 +181,10 @@ class KafkaTailer:
                     or time.monotonic() - self._next_since >= self.options.linger_s):
             self._next = []
             self._submit(nxt)
+        elif self._answered:  # nothing to send yet: hand off now, not after the call under
+            self._hand_off_answered()  # way (a slow one would hold these retries back)
         elif not in_flight:
-            if self._answered or self._handed:  # nothing else to do: hand off, confirm
-                self._hand_off_answered()  # and commit
+            if self._handed:  # nothing else to do: confirm and commit what was handed off
                 self._settle()
                 return
             first = consumer.poll(self.options.idle_poll_s)
