@@ -45,6 +45,11 @@ DEFAULT_SCHEDULER = "127.0.0.1:50051"
 
 #: librdkafka keys a binding may never set: they come only from the operator's config file.
 _SECRET_KEY_MARKERS = ("password", "secret", "sasl.", "ssl.key", "token")
+#: How long the scheduler remembers a record's success for the run-once guard (``15m``): a
+#: record is read again after a crash within the group's session timeout and a restart,
+#: minutes at most; two delay copies of one record come back within that window of each
+#: other.
+DEFAULT_RUN_ONCE_WINDOW_S = 900.0
 
 
 def _window(value: Any) -> float:
@@ -75,7 +80,7 @@ class Settings:
     scheduler_listen: str = DEFAULT_SCHEDULER
     metrics_port: int = 0
     #: How long the scheduler remembers a record's success for the run-once guard.
-    run_once_window_s: float = 900.0
+    run_once_window_s: float = DEFAULT_RUN_ONCE_WINDOW_S
 
     @property
     def names(self) -> Names:
@@ -157,7 +162,8 @@ class Settings:
                 schedulers=tuple(main.get("schedulers", (DEFAULT_SCHEDULER,))),
                 scheduler_listen=str(main.get("scheduler_listen", DEFAULT_SCHEDULER)),
                 metrics_port=int(main.get("metrics_port", 0)),
-                run_once_window_s=_window(main.get("run_once_window", "15m")),
+                run_once_window_s=_window(main.get("run_once_window",
+                                                   DEFAULT_RUN_ONCE_WINDOW_S)),
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {exc}") from exc

@@ -36,6 +36,7 @@ from typing import Final
 from redis.asyncio import Redis
 
 from asynctier.platform.admission import BUSY, RUN, TAKEN_OVER
+from asynctier.platform.config import DEFAULT_RUN_ONCE_WINDOW_S
 from asynctier.platform.limits.outage import REDIS_DOWN
 from asynctier.platform.limits.quota import join_refs
 from asynctier.platform.names import Names
@@ -43,10 +44,8 @@ from asynctier.platform.wire import Item, Outcome
 
 log = logging.getLogger(__name__)
 
-#: A record's success is remembered this long. A record is read again after a crash within
-#: the group's session timeout and a restart, minutes at most; two delay copies of one
-#: record come back within that same window of each other.
-DEFAULT_DONE_TTL_S = 900.0
+#: A record's success is remembered this long unless told otherwise (``run_once_window``).
+DEFAULT_DONE_TTL_S = DEFAULT_RUN_ONCE_WINDOW_S
 #: A scheduler's holder key lives this long without a beat (renewed every third of it).
 DEFAULT_HOLDER_TTL_S = 5.0
 #: CLAIM's code for a record this scheduler claims already (never returned by :class:`RunOnce`).
