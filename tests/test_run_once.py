@@ -317,3 +317,68 @@ def test_a_dead_schedulers_claims_are_taken_over_within_the_holder_ttl(
     assert [outcomes[n]["status"] for n in range(10)] == ["ok"] * 10
     assert runs_by_ref() == Counter({ref: 1 for ref in refs})
     assert took < 8, f"waited {took:.1f}s for a dead scheduler's claims"
+
+
+def test_a_scheduler_judged_dead_frees_nothing_another_took_over(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    """a is cut off long enough to be judged dead while it runs two records; b takes them
+    over and finishes one. When a's runs fail, a must not free them: the one b finished
+    stays done (a's failure is reported as done elsewhere) and the one b still runs stays
+    b's (a third copy waits for it instead of running beside it)."""
+    batch = make_items(["orders/4/1", "orders/4/2"])
+
+    async def scenario() -> tuple[list[str], set[int], set[int]]:
+        a, b, c = RedisAdmission(settings), RedisAdmission(settings), RedisAdmission(settings)
+        try:
+            seen = [await a.claim(GUARDED, batch)]
+            redis_client.delete(f"{settings.prefix}:once-holder:{a._once.holder}")
+            seen.append(await b.claim(GUARDED, batch))
+            by_b = await b.finish(GUARDED, batch[:1], [ok(0)])  # the second still runs in b
+            by_a = await a.finish(GUARDED, batch, [retry(0, "boom"), retry(1, "boom")])
+            seen.append(await c.claim(GUARDED, batch))
+            return seen, by_b, by_a
+        finally:
+            for admission in (a, b, c):
+                await admission.close()
+
+    seen, by_b, by_a = asyncio.run(scenario())
+    assert seen == [RUN * 2, TAKEN_OVER * 2, DONE + BUSY]
+    assert by_b == set()
+    assert by_a == {0}  # failed in a, done by b
+
+
+def test_a_failure_after_another_scheduler_succeeded_with_the_record_is_answered_ok(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    """The same through the scheduler: while its function runs, the scheduler is judged
+    dead and another one takes the record over and succeeds; the function then fails
+    here. The record is answered ok (a retry would run it a second time), the other record
+    of the chunk, which nobody else had, is retried as usual."""
+    binding = Binding("orders", "orders", "tests.funcs.basic:hooked_boom", timeout_s=5.0)
+    items = make_items(["orders/3/1", "orders/3/2"])
+
+    async def scenario() -> tuple[dict[int, Outcome], str]:
+        a, b = RedisAdmission(settings), RedisAdmission(settings)
+
+        async def taken_over_meanwhile(payload: object, ctx: object) -> None:
+            if getattr(ctx, "source", None) != "orders/3/1":
+                return
+            redis_client.delete(f"{settings.prefix}:once-holder:{a._once.holder}")
+            assert await b.claim(binding, items[:1]) == TAKEN_OVER
+            assert await b.finish(binding, items[:1], [ok(0)]) == set()
+
+        basic.HOOK = taken_over_meanwhile
+        scheduler = local_scheduler([binding], admission=a)
+        scheduler.start()
+        try:
+            outcomes = by_id(await scheduler.process(items))
+            return outcomes, await b.claim(binding, items)
+        finally:
+            basic.HOOK = None
+            await scheduler.stop()
+            await a.close()
+            await b.close()
+
+    outcomes, again = asyncio.run(scenario())
+    assert outcomes[0]["status"] == "ok"
+    assert outcomes[1]["status"] == "retry" and "failed after the hook" in outcomes[1]["error"]
+    assert again == DONE + RUN  # a copy read later: the first is done, the second runs

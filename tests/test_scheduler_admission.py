@@ -37,8 +37,8 @@ class Recording:
         return RUN * len(items)
 
     async def finish(self, binding: Binding, items: Sequence[Item],
-                     outcomes: Sequence[Outcome]) -> None:
-        pass
+                     outcomes: Sequence[Outcome]) -> set[int]:
+        return set()
 
     async def over_quota(self, binding: Binding, items: Sequence[Item]) -> dict[int, float]:
         if self.broken:

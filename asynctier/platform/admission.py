@@ -42,8 +42,10 @@ class Admission(Protocol):
         ...
 
     async def finish(self, binding: Binding, items: Sequence[Item],
-                     outcomes: Sequence[Outcome]) -> None:
-        """Claimed ``items`` ran (or will not run here): keep their successes, free the rest."""
+                     outcomes: Sequence[Outcome]) -> set[int]:
+        """Claimed ``items`` ran (or will not run here): keep their successes, free the rest.
+        Returns the ids of those that did not succeed here but are done by another copy
+        (their outcome becomes ``ok``)."""
         ...
 
     async def over_quota(self, binding: Binding, items: Sequence[Item]) -> dict[int, float]:
@@ -75,8 +77,9 @@ class OpenAdmission:
         return RUN * len(items)
 
     async def finish(self, binding: Binding, items: Sequence[Item],
-                     outcomes: Sequence[Outcome]) -> None:
+                     outcomes: Sequence[Outcome]) -> set[int]:
         """Nothing to remember."""
+        return set()
 
     async def over_quota(self, binding: Binding, items: Sequence[Item]) -> dict[int, float]:
         """Nothing is over quota."""

@@ -137,7 +137,8 @@ BATCHES = Counter(
 RUN_ONCE = Counter(
     "asynctier_run_once_total",
     "Records read again whose run was guarded: skipped (it had succeeded), waited (a copy "
-    "was running) or taken_over (its scheduler had died).",
+    "was running), taken_over (its scheduler had died) or done_elsewhere (it failed here "
+    "after another scheduler had taken it over and run it to success: answered ok).",
     ["binding", "outcome"],
 )
 HANDOFF_FAILURES = Counter(

@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asynctier import Context, Reject, Retry
 
 SEEN: list[tuple[Any, Context]] = []
+#: Set by a test: what :func:`hooked_boom` awaits, on the scheduler's loop, before it raises.
+HOOK: Callable[[Any, Context], Awaitable[None]] | None = None
 STARTS: dict[str, list[tuple[Any, float]]] = {}
 _LOCK = threading.Lock()
 
@@ -92,3 +95,10 @@ def slow_record(payload: Any, ctx: Context) -> None:
     time.sleep(payload.get("sleep", 0))
     if payload.get("fail"):
         raise RuntimeError("asked to fail")
+
+
+async def hooked_boom(payload: Any, ctx: Context) -> None:
+    """Awaits :data:`HOOK` (when set), then fails."""
+    if HOOK is not None:
+        await HOOK(payload, ctx)
+    raise RuntimeError("failed after the hook")

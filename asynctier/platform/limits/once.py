@@ -12,7 +12,9 @@ of one record is the same record here):
   until it is done or released; a record claimed by a dead scheduler is taken over;
 - after a chunk ran, and before it is answered, one script (:data:`FINISH`) marks the
   successes done for at least ``done_ttl_s`` and frees the rest, so a retry runs again
-  (chunks that end while one such write is under way go together in the next).
+  (chunks that end while one such write is under way go together in the next); a record
+  is freed only while this scheduler's claim is its newest state, and one that another
+  copy completed meanwhile is answered ``ok``.
 
 A scheduler is alive while its holder key (``<prefix>:once-holder:<holder>``) exists: set
 with every claim and renewed by a heartbeat while it holds claims, it expires
@@ -161,24 +163,59 @@ return table.concat(codes)
 
 #: Mark a chunk's successes done and free its other records (a retry runs again).
 #:
+#: A record is freed only while this holder's claim is its newest state: a scheduler judged
+#: dead (its holder key expired while it still ran the record) must not free a record that
+#: another scheduler took over, nor undo the success that one had. Such a record is left
+#: as it is and reported: when another copy already succeeded (``d``), this copy's failure
+#: is answered ``ok`` (the record is done) instead of retried, and it does not run again.
+#:
 #: ARGV[1]  milliseconds a span lasts
 #: ARGV[2]  the binding's hashes' prefix
 #: ARGV[3]  the successes' references joined by newlines ('' for none)
 #: ARGV[4]  the others' references joined by newlines ('' for none)
+#: ARGV[5]  the holder (this scheduler)
+#: Returns  one code per other record: '1' done by another copy, '0' otherwise
 FINISH: Final = _PRELUDE + _WRITE + f"""
 local span = tonumber(ARGV[1])
-local key = ARGV[2] .. math.floor(now / span)
+local prefix = ARGV[2]
+local cur = math.floor(now / span)
+local mine = 'r' .. ARGV[5]
+local free = split(ARGV[4])
+local n = #free
+local state = {{}}
+local found = 0
+for b = cur, cur - {SPANS_KEPT - 1}, -1 do
+  if found == n then break end
+  local key = prefix .. b
+  if redis.call('EXISTS', key) == 1 then
+    for s = 1, n, 1000 do
+      local e = math.min(s + 999, n)
+      local got = redis.call('HMGET', key, unpack(free, s, e))
+      for i = s, e do
+        if state[i] == nil and got[i - s + 1] then
+          state[i] = got[i - s + 1]
+          found = found + 1
+        end
+      end
+    end
+  end
+end
 local pairs = {{}}
-for _, ref in ipairs(split(ARGV[3])) do
+local codes = {{}}
+for i = 1, n do
+  local v = state[i]
+  if v == mine then
+    pairs[#pairs + 1] = free[i]
+    pairs[#pairs + 1] = 'f'
+  end
+  codes[i] = (v == 'd') and '1' or '0'
+end
+for _, ref in ipairs(split(ARGV[3])) do  -- after the others: a success is never undone
   pairs[#pairs + 1] = ref
   pairs[#pairs + 1] = 'd'
 end
-for _, ref in ipairs(split(ARGV[4])) do
-  pairs[#pairs + 1] = ref
-  pairs[#pairs + 1] = 'f'
-end
-write(key, pairs, span * {SPANS_KEPT + 1})
-return 0
+write(prefix .. cur, pairs, span * {SPANS_KEPT + 1})
+return table.concat(codes)
 """
 
 
@@ -199,7 +236,7 @@ class RunOnce:
         self._heartbeat: asyncio.Task[None] | None = None
         # chunks ended and not yet written: per binding, the done and the free refs
         self._pending: dict[str, tuple[list[str], list[str]]] = {}
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: list[asyncio.Future[dict[str, set[str]]]] = []
         self._writer: asyncio.Task[None] | None = None
 
     def prefix(self, binding: str) -> str:
@@ -237,9 +274,10 @@ class RunOnce:
             running.difference_update(i["source_ref"] for i in items)
 
     async def finish(self, binding: str, items: Sequence[Item],
-                     outcomes: Sequence[Outcome]) -> None:
+                     outcomes: Sequence[Outcome]) -> set[int]:
         """Mark the items whose outcome is ``ok`` done and free the others; return once
-        Redis has it.
+        Redis has it, with the ids of the items that did not succeed here but were done
+        meanwhile by another copy (taken over from this scheduler: see :data:`FINISH`).
 
         Chunks that end while a write is under way are written together by the next one:
         one round trip per write whatever the number of chunks (a round trip costs this
@@ -251,21 +289,31 @@ class RunOnce:
         done, free = self._pending.setdefault(binding, ([], []))
         for item in items:
             (done if item["id"] in ok else free).append(item["source_ref"])
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[dict[str, set[str]]] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write(), name="asynctier-once-writer")
-        await waiter
+        elsewhere = (await waiter).get(binding)
+        if not elsewhere:
+            return set()
+        return {item["id"] for item in items
+                if item["id"] not in ok and item["source_ref"] in elsewhere}
 
     async def _write(self) -> None:
         while self._pending:
             pending, self._pending = self._pending, {}
             waiters, self._waiters = self._waiters, []
+            elsewhere: dict[str, set[str]] = {}  # per binding, the refs done by another copy
             try:
                 for binding, (done, free) in pending.items():
-                    await self._finish(args=[self._span_ms, self.prefix(binding),
-                                             join_refs(done) if done else "",
-                                             join_refs(free) if free else ""])
+                    codes = await self._finish(args=[self._span_ms, self.prefix(binding),
+                                                     join_refs(done) if done else "",
+                                                     join_refs(free) if free else "",
+                                                     self.holder])
+                    text = codes.decode() if isinstance(codes, bytes) else str(codes)
+                    if "1" in text:
+                        elsewhere[binding] = {ref for ref, code in zip(free, text, strict=True)
+                                              if code == "1"}
             except BaseException as exc:
                 for waiter in waiters:
                     if not waiter.done():
@@ -276,7 +324,7 @@ class RunOnce:
             else:
                 for waiter in waiters:
                     if not waiter.done():
-                        waiter.set_result(None)
+                        waiter.set_result(elsewhere)
 
     async def close(self) -> None:
         """Stop the heartbeat and drop the holder key: claims left here are free at once."""

@@ -159,22 +159,24 @@ class RedisAdmission:
                                    lambda: RUN * len(items))
 
     async def finish(self, binding: Binding, items: Sequence[Item],
-                     outcomes: Sequence[Outcome]) -> None:
+                     outcomes: Sequence[Outcome]) -> set[int]:
         """After claimed ``items`` ran (or will not run here): remember the successes,
-        release the others. Redis being down costs only the memory of these successes."""
+        release the others; the ids of those another copy completed meanwhile. Redis being
+        down costs only the memory of these successes."""
         if binding.idempotent or not items:
-            return
+            return set()
         if not self._outage.may_try():  # not now: a claim left behind is told apart later
             self._once.forget(binding.name, items)
             self.stats.count_fallback(binding.name)
-            return
+            return set()
         try:
-            await self._once.finish(binding.name, items, outcomes)
+            elsewhere = await self._once.finish(binding.name, items, outcomes)
         except REDIS_DOWN as exc:
             self._outage.failed(binding, exc)
             self.stats.count_fallback(binding.name)
-        else:
-            self._outage.recovered()
+            return set()
+        self._outage.recovered()
+        return elsewhere
 
     def report(self, binding: Binding, ok: int, failed: int) -> None:
         """Feed the binding's adaptive limit with a chunk's outcomes."""

@@ -158,15 +158,17 @@ class Dispatcher:
         return results
 
     async def _finish(self, binding: Binding, items: Sequence[Item],
-                      outcomes: Sequence[Outcome]) -> None:
-        """Tell the admission how claimed ``items`` ended (successes are remembered)."""
+                      outcomes: Sequence[Outcome]) -> set[int]:
+        """Tell the admission how claimed ``items`` ended (successes are remembered); the
+        ids of those that failed here but were done meanwhile by another copy."""
         if not items:
-            return
+            return set()
         try:
-            await self.admission.finish(binding, items, outcomes)
+            return await self.admission.finish(binding, items, outcomes)
         except Exception:
             log.exception("binding %s: could not record how %d claimed record(s) ended; a "
                           "copy read again may run again", binding.name, len(items))
+            return set()
 
     async def _submit_claimed(self, binding: Binding, items: list[Item]) -> list[Outcome]:
         results: list[Outcome] = []
@@ -197,8 +199,11 @@ class Dispatcher:
             # ... and the records it claimed that were neither queued nor refused are free
             left = items if parts is None else [i for part in parts[queued:] for i in part]
             if left:
-                self._later(self._finish(binding, left, []))
+                self._later(self._free(binding, left))
         return results
+
+    async def _free(self, binding: Binding, items: Sequence[Item]) -> None:
+        await self._finish(binding, items, [])
 
     def _later(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` to its end even though the caller is being cancelled."""
@@ -275,9 +280,25 @@ class Dispatcher:
                                 for i in chunk.items]
                 finally:
                     self.running_items -= chunk.cost
-            await self._finish(chunk.binding, chunk.items, outcomes or [])  # before answering
+            elsewhere = await self._finish(chunk.binding, chunk.items,
+                                           outcomes or [])  # before answering
+            if elsewhere and outcomes is not None:
+                outcomes = self._done_elsewhere(chunk.binding, outcomes, elsewhere)
             if outcomes is not None and not chunk.future.done():
                 chunk.future.set_result(outcomes)
+
+    @staticmethod
+    def _done_elsewhere(binding: Binding, outcomes: list[Outcome],
+                        elsewhere: set[int]) -> list[Outcome]:
+        """``outcomes`` with those of records another copy completed turned ``ok``: this
+        scheduler was judged dead while running them, another took them over and they
+        succeeded there, so they are done (retrying them would run them again)."""
+        metrics.count_run_once(binding.name, "done_elsewhere", len(elsewhere))
+        log.warning("binding %s: %d record(s) that failed here had succeeded meanwhile in "
+                    "another scheduler, which took them over (this one was judged dead: "
+                    "check its link to Redis and its event loop); they are answered ok",
+                    binding.name, len(elsewhere), extra={"binding": binding.name})
+        return [ok(o["id"]) if o["id"] in elsewhere else o for o in outcomes]
 
     async def _run(self, chunk: Chunk) -> list[Outcome]:
         binding = chunk.binding
