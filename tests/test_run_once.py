@@ -382,3 +382,38 @@ def test_a_failure_after_another_scheduler_succeeded_with_the_record_is_answered
     assert outcomes[0]["status"] == "ok"
     assert outcomes[1]["status"] == "retry" and "failed after the hook" in outcomes[1]["error"]
     assert again == DONE + RUN  # a copy read later: the first is done, the second runs
+
+
+def test_a_failure_leaves_nothing_in_redis(settings: Settings,
+                                           redis_client: redis.Redis) -> None:
+    """A success is remembered; a failure is forgotten (its field deleted), so a retry
+    storm costs Redis no memory, and the retry's copy runs again. A record marked free the
+    way older versions did (``f``) runs too."""
+    batch = make_items(["orders/2/1", "orders/2/2", "orders/2/3"])
+    keys = f"{settings.prefix}:once:orders:*"
+
+    def fields() -> dict[bytes, list[bytes]]:
+        found: dict[bytes, list[bytes]] = {}
+        for key in redis_client.scan_iter(match=keys):
+            for ref, value in redis_client.hgetall(key).items():
+                found.setdefault(ref, []).append(value)
+        return found
+
+    async def scenario() -> tuple[list[str], dict[bytes, list[bytes]]]:
+        admission = RedisAdmission(settings)
+        try:
+            first = await admission.claim(GUARDED, batch[:2])
+            claimed = fields()
+            assert claimed[b"orders/2/2"] == [b"r" + admission._once.holder.encode()]
+            for key in redis_client.scan_iter(match=keys):
+                redis_client.hset(key, "orders/2/3", "f")
+            await admission.finish(GUARDED, batch[:2], [ok(0), retry(1, "boom")])
+            after = fields()
+            return [first, await admission.claim(GUARDED, batch)], after
+        finally:
+            await admission.close()
+
+    seen, after = asyncio.run(scenario())
+    assert after[b"orders/2/1"] == [b"d"]
+    assert b"orders/2/2" not in after
+    assert seen == [RUN * 2, DONE + RUN + RUN]

@@ -56,8 +56,9 @@ MINE: Final = "4"
 
 #: Records are kept in hashes, one per binding per span of ``done_ttl_s / 3``:
 #: ``<prefix>:once:<binding>:<span number>``, field the source reference, value ``r<holder>``
-#: (claimed), ``d`` (done) or ``f`` (free again). A record's state is its value in the newest
-#: of the last :data:`SPANS_KEPT` hashes that has one; writes go to the current hash, which
+#: (claimed) or ``d`` (done); a record freed again has no field (``f``, which older versions
+#: wrote, means the same). A record's state is its value in the newest of the last
+#: :data:`SPANS_KEPT` hashes that has one; writes go to the current hash, which
 #: expires one span after the last one kept. A hash field costs about half the memory of a
 #: key with its own expiry, and a whole batch is read with one HMGET and written with one
 #: HSET per hash (a script that called GET and SET per record cost Redis twice the CPU).
@@ -162,7 +163,8 @@ write(prefix .. cur, claims, span * {SPANS_KEPT + 1})
 return table.concat(codes)
 """
 
-#: Mark a chunk's successes done and free its other records (a retry runs again).
+#: Mark a chunk's successes done and free its other records (a retry runs again): their
+#: fields are deleted, so failures cost Redis no memory.
 #:
 #: A record is freed only while this holder's claim is its newest state: a scheduler judged
 #: dead (its holder key expired while it still ran the record) must not free a record that
@@ -201,17 +203,26 @@ for b = cur, cur - {SPANS_KEPT - 1}, -1 do
     end
   end
 end
-local pairs = {{}}
+local gone = {{}}
 local codes = {{}}
 for i = 1, n do
   local v = state[i]
   if v == mine then
-    pairs[#pairs + 1] = free[i]
-    pairs[#pairs + 1] = 'f'
+    gone[#gone + 1] = free[i]
   end
   codes[i] = (v == 'd') and '1' or '0'
 end
-for _, ref in ipairs(split(ARGV[3])) do  -- after the others: a success is never undone
+-- A freed record is forgotten (no field is the same as 'f' to CLAIM), in every span kept:
+-- a failure leaves nothing behind in Redis, however many attempts a record takes.
+if #gone > 0 then
+  for b = cur, cur - {SPANS_KEPT - 1}, -1 do
+    for s = 1, #gone, 1000 do
+      redis.call('HDEL', prefix .. b, unpack(gone, s, math.min(s + 999, #gone)))
+    end
+  end
+end
+local pairs = {{}}
+for _, ref in ipairs(split(ARGV[3])) do
   pairs[#pairs + 1] = ref
   pairs[#pairs + 1] = 'd'
 end
