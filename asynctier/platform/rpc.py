@@ -34,12 +34,22 @@ from asynctier.platform.wire import (
     decode_outcomes,
     encode_items,
     retry,
+    wire_version,
 )
 
 log = logging.getLogger(__name__)
 
 SERVICE = "asynctier.Scheduler"
-SUBMIT = f"/{SERVICE}/Submit"
+#: The submit method's name carries the wire's version (:func:`wire_version`): a tailer and
+#: a scheduler built from different schemas (a rolling upgrade half done) never read each
+#: other's bytes; the scheduler answers UNIMPLEMENTED, and the tailer keeps the batch (no
+#: attempt spent) until a scheduler that speaks its version takes it.
+WIRE_VERSION = wire_version()
+SUBMIT_PREFIX = f"/{SERVICE}/Submit"
+SUBMIT = f"{SUBMIT_PREFIX}V{WIRE_VERSION}"
+#: How long a scheduler that speaks another wire is left alone, and how often it is logged.
+WRONG_WIRE_BACKOFF_S = 10.0
+WRONG_WIRE_LOG_EVERY_S = 30.0
 MAX_MESSAGE = 64 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE),
@@ -67,10 +77,49 @@ def died_mid_call(exc: grpc.RpcError) -> bool:
 
 
 def submit_handler(submit: SubmitFn) -> grpc.GenericRpcHandler:
-    """A gRPC handler for ``Submit`` calling ``await submit(request_bytes, context)``."""
-    method = grpc.unary_unary_rpc_method_handler(
-        submit, request_deserializer=None, response_serializer=None)
-    return grpc.method_handlers_generic_handler(SERVICE, {"Submit": method})
+    """A gRPC handler for ``Submit`` calling ``await submit(request_bytes, context)``; a
+    submit in another wire version is refused (UNIMPLEMENTED), saying so."""
+    return _SubmitHandler(submit)
+
+
+class _SubmitHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
+    def __init__(self, submit: SubmitFn) -> None:
+        self._submit = grpc.unary_unary_rpc_method_handler(
+            submit, request_deserializer=None, response_serializer=None)
+        self._logged = -WRONG_WIRE_LOG_EVERY_S
+
+    def service(self, handler_call_details: Any) -> Any:
+        method = handler_call_details.method
+        if method == SUBMIT:
+            return self._submit
+        if method.startswith(SUBMIT_PREFIX):
+            theirs = _version_of(method)
+
+            async def refuse(request: bytes, context: Any) -> bytes:
+                await self._other_wire(theirs, context)
+                return b""  # not reached: abort raises
+
+            return grpc.unary_unary_rpc_method_handler(
+                refuse, request_deserializer=None, response_serializer=None)
+        return None
+
+    async def _other_wire(self, theirs: str, context: Any) -> None:
+        now = time.monotonic()
+        if now - self._logged >= WRONG_WIRE_LOG_EVERY_S:
+            self._logged = now
+            log.error("a tailer at %s sent a batch in wire version %s; this scheduler speaks "
+                      "%s, so it cannot read it and refuses it (the tailer keeps the batch). "
+                      "Run the same asynctier version on tailers and schedulers.",
+                      context.peer(), theirs, WIRE_VERSION)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            f"this scheduler speaks wire version {WIRE_VERSION}, not {theirs}")
+
+
+def _version_of(method: str | bytes) -> str:
+    if isinstance(method, bytes):
+        method = method.decode("utf-8", "replace")
+    rest = method[len(SUBMIT_PREFIX):] if method.startswith(SUBMIT_PREFIX) else method
+    return rest[1:] if rest.startswith("V") else (rest or "(none: an older asynctier)")
 
 
 Addresses = Callable[[], Sequence[str]]
@@ -108,10 +157,13 @@ class PendingCall:
                 code = exc.code() if hasattr(exc, "code") else None
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
                     return self._refused(exc)
-                log.warning("scheduler %s failed a batch of %d item(s) (%s); "
-                            "sending the batch again", self.address, self.count, code)
-                self.client._mark_down(self.address)
-                self.crashes += died_mid_call(exc)
+                if code == grpc.StatusCode.UNIMPLEMENTED:
+                    self.client._other_wire(self.address, exc)
+                else:
+                    log.warning("scheduler %s failed a batch of %d item(s) (%s); "
+                                "sending the batch again", self.address, self.count, code)
+                    self.client._mark_down(self.address)
+                    self.crashes += died_mid_call(exc)
             if stop is not None and stop.is_set():
                 raise SchedulerUnavailable("stopping before the batch was resolved")
             if self.crashes >= CRASHES_BEFORE_ISOLATING:
@@ -154,6 +206,8 @@ class SchedulerClient:
         self._rr = itertools.count()
         self._timeout = call_timeout_s
         self._lock = threading.Lock()
+        self._wrong_wire_logged: dict[str, float] = {}
+        self.method = SUBMIT  # the submit method of this client's wire version
 
     def submit(self, items: list[Item]) -> PendingCall:
         """Start a submit call for one batch; :meth:`PendingCall.result` waits for it."""
@@ -185,10 +239,24 @@ class SchedulerClient:
             entry = self._channels.get(address)
             if entry is None:
                 channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-                stub = channel.unary_unary(SUBMIT, request_serializer=None,
+                stub = channel.unary_unary(self.method, request_serializer=None,
                                            response_deserializer=None)
                 entry = self._channels[address] = (channel, stub)
             return entry[1]
+
+    def _other_wire(self, address: str, exc: grpc.RpcError) -> None:
+        """``address`` speaks another wire version: leave it alone for a while, and say so
+        (at most every :data:`WRONG_WIRE_LOG_EVERY_S` per scheduler)."""
+        now = time.monotonic()
+        if now - self._wrong_wire_logged.get(address, -WRONG_WIRE_LOG_EVERY_S) \
+                >= WRONG_WIRE_LOG_EVERY_S:
+            self._wrong_wire_logged[address] = now
+            detail = exc.details() if hasattr(exc, "details") else str(exc)
+            log.error("scheduler %s does not speak this tailer's wire version %s (%s); its "
+                      "batches wait for a scheduler that does, no attempt spent. Run the "
+                      "same asynctier version on tailers and schedulers.",
+                      address, WIRE_VERSION, detail)
+        self._mark_down(address, WRONG_WIRE_BACKOFF_S)
 
     def _mark_down(self, address: str, for_s: float = 2.0) -> None:
         self._down[address] = time.monotonic() + for_s

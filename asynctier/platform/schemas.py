@@ -10,8 +10,13 @@ from typing import Any
 import fastavro
 
 
+def schema_json(name: str) -> Any:
+    """The schema ``schemas/<name>.avsc`` (shipped inside the package) as written: JSON."""
+    return json.loads(resources.files("asynctier").joinpath("schemas", f"{name}.avsc")
+                      .read_text())
+
+
 @cache
 def load_schema(name: str) -> Any:
-    """The parsed schema ``schemas/<name>.avsc`` (shipped inside the package)."""
-    text = resources.files("asynctier").joinpath("schemas", f"{name}.avsc").read_text()
-    return fastavro.parse_schema(json.loads(text))
+    """The parsed schema ``schemas/<name>.avsc``."""
+    return fastavro.parse_schema(schema_json(name))

@@ -9,14 +9,17 @@ hot path builds and reads thousands of them a second; no Kafka type crosses this
 from __future__ import annotations
 
 import array
+import functools
+import hashlib
 import io
 import sys
 from collections.abc import Sequence
 from typing import Any, Literal, TypedDict
 
 import fastavro
+import fastavro.schema
 
-from asynctier.platform.schemas import load_schema
+from asynctier.platform.schemas import load_schema, schema_json
 
 Status = Literal["ok", "retry", "failed"]
 
@@ -275,3 +278,19 @@ def decode_outcomes(data: bytes) -> list[Outcome]:
                                             _unpack("i", doc["error_of"]),
                                             doc["spends_attempt"], strict=True)]
     return outcomes
+
+
+def fingerprint(schemas: Sequence[Any]) -> str:
+    """12 hex digits naming ``schemas`` by their parsing canonical form (names, types and
+    order; docs and defaults left out)."""
+    digest = hashlib.sha256()
+    for schema in schemas:
+        digest.update(fastavro.schema.to_parsing_canonical_form(schema).encode())
+    return digest.hexdigest()[:12]
+
+
+@functools.cache
+def wire_version() -> str:
+    """The version of the submit call's wire: the fingerprint of its two schemas. Tailers
+    and schedulers built from the same schemas share it; any change to either changes it."""
+    return fingerprint([schema_json("submit"), schema_json("outcomes")])

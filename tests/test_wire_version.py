@@ -1,0 +1,77 @@
+"""The submit call's wire version: tailers and schedulers built from different schemas
+refuse each other's batches (UNIMPLEMENTED, saying why) instead of reading them wrongly,
+and the tailer keeps such a batch, spending no attempt, until a scheduler that speaks its
+version takes it."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+
+import grpc
+import pytest
+
+from asynctier.platform import rpc
+from asynctier.platform.binding import Binding
+from asynctier.platform.config import Settings
+from asynctier.platform.errors import SchedulerUnavailable
+from asynctier.platform.rpc import SchedulerClient
+from asynctier.platform.schemas import schema_json
+from asynctier.platform.wire import fingerprint, wire_version
+from tests.scheduler_harness import items, running_scheduler
+
+NOOP = Binding("noop", "noop", "tests.funcs.basic:noop")
+
+
+def test_the_version_follows_the_schemas_not_their_docs() -> None:
+    submit, outcomes = schema_json("submit"), schema_json("outcomes")
+    assert wire_version() == fingerprint([submit, outcomes])
+    redocumented = copy.deepcopy(submit)
+    redocumented["doc"] = "said differently"
+    assert fingerprint([redocumented, outcomes]) == wire_version()
+    changed = copy.deepcopy(outcomes)
+    changed["fields"].append({"name": "extra", "type": "bytes"})
+    assert fingerprint([submit, changed]) != wire_version()
+    assert rpc.SUBMIT.endswith(wire_version())
+
+
+def test_a_scheduler_refuses_a_batch_in_another_wire_version(
+        settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR)
+    with running_scheduler(settings, [NOOP]) as sched:
+        with grpc.insecure_channel(sched.address) as channel:
+            old = channel.unary_unary(f"{rpc.SUBMIT_PREFIX}Vdeadbeef0000",
+                                      request_serializer=None, response_deserializer=None)
+            with pytest.raises(grpc.RpcError) as refused:
+                old(b"not read", timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert wire_version() in refused.value.details()
+        # ... while a batch in its own version runs
+        assert {o["status"] for o in sched.submit(items("noop", 3)).values()} == {"ok"}
+    said = [r.getMessage() for r in caplog.records if "wire version deadbeef0000" in
+            r.getMessage()]
+    assert said and "same asynctier version" in said[0]
+
+
+def test_a_tailer_keeps_a_batch_no_scheduler_can_read(
+        settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    """A client of another version gets no outcome (so no attempt is spent): its call
+    waits, trying again, until it is stopped; then the batch is unresolved (read again)."""
+    caplog.set_level(logging.ERROR)
+    with running_scheduler(settings, [NOOP]) as sched:
+        client = SchedulerClient(lambda: [sched.address], call_timeout_s=10)
+        client.method = f"{rpc.SUBMIT_PREFIX}Vdeadbeef0000"  # as another version would
+        stop = threading.Event()
+        timer = threading.Timer(2.0, stop.set)
+        timer.start()
+        try:
+            with pytest.raises(SchedulerUnavailable):
+                client.submit(items("noop", 3)).result(stop)
+        finally:
+            timer.cancel()
+            client.close()
+    said = [r.getMessage() for r in caplog.records
+            if r.getMessage().startswith(f"scheduler {sched.address} does not speak")]
+    assert len(said) == 1, said  # said once, not at every try
+    assert "no attempt spent" in said[0]
