@@ -81,6 +81,32 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
+#: A record's state: its value in the newest of the last SPANS_KEPT hashes that has one.
+_NEWEST = f"""
+local function newest(prefix, cur, refs)
+  local n = #refs
+  local state = {{}}
+  local found = 0
+  for b = cur, cur - {SPANS_KEPT - 1}, -1 do
+    if found == n then break end
+    local key = prefix .. b
+    if redis.call('EXISTS', key) == 1 then
+      for s = 1, n, 1000 do
+        local e = math.min(s + 999, n)
+        local got = redis.call('HMGET', key, unpack(refs, s, e))
+        for i = s, e do
+          if state[i] == nil and got[i - s + 1] then
+            state[i] = got[i - s + 1]
+            found = found + 1
+          end
+        end
+      end
+    end
+  end
+  return state
+end
+"""
+
 _WRITE = """
 local function write(key, pairs, ttl)
   if #pairs == 0 then return end
@@ -102,7 +128,7 @@ end
 #: Returns  one code per record (RUN, DONE, BUSY, TAKEN_OVER: see
 #:          :mod:`asynctier.platform.admission`; and
 #:          4 for a record this holder claims already, which :class:`RunOnce` tells apart)
-CLAIM: Final = _PRELUDE + _WRITE + f"""
+CLAIM: Final = _PRELUDE + _NEWEST + _WRITE + f"""
 local me = ARGV[1]
 local holders = ARGV[2]
 redis.call('SET', holders .. me, '1', 'PX', ARGV[3])
@@ -111,24 +137,7 @@ local prefix = ARGV[5]
 local refs = split(ARGV[6])
 local n = #refs
 local cur = math.floor(now / span)
-local state = {{}}
-local found = 0
-for b = cur, cur - {SPANS_KEPT - 1}, -1 do
-  local key = prefix .. b
-  if redis.call('EXISTS', key) == 1 then
-    for s = 1, n, 1000 do
-      local e = math.min(s + 999, n)
-      local got = redis.call('HMGET', key, unpack(refs, s, e))
-      for i = s, e do
-        if state[i] == nil and got[i - s + 1] then
-          state[i] = got[i - s + 1]
-          found = found + 1
-        end
-      end
-    end
-  end
-  if found == n then break end
-end
+local state = newest(prefix, cur, refs)
 local mine = 'r' .. me
 local codes = {{}}
 local claims = {{}}
@@ -178,31 +187,14 @@ return table.concat(codes)
 #: ARGV[4]  the others' references joined by newlines ('' for none)
 #: ARGV[5]  the holder (this scheduler)
 #: Returns  one code per other record: '1' done by another copy, '0' otherwise
-FINISH: Final = _PRELUDE + _WRITE + f"""
+FINISH: Final = _PRELUDE + _NEWEST + _WRITE + f"""
 local span = tonumber(ARGV[1])
 local prefix = ARGV[2]
 local cur = math.floor(now / span)
 local mine = 'r' .. ARGV[5]
 local free = split(ARGV[4])
 local n = #free
-local state = {{}}
-local found = 0
-for b = cur, cur - {SPANS_KEPT - 1}, -1 do
-  if found == n then break end
-  local key = prefix .. b
-  if redis.call('EXISTS', key) == 1 then
-    for s = 1, n, 1000 do
-      local e = math.min(s + 999, n)
-      local got = redis.call('HMGET', key, unpack(free, s, e))
-      for i = s, e do
-        if state[i] == nil and got[i - s + 1] then
-          state[i] = got[i - s + 1]
-          found = found + 1
-        end
-      end
-    end
-  end
-end
+local state = newest(prefix, cur, free)
 local gone = {{}}
 local codes = {{}}
 for i = 1, n do
