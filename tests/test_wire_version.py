@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+from concurrent import futures
 
 import grpc
 import pytest
@@ -75,3 +76,27 @@ def test_a_tailer_keeps_a_batch_no_scheduler_can_read(
             if r.getMessage().startswith(f"scheduler {sched.address} does not speak")]
     assert len(said) == 1, said  # said once, not at every try
     assert "no attempt spent" in said[0]
+
+
+def test_during_an_upgrade_a_batch_goes_to_a_scheduler_of_its_own_version(
+        settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    """Two schedulers, the first (tried first) of another version: it refuses the batch,
+    is left alone, and the batch runs on the second, each item once."""
+    caplog.set_level(logging.ERROR)
+    other = grpc.server(futures.ThreadPoolExecutor(max_workers=1))  # serves no method of ours
+    port = other.add_insecure_port("127.0.0.1:0")
+    other.start()
+    try:
+        with running_scheduler(settings, [NOOP]) as sched:
+            client = SchedulerClient(lambda: [f"127.0.0.1:{port}", sched.address],
+                                     call_timeout_s=30)
+            try:
+                outcomes = client.submit(items("noop", 5)).result()
+            finally:
+                client.close()
+    finally:
+        other.stop(None)
+    assert sorted(o["id"] for o in outcomes) == [0, 1, 2, 3, 4]
+    assert {o["status"] for o in outcomes} == {"ok"}
+    assert any(r.getMessage().startswith(f"scheduler 127.0.0.1:{port} does not speak")
+               for r in caplog.records)
