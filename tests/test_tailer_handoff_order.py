@@ -138,3 +138,16 @@ def test_with_nothing_to_send_hand_offs_do_not_wait_for_the_call_under_way() -> 
         tailer._step(tailer._consumer)  # type: ignore[arg-type]
     assert log == [("produce", [0, 1])]
     assert not slow.future.done()
+
+
+def test_the_tailer_keeps_max_in_flight_batches_at_the_scheduler() -> None:
+    """``asynctier run --max-in-flight N``: N batches leave before the tailer waits for the
+    oldest answer."""
+    for depth in (1, 3):
+        log: list[tuple[Any, ...]] = []
+        tailer = _tailer(log, [_Msg(o) for o in range(20)])
+        tailer.options = TailerOptions(batch_size=2, max_in_flight=depth, linger_s=0.0)
+        tailer._resolve_oldest = lambda log=log: log.append(("wait",))  # type: ignore
+        while not log or log[-1] != ("wait",):
+            tailer._step(tailer._consumer)  # type: ignore[arg-type]
+        assert [entry[0] for entry in log] == ["submit"] * depth + ["wait"], depth

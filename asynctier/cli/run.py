@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
@@ -27,6 +28,9 @@ from asynctier.platform import metrics
 from asynctier.platform.config import Settings
 from asynctier.platform.gcpolicy import quiet_gc
 from asynctier.platform.rpc import SchedulerClient
+
+if TYPE_CHECKING:
+    from asynctier.tailers.kafka import TailerOptions
 
 log = logging.getLogger("asynctier.run")
 
@@ -54,18 +58,17 @@ def scheduler_addresses(settings: Settings) -> Callable[[], Sequence[str]]:
     return SchedulerDirectory(settings).addresses
 
 
-def run_tailers(settings: Settings, stop: threading.Event, batch_size: int,
+def run_tailers(settings: Settings, stop: threading.Event, options: TailerOptions,
                 export_lag: bool = False) -> None:
     """Run one tailer per binding until ``stop``; then finish, commit and return.
 
     With ``export_lag`` the process also exports its bindings' consumer lag."""
     from asynctier.platform.lag import LagCollector
-    from asynctier.tailers.kafka import TailerOptions
     from asynctier.tailers.manager import TailerManager
 
     quiet_gc()
     client = SchedulerClient(scheduler_addresses(settings))
-    manager = TailerManager(settings, client, TailerOptions(batch_size=batch_size))
+    manager = TailerManager(settings, client, options)
     manager.start()
     log.info("tailers running for %d binding(s): %s", len(manager.bindings),
              ", ".join(manager.bindings) or "none yet (waiting for `asynctier bind`)")
@@ -86,7 +89,7 @@ def _serve_metrics(port: int | None) -> None:
 
 
 def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen: str | None,
-             metrics_port: int | None, batch_size: int) -> None:
+             metrics_port: int | None, options: TailerOptions) -> None:
     stop = threading.Event()
     stop_on_signals(stop)
     _serve_metrics(metrics_port)
@@ -101,7 +104,7 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
                       allow_modules=allow or settings.allow_modules, stop=stop,
                       admission=admission)
     elif component == "tailers":
-        run_tailers(settings, stop, batch_size, export_lag=metrics_port is not None)
+        run_tailers(settings, stop, options, export_lag=metrics_port is not None)
     else:
         run_delay(settings, stop, export_lag=metrics_port is not None)
 
@@ -123,8 +126,10 @@ def run_delay(settings: Settings, stop: threading.Event, export_lag: bool = Fals
 
 
 def _child_args(component: str, allow: tuple[str, ...], listen: str | None,
-                port: int | None, batch_size: int) -> list[str]:
-    args = [sys.executable, "-m", "asynctier", "run", component, "--batch-size", str(batch_size)]
+                port: int | None, options: TailerOptions) -> list[str]:
+    args = [sys.executable, "-m", "asynctier", "run", component,
+            "--batch-size", str(options.batch_size),
+            "--max-in-flight", str(options.max_in_flight)]
     for module in allow:
         args += ["--allow-module", module]
     if listen and component == "scheduler":
@@ -135,14 +140,14 @@ def _child_args(component: str, allow: tuple[str, ...], listen: str | None,
 
 
 def _run_all(allow: tuple[str, ...], listen: str | None, metrics_port: int | None,
-             batch_size: int) -> None:
+             options: TailerOptions) -> None:
     stop = threading.Event()
     stop_on_signals(stop)
     children: dict[str, subprocess.Popen[bytes]] = {}
     for offset, component in enumerate(COMPONENTS):
         port = None if metrics_port is None else (metrics_port + offset if metrics_port else 0)
         children[component] = subprocess.Popen(
-            _child_args(component, allow, listen, port, batch_size))
+            _child_args(component, allow, listen, port, options))
     log.info("asynctier running: scheduler (pid %d), tailers (pid %d), delay (pid %d)",
              *(c.pid for c in children.values()))
     code = 0
@@ -181,19 +186,26 @@ def _wait(child: subprocess.Popen[bytes], timeout_s: float, name: str) -> None:
               help="host:port the scheduler serves on [default: 127.0.0.1:50051].")
 @click.option("--metrics-port", type=int, envvar="ASYNCTIER_METRICS_PORT",
               help="Serve /metrics (0: a free port, printed at start).")
-@click.option("--batch-size", type=int, default=1000, show_default=True,
-              help="Records a tailer reads and submits at once.")
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=1000,
+              show_default=True, help="Records a tailer reads and submits at once.")
+@click.option("--max-in-flight", type=click.IntRange(1, 8), default=2, show_default=True,
+              help="Batches a tailer has at the scheduler at once: more drains a backlog "
+                   "faster and holds records longer under load (and a killed tailer's "
+                   "uncommitted window grows by one batch each).")
 @click.pass_context
 def run(ctx: click.Context, component: str | None, allow: tuple[str, ...], listen: str | None,
-        metrics_port: int | None, batch_size: int) -> None:
+        metrics_port: int | None, batch_size: int, max_in_flight: int) -> None:
     """Run the scheduler, the tailers and the delay tailers (all three when none is named)."""
     settings = settings_of(ctx)
     if metrics_port is None and settings.metrics_port:
         metrics_port = settings.metrics_port
+    from asynctier.tailers.kafka import TailerOptions
+
+    options = TailerOptions(batch_size=batch_size, max_in_flight=max_in_flight)
     if component is None:
-        _run_all(allow, listen, metrics_port, batch_size)
+        _run_all(allow, listen, metrics_port, options)
     else:
-        _run_one(settings, component, allow, listen, metrics_port, batch_size)
+        _run_one(settings, component, allow, listen, metrics_port, options)
 
 
 COMMANDS = [run]

@@ -1,0 +1,27 @@
+"""``asynctier run``'s tailer options: checked at the command line, and passed on to the
+component processes a plain ``asynctier run`` starts."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from asynctier.cli import main as cli
+from asynctier.cli.run import _child_args
+from asynctier.tailers.kafka import TailerOptions
+
+
+def test_out_of_range_tailer_options_are_refused_with_the_range() -> None:
+    runner = CliRunner()
+    for argv, says in ((["--max-in-flight", "0"], "--max-in-flight': 0 is not in the range"),
+                       (["--batch-size", "0"], "--batch-size': 0 is not in the range")):
+        result = runner.invoke(cli, ["run", "tailers", *argv])
+        assert result.exit_code == 2, result.output
+        assert says in result.output
+
+
+def test_a_plain_run_passes_the_tailer_options_to_its_components() -> None:
+    args = _child_args("tailers", ("myapp",), None, None,
+                       TailerOptions(batch_size=500, max_in_flight=3))
+    assert args[args.index("--batch-size") + 1] == "500"
+    assert args[args.index("--max-in-flight") + 1] == "3"
+    assert args[args.index("--allow-module") + 1] == "myapp"
