@@ -417,3 +417,36 @@ def test_a_failure_leaves_nothing_in_redis(settings: Settings,
     assert after[b"orders/2/1"] == [b"d"]
     assert b"orders/2/2" not in after
     assert seen == [RUN * 2, DONE + RUN + RUN]
+
+
+def test_a_copy_read_while_a_success_is_being_written_waits_for_it(
+        settings: Settings) -> None:
+    """Between a chunk's end and its marks landing in Redis, the records are still this
+    scheduler's: a copy claimed in that gap waits (it must not run beside a success not
+    yet written), and once the marks land it is answered done."""
+    batch = make_items(["orders/1/1"])
+
+    async def scenario() -> list[str]:
+        admission = RedisAdmission(settings)
+        once = admission._once
+        real, landed = once._finish, asyncio.Event()
+
+        async def slow_finish(**kwargs: object) -> object:
+            await landed.wait()
+            return await real(**kwargs)
+
+        once._finish = slow_finish  # type: ignore[assignment]
+        try:
+            seen = [await admission.claim(GUARDED, batch)]
+            writing = asyncio.create_task(admission.finish(GUARDED, batch, [ok(0)]))
+            for _ in range(5):
+                await asyncio.sleep(0)  # the write is under way, not landed
+            seen.append(await admission.claim(GUARDED, batch))
+            landed.set()
+            await writing
+            seen.append(await admission.claim(GUARDED, batch))
+            return seen
+        finally:
+            await admission.close()
+
+    assert asyncio.run(scenario()) == [RUN, BUSY, DONE]

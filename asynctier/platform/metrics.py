@@ -296,7 +296,8 @@ def count_batch(component: str, binding: str, n: int = 1) -> None:
 
 
 def count_run_once(binding: str, outcome: str, n: int = 1) -> None:
-    """Count records of ``binding`` the run-once guard skipped, made wait or took over."""
+    """Count records of ``binding`` the run-once guard skipped, made wait or took over, or
+    found done elsewhere after they failed here."""
     RUN_ONCE.labels(binding, outcome).inc(n)
 
 

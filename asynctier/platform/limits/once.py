@@ -58,8 +58,9 @@ MINE: Final = "4"
 #: ``<prefix>:once:<binding>:<span number>``, field the source reference, value ``r<holder>``
 #: (claimed) or ``d`` (done); a record freed again has no field (``f``, which older versions
 #: wrote, means the same). A record's state is its value in the newest of the last
-#: :data:`SPANS_KEPT` hashes that has one; writes go to the current hash, which
-#: expires one span after the last one kept. A hash field costs about half the memory of a
+#: :data:`SPANS_KEPT` hashes that has one; claims and successes are written to the current
+#: hash (a freed record is deleted from all of them), which expires one span after the last
+#: one kept. A hash field costs about half the memory of a
 #: key with its own expiry, and a whole batch is read with one HMGET and written with one
 #: HSET per hash (a script that called GET and SET per record cost Redis twice the CPU).
 SPANS_KEPT: Final = 4
@@ -288,7 +289,6 @@ class RunOnce:
         process more CPU than the records it carries), and a chunk waits at most one
         round trip more than its own.
         """
-        self.forget(binding, items)
         ok = {o["id"] for o in outcomes if o["status"] == "ok"}
         done, free = self._pending.setdefault(binding, ([], []))
         for item in items:
@@ -297,7 +297,12 @@ class RunOnce:
         self._waiters.append(waiter)
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write(), name="asynctier-once-writer")
-        elsewhere = (await waiter).get(binding)
+        try:
+            elsewhere = (await waiter).get(binding)
+        finally:
+            # Only now: until the write lands, a copy read again meanwhile finds this
+            # scheduler's claim and must wait for it (not run beside a success unwritten).
+            self.forget(binding, items)
         if not elsewhere:
             return set()
         return {item["id"] for item in items
