@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from asynctier.cli import main as cli
 from asynctier.cli.run import _child_args
-from asynctier.tailers.kafka import TailerOptions
+from asynctier.tailers.options import TailerOptions
 
 
 def test_out_of_range_tailer_options_are_refused_with_the_range() -> None:

@@ -6,6 +6,7 @@ version takes it."""
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import threading
 from concurrent import futures
@@ -19,22 +20,39 @@ from asynctier.platform.config import Settings
 from asynctier.platform.errors import SchedulerUnavailable
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.schemas import schema_json
-from asynctier.platform.wire import fingerprint, wire_version
+from asynctier.platform.wire import decode_outcomes, encode_items, fingerprint, wire_version
+from tests.funcs import basic
 from tests.scheduler_harness import items, running_scheduler
 
 NOOP = Binding("noop", "noop", "tests.funcs.basic:noop")
 
 
-def test_the_version_follows_the_schemas_not_their_docs() -> None:
+def test_the_version_follows_the_schemas_docs_included() -> None:
+    """The docs say how the packed columns are laid out: changing them is a new version."""
     submit, outcomes = schema_json("submit"), schema_json("outcomes")
     assert wire_version() == fingerprint([submit, outcomes])
-    redocumented = copy.deepcopy(submit)
-    redocumented["doc"] = "said differently"
-    assert fingerprint([redocumented, outcomes]) == wire_version()
+    assert fingerprint([copy.deepcopy(submit), copy.deepcopy(outcomes)]) == wire_version()
+    redocumented = copy.deepcopy(outcomes)
+    redocumented["fields"][0]["doc"] = "the ids that succeeded: int32 little-endian, packed"
+    assert fingerprint([submit, redocumented]) != wire_version()
     changed = copy.deepcopy(outcomes)
     changed["fields"].append({"name": "extra", "type": "bytes"})
     assert fingerprint([submit, changed]) != wire_version()
     assert rpc.SUBMIT.endswith(wire_version())
+
+
+def test_a_tailer_of_a_release_without_wire_versions_is_served_while_the_wire_is_the_same(
+        settings: Settings) -> None:
+    """Such a tailer calls the bare ``Submit``; these schemas are the ones it used."""
+    assert wire_version() == rpc.UNVERSIONED_WIRE
+    # (else: a new wire, and the bare name is refused: see the next test)
+    with running_scheduler(settings, [NOOP]) as sched, \
+            grpc.insecure_channel(sched.address) as channel:
+        bare = channel.unary_unary(rpc.SUBMIT_PREFIX, request_serializer=None,
+                                   response_deserializer=None)
+        outcomes = decode_outcomes(bare(encode_items(items("noop", 3)), timeout=30))
+    assert sorted((o["id"], o["status"]) for o in outcomes) == [(0, "ok"), (1, "ok"),
+                                                                 (2, "ok")]
 
 
 def test_a_scheduler_refuses_a_batch_in_another_wire_version(
@@ -80,23 +98,30 @@ def test_a_tailer_keeps_a_batch_no_scheduler_can_read(
 
 def test_during_an_upgrade_a_batch_goes_to_a_scheduler_of_its_own_version(
         settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
-    """Two schedulers, the first (tried first) of another version: it refuses the batch,
-    is left alone, and the batch runs on the second, each item once."""
+    """Two schedulers, the first (tried first) without a submit call of this version (as an
+    older release, or another service): it is left alone, and the batch runs on the second,
+    each item once."""
     caplog.set_level(logging.ERROR)
+    basic.reset()
+    recorded = Binding("recorded", "recorded", "tests.funcs.basic:record")
     other = grpc.server(futures.ThreadPoolExecutor(max_workers=1))  # serves no method of ours
     port = other.add_insecure_port("127.0.0.1:0")
     other.start()
     try:
-        with running_scheduler(settings, [NOOP]) as sched:
+        with running_scheduler(settings, [recorded]) as sched:
             client = SchedulerClient(lambda: [f"127.0.0.1:{port}", sched.address],
                                      call_timeout_s=30)
             try:
-                outcomes = client.submit(items("noop", 5)).result()
+                batch = items("recorded", 5)
+                for n, item in enumerate(batch):
+                    item["payload"] = json.dumps({"n": n}).encode()
+                outcomes = client.submit(batch).result()
             finally:
                 client.close()
     finally:
         other.stop(None)
-    assert sorted(o["id"] for o in outcomes) == [0, 1, 2, 3, 4]
-    assert {o["status"] for o in outcomes} == {"ok"}
-    assert any(r.getMessage().startswith(f"scheduler 127.0.0.1:{port} does not speak")
-               for r in caplog.records)
+    assert sorted((o["id"], o["status"]) for o in outcomes) == [(n, "ok") for n in range(5)]
+    assert sorted(payload["n"] for payload, _ in basic.SEEN) == [0, 1, 2, 3, 4]
+    said = [r.getMessage() for r in caplog.records
+            if r.getMessage().startswith(f"127.0.0.1:{port} answered UNIMPLEMENTED")]
+    assert len(said) == 1 and "another service at that address" in said[0]

@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING
 
 import click
 
@@ -28,9 +27,7 @@ from asynctier.platform import metrics
 from asynctier.platform.config import Settings
 from asynctier.platform.gcpolicy import quiet_gc
 from asynctier.platform.rpc import SchedulerClient
-
-if TYPE_CHECKING:
-    from asynctier.tailers.kafka import TailerOptions
+from asynctier.tailers.options import TailerOptions
 
 log = logging.getLogger("asynctier.run")
 
@@ -199,8 +196,6 @@ def run(ctx: click.Context, component: str | None, allow: tuple[str, ...], liste
     settings = settings_of(ctx)
     if metrics_port is None and settings.metrics_port:
         metrics_port = settings.metrics_port
-    from asynctier.tailers.kafka import TailerOptions
-
     options = TailerOptions(batch_size=batch_size, max_in_flight=max_in_flight)
     if component is None:
         _run_all(allow, listen, metrics_port, options)

@@ -47,6 +47,10 @@ SERVICE = "asynctier.Scheduler"
 WIRE_VERSION = wire_version()
 SUBMIT_PREFIX = f"/{SERVICE}/Submit"
 SUBMIT = f"{SUBMIT_PREFIX}V{WIRE_VERSION}"
+#: Releases before the version was named called the bare ``Submit`` with this wire: it is
+#: served as long as the schemas are unchanged, so tailers of such a release keep working
+#: while they are upgraded.
+UNVERSIONED_WIRE = "1dd4e2309015"
 #: How long a scheduler that speaks another wire is left alone, and how often it is logged.
 WRONG_WIRE_BACKOFF_S = 10.0
 WRONG_WIRE_LOG_EVERY_S = 30.0
@@ -90,7 +94,7 @@ class _SubmitHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     def service(self, handler_call_details: Any) -> Any:
         method = handler_call_details.method
-        if method == SUBMIT:
+        if method == SUBMIT or (method == SUBMIT_PREFIX and WIRE_VERSION == UNVERSIONED_WIRE):
             return self._submit
         if method.startswith(SUBMIT_PREFIX):
             theirs = _version_of(method)
@@ -157,8 +161,8 @@ class PendingCall:
                 code = exc.code() if hasattr(exc, "code") else None
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
                     return self._refused(exc)
-                if code == grpc.StatusCode.UNIMPLEMENTED:
-                    self.client._other_wire(self.address, exc)
+                if code == grpc.StatusCode.UNIMPLEMENTED:  # another version: no attempt spent
+                    self.client._not_our_wire(self.address, exc)
                 else:
                     log.warning("scheduler %s failed a batch of %d item(s) (%s); "
                                 "sending the batch again", self.address, self.count, code)
@@ -244,22 +248,32 @@ class SchedulerClient:
                 entry = self._channels[address] = (channel, stub)
             return entry[1]
 
-    def _other_wire(self, address: str, exc: grpc.RpcError) -> None:
-        """``address`` speaks another wire version: leave it alone for a while, and say so
-        (at most every :data:`WRONG_WIRE_LOG_EVERY_S` per scheduler)."""
+    def _not_our_wire(self, address: str, exc: grpc.RpcError) -> None:
+        """``address`` has no submit method of this wire version: leave it alone for a
+        while, and say so (at most every :data:`WRONG_WIRE_LOG_EVERY_S` per scheduler). Its
+        channel stays open: other calls on it get the same answer, not a cancellation."""
         now = time.monotonic()
         if now - self._wrong_wire_logged.get(address, -WRONG_WIRE_LOG_EVERY_S) \
                 >= WRONG_WIRE_LOG_EVERY_S:
             self._wrong_wire_logged[address] = now
-            detail = exc.details() if hasattr(exc, "details") else str(exc)
-            log.error("scheduler %s does not speak this tailer's wire version %s (%s); its "
-                      "batches wait for a scheduler that does, no attempt spent. Run the "
-                      "same asynctier version on tailers and schedulers.",
-                      address, WIRE_VERSION, detail)
-        self._mark_down(address, WRONG_WIRE_BACKOFF_S)
+            detail = (exc.details() if hasattr(exc, "details") else None) or str(exc)
+            if "wire version" in detail:  # an asynctier scheduler of another version
+                log.error("scheduler %s does not speak this tailer's wire version %s (it "
+                          "says: %s); batches wait for a scheduler that does, no attempt "
+                          "spent. Run the same asynctier version on tailers and "
+                          "schedulers.", address, WIRE_VERSION, detail)
+            else:
+                log.error("%s answered UNIMPLEMENTED (%s): it has no submit call of wire "
+                          "version %s. Is it an older asynctier scheduler (upgrade it), or "
+                          "another service at that address (check the scheduler list)? "
+                          "Batches wait for a scheduler that takes them, no attempt spent.",
+                          address, detail, WIRE_VERSION)
+        self._mark_down(address, WRONG_WIRE_BACKOFF_S, close=False)
 
-    def _mark_down(self, address: str, for_s: float = 2.0) -> None:
-        self._down[address] = time.monotonic() + for_s
+    def _mark_down(self, address: str, for_s: float = 2.0, close: bool = True) -> None:
+        self._down[address] = max(self._down.get(address, 0.0), time.monotonic() + for_s)
+        if not close:
+            return
         with self._lock:
             entry = self._channels.pop(address, None)
         if entry is not None:

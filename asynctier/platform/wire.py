@@ -12,12 +12,12 @@ import array
 import functools
 import hashlib
 import io
+import json
 import sys
 from collections.abc import Sequence
 from typing import Any, Literal, TypedDict
 
 import fastavro
-import fastavro.schema
 
 from asynctier.platform.schemas import load_schema, schema_json
 
@@ -281,11 +281,11 @@ def decode_outcomes(data: bytes) -> list[Outcome]:
 
 
 def fingerprint(schemas: Sequence[Any]) -> str:
-    """12 hex digits naming ``schemas`` by their parsing canonical form (names, types and
-    order; docs and defaults left out)."""
+    """12 hex digits naming ``schemas`` (JSON) as a whole, docs included: the layout of the
+    packed ``bytes`` columns (int64 little-endian, -1 for none...) is written only there."""
     digest = hashlib.sha256()
     for schema in schemas:
-        digest.update(fastavro.schema.to_parsing_canonical_form(schema).encode())
+        digest.update(json.dumps(schema, sort_keys=True, separators=(",", ":")).encode())
     return digest.hexdigest()[:12]
 
 

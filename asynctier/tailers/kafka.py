@@ -37,23 +37,11 @@ from asynctier.platform.faults import FaultHook
 from asynctier.platform.kafka import tailer_consumer_config
 from asynctier.platform.rpc import PendingCall, SchedulerClient
 from asynctier.platform.wire import Outcome
+from asynctier.tailers.options import TailerOptions
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "tailer"
-
-
-@dataclass
-class TailerOptions:
-    """Knobs of a Kafka tailer."""
-
-    batch_size: int = 1000
-    max_in_flight: int = 2
-    idle_poll_s: float = 0.5
-    linger_s: float = 0.005
-    handoff_retry_s: float = 1.0
-    session_timeout_ms: int = 30_000
-    max_poll_interval_ms: int = 300_000
 
 
 @dataclass

@@ -16,7 +16,8 @@ from asynctier.platform.config import Settings
 from asynctier.platform.kafka import admin, topic_partitions
 from asynctier.platform.registry import RegistryFollower
 from asynctier.platform.rpc import SchedulerClient
-from asynctier.tailers.kafka import KafkaTailer, TailerOptions
+from asynctier.tailers.kafka import KafkaTailer
+from asynctier.tailers.options import TailerOptions
 
 log = logging.getLogger(__name__)
 
