@@ -8,7 +8,8 @@ alternating order) at ``--rate`` for ``--seconds``, after one discarded warm-up 
 run it prints p50/p90/p99/max of record-to-start, how many 100 ms windows of producer time
 hold the tail (samples at or above the run's p99: a few windows means a stall, many means
 a slow pipeline), and for the worst of those windows the threads that used the most CPU
-above their own average for the run (``/proc``, sampled every 20 ms). Redis' AOF rewrites
+above their own average for the run (``/proc``, sampled every 50 ms by a process of its
+own, which takes about a tenth of a core). Redis' AOF rewrites
 during the run are counted (each forks a ``redis-server`` child that writes the whole
 data set out). ``--aof both`` alternates asynctier runs with Redis' append-only file on and
 off (``CONFIG SET appendonly``) and prints the medians of each.
@@ -18,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import multiprocessing
 import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -37,49 +39,25 @@ Thread = tuple[int, str, str]  # pid, process name, thread name
 
 
 class ThreadSampler:
-    """CPU ticks of every thread of every process, every ``period`` seconds (from /proc)."""
+    """CPU ticks of every thread of every process, every ``period`` seconds (from /proc).
 
-    def __init__(self, period: float = 0.02) -> None:
-        self.period = period
+    The sampling runs in a process of its own: a thread here would take the interpreter
+    lock from the open-loop producer, which runs in this process, and skew what it
+    measures. Walking /proc costs that process about 2 ms of CPU per sample."""
+
+    def __init__(self, period: float = 0.05) -> None:
+        context = multiprocessing.get_context("fork")
+        self._stop = context.Event()
+        self._rows, sender = context.Pipe(duplex=False)
+        self._process = context.Process(target=_sample, args=(period, self._stop, sender),
+                                        daemon=True)
+        self._process.start()
         self.rows: list[tuple[float, float, dict[Thread, int]]] = []
-        self.names: dict[int, str] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _snap(self) -> dict[tuple[int, int], tuple[str, str, int]]:
-        out = {}
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if int(pid) not in self.names:
-                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                    self.names[int(pid)] = _process_name(cmdline)
-                for tid in os.listdir(f"/proc/{pid}/task"):
-                    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-                    close = stat.rfind(")")
-                    fields = stat[close + 2:].split()
-                    out[(int(pid), int(tid))] = (self.names[int(pid)],
-                                                 stat[stat.find("(") + 1:close],
-                                                 int(fields[11]) + int(fields[12]))
-            except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
-                continue
-        return out
-
-    def _run(self) -> None:
-        before, at = self._snap(), time.time()
-        while not self._stop.wait(self.period):
-            now_snap, now = self._snap(), time.time()
-            used: dict[Thread, int] = collections.Counter()
-            for key, (proc, name, ticks) in now_snap.items():
-                was = before.get(key)
-                if was is not None and ticks > was[2]:
-                    used[(key[0], proc, name)] += ticks - was[2]
-            self.rows.append((at, now, dict(used)))
-            before, at = now_snap, now
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
+        self.rows = self._rows.recv()
+        self._process.join(10)
 
     def used(self, start: float, end: float) -> collections.Counter[Thread]:
         """Ticks per thread in the samples overlapping [start, end]."""
@@ -90,10 +68,43 @@ class ThreadSampler:
         return total
 
 
-def _process_name(cmdline: list[bytes]) -> str:
-    words = [w.decode(errors="replace") for w in cmdline if w]
-    if "run" in words and words.index("run") + 1 < len(words):
-        return f"asynctier {words[words.index('run') + 1]}"  # asynctier run <component>
+def _sample(period: float, stop: Any, rows_to: Any) -> None:
+    names: dict[int, str] = {}
+    rows: list[tuple[float, float, dict[Thread, int]]] = []
+    before, at = _snap(names), time.time()
+    while not stop.wait(period):
+        now_snap, now = _snap(names), time.time()
+        used: dict[Thread, int] = collections.Counter()
+        for key, (proc, name, ticks) in now_snap.items():
+            was = before.get(key)
+            if was is not None and ticks > was[2]:
+                used[(key[0], proc, name)] += ticks - was[2]
+        rows.append((at, now, dict(used)))
+        before, at = now_snap, now
+    rows_to.send(rows)
+
+
+def _snap(names: dict[int, str]) -> dict[tuple[int, int], tuple[str, str, int]]:
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(pid) not in names:
+                names[int(pid)] = _process_name(Path(f"/proc/{pid}/cmdline").read_bytes())
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+                close = stat.rfind(")")
+                fields = stat[close + 2:].split()
+                out[(int(pid), int(tid))] = (names[int(pid)], stat[stat.find("(") + 1:close],
+                                             int(fields[11]) + int(fields[12]))
+        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+            continue
+    return out
+
+
+def _process_name(cmdline: bytes) -> str:
+    words = [w.decode(errors="replace") for w in cmdline.split(b"\0") if w]
+    if "asynctier" in words and "run" in words and words.index("run") + 1 < len(words):
+        return f"asynctier {words[words.index('run') + 1]}"  # -m asynctier run <component>
     if any("kafka.Kafka" in w for w in words):
         return "kafka"
     if any("bench.kafka_loops" in w for w in words):
