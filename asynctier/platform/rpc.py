@@ -119,10 +119,9 @@ class _SubmitHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
                             f"this scheduler speaks wire version {WIRE_VERSION}, not {theirs}")
 
 
-def _version_of(method: str | bytes) -> str:
-    if isinstance(method, bytes):
-        method = method.decode("utf-8", "replace")
-    rest = method[len(SUBMIT_PREFIX):] if method.startswith(SUBMIT_PREFIX) else method
+def _version_of(method: str) -> str:
+    """The wire version named by a submit method (``.../Submit`` names none)."""
+    rest = method[len(SUBMIT_PREFIX):]
     return rest[1:] if rest.startswith("V") else (rest or "(none: an older asynctier)")
 
 

@@ -9,7 +9,6 @@ hot path builds and reads thousands of them a second; no Kafka type crosses this
 from __future__ import annotations
 
 import array
-import functools
 import hashlib
 import io
 import json
@@ -289,7 +288,6 @@ def fingerprint(schemas: Sequence[Any]) -> str:
     return digest.hexdigest()[:12]
 
 
-@functools.cache
 def wire_version() -> str:
     """The version of the submit call's wire: the fingerprint of its two schemas. Tailers
     and schedulers built from the same schemas share it; any change to either changes it."""

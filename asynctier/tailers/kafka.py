@@ -332,10 +332,14 @@ class KafkaTailer:
             # committed by this tailer (a later batch's offsets would cover them), and the
             # batches it holds are dropped; all of it is read again from the last commit.
             self._no_more_commits = True
-            self._in_flight.clear()
-            self._answered = []
-            self._handed = []
+            self._drop_batches()
             raise SchedulerUnavailable("stopping with an unconfirmed hand-off") from exc
+
+    def _drop_batches(self) -> None:
+        """Drop every batch held, answered or not: none of them will be committed here."""
+        self._in_flight.clear()
+        self._answered = []
+        self._handed = []
 
     def _commit(self, high: dict[tuple[str, int], int]) -> None:
         """Commit past the highest offsets of a batch (``high``: per partition)."""
@@ -429,9 +433,7 @@ class KafkaTailer:
         try:
             self._drain(gone)
         except SchedulerUnavailable:
-            self._in_flight.clear()
-            self._answered = []
-            self._handed = []
+            self._drop_batches()
         finally:
             self._in_revoke = False
             self._owned -= gone

@@ -41,7 +41,7 @@ from redis.asyncio import Redis
 from asynctier.platform.admission import BUSY, RUN, TAKEN_OVER
 from asynctier.platform.config import DEFAULT_RUN_ONCE_WINDOW_S
 from asynctier.platform.limits.outage import REDIS_DOWN
-from asynctier.platform.limits.quota import join_refs
+from asynctier.platform.limits.quota import as_text, join_refs
 from asynctier.platform.names import Names
 from asynctier.platform.wire import Item, Outcome
 
@@ -256,7 +256,7 @@ class RunOnce:
         codes = await self._claim(args=[
             self.holder, self._holders, self._holder_ms, self._span_ms,
             self.prefix(binding), join_refs(refs)])
-        text = codes.decode() if isinstance(codes, bytes) else str(codes)
+        text = as_text(codes)
         running = self._running.setdefault(binding, set())
         if text.count(RUN) == len(text):
             running.update(refs)
@@ -319,7 +319,7 @@ class RunOnce:
                                                      join_refs(done) if done else "",
                                                      join_refs(free) if free else "",
                                                      self.holder])
-                    text = codes.decode() if isinstance(codes, bytes) else str(codes)
+                    text = as_text(codes)
                     if "1" in text:
                         elsewhere[binding] = {ref for ref, code in zip(free, text, strict=True)
                                               if code == "1"}

@@ -93,7 +93,7 @@ class QuotaStore:
         start = len(self.key(""))
         found: dict[str, Quota] = {}
         async for key in self._client.scan_iter(match=self.key("*"), count=500):
-            tenant = _text(key)[start:]
+            tenant = as_text(key)[start:]
             quota = await self.get(tenant)
             if quota is not None:
                 found[tenant] = quota
@@ -163,10 +163,11 @@ def join_refs(refs: list[str]) -> str:
     return joined
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
+    """A Redis reply (bytes or str) as text."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _quota(raw: dict[Any, Any]) -> Quota:
-    fields = {_text(k): int(v) for k, v in raw.items()}
+    fields = {as_text(k): int(v) for k, v in raw.items()}
     return Quota(per_minute=fields.get("per_minute"), per_day=fields.get("per_day"))

@@ -199,13 +199,10 @@ class Dispatcher:
             # ... and the records it claimed that were neither queued nor refused are free
             left = items if parts is None else [i for part in parts[queued:] for i in part]
             if left:
-                self._later(self._free(binding, left))
+                self._later(self._finish(binding, left, []))
         return results
 
-    async def _free(self, binding: Binding, items: Sequence[Item]) -> None:
-        await self._finish(binding, items, [])
-
-    def _later(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _later(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` to its end even though the caller is being cancelled."""
         task = asyncio.ensure_future(coro)
         self._background.add(task)
