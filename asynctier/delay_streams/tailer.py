@@ -44,7 +44,7 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import format_duration
 from asynctier.platform.errors import AsynctierError, HandoffError, SchedulerUnavailable
-from asynctier.platform.kafka import admin, ensure_topics, tailer_consumer_config
+from asynctier.platform.kafka import admin, close_consumer, ensure_topics, tailer_consumer_config
 from asynctier.platform.registry import RegistryFollower
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.scheduler.membership import SchedulerDirectory
@@ -145,7 +145,7 @@ class DelayTailer:
             while not stop.is_set():
                 self._step(consumer, stop)
         finally:
-            consumer.close()
+            close_consumer(consumer.close, f"delay tailer {self.interval}")
             log.info("delay tailer %s stopped", self.interval)
 
     def _wait_for_topic(self, consumer: Consumer, stop: threading.Event) -> None:

@@ -6,7 +6,8 @@ Third-party errors are translated here, at the boundary, into asynctier errors.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -42,6 +43,42 @@ def client_config(settings: Settings, **extra: Any) -> dict[str, Any]:
     conf = {k: v for k, v in settings.kafka.items() if k not in CONSUMER_ONLY}
     conf.update(extra)
     return conf
+
+
+#: How long a stopping tailer waits for its consumer's ``close()`` (the final commit and
+#: leaving the group take well under a second when the broker answers).
+CLOSE_TIMEOUT_S = 20.0
+
+
+def close_consumer(close: Callable[[], None], what: str,
+                   timeout_s: float = CLOSE_TIMEOUT_S) -> bool:
+    """Run ``close`` (a consumer's ``close()``) in a thread of its own and wait at most
+    ``timeout_s``; return whether it finished.
+
+    librdkafka's ``close()`` can hang for good when the consumer leaves while its group is
+    rebalancing (librdkafka issue 2615 and its kin); a tailer told to stop must still stop.
+    Nothing is lost by going on: the batches were committed or dropped before, and the
+    group drops this member after ``session.timeout.ms``. The thread is a daemon: a
+    ``close()`` that never returns does not keep the process alive.
+    """
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            close()
+        except Exception as exc:  # a closed or broken client: nothing left to release
+            log.warning("%s: closing the Kafka consumer failed: %s", what, exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"close-{what}", daemon=True).start()
+    if done.wait(timeout_s):
+        return True
+    log.error("%s: the Kafka consumer did not close within %gs (librdkafka can hang when a "
+              "consumer leaves during a rebalance); stopping without it. Records not "
+              "committed are read again once the group drops this member "
+              "(session.timeout.ms)", what, timeout_s)
+    return False
 
 
 def admin(settings: Settings) -> AdminClient:

@@ -34,7 +34,7 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import HandoffError, SchedulerUnavailable
 from asynctier.platform.faults import FaultHook
-from asynctier.platform.kafka import tailer_consumer_config
+from asynctier.platform.kafka import close_consumer, tailer_consumer_config
 from asynctier.platform.rpc import PendingCall, SchedulerClient
 from asynctier.platform.wire import Outcome
 from asynctier.tailers.options import TailerOptions
@@ -137,9 +137,14 @@ class KafkaTailer:
             log.warning("binding %s: stopping with a batch unresolved; its records will be "
                         "read again (not committed)", self.binding.name)
         finally:
-            consumer.close()
+            close_consumer(self._close, f"tailer for binding {self.binding.name}")
             metrics.set_in_flight(COMPONENT, self.binding.name, 0)
             log.info("tailer for binding %s stopped", self.binding.name)
+
+    def _close(self) -> None:
+        self._fault.reached("close")
+        if self._consumer is not None:
+            self._consumer.close()
 
     def _step(self, consumer: Consumer) -> None:
         in_flight, size = self._in_flight, self.options.batch_size

@@ -85,6 +85,30 @@ def test_tailer_sigkill_at(point: str, plat: FaultPlatform, settings: Settings,
     assert result.ok, result.summary()
 
 
+def test_a_tailer_whose_consumer_close_hangs_still_stops(
+        plat: FaultPlatform, settings: Settings, unique_topic: Callable[..., str],
+        records: int, fault_results: list[Report]) -> None:
+    """librdkafka's ``close()`` can hang when a consumer leaves during a rebalance (seen
+    once in CI: a SIGTERMed tailer never exited). ``hang-close`` blocks the close for good:
+    the tailer must still exit cleanly on SIGTERM, say so, and lose nothing."""
+    topic = unique_topic(4)
+    ids = range(records)
+    produce(settings, topic, make_docs(records, failing_every=50))
+    plat.bind("orders", topic, *ARGS)
+    plat.start("scheduler")
+    plat.start("delay")
+    _tailers(plat, "tailers", env={"ASYNCTIER_FAULT": "hang-close:after=1"})
+    on_progress(plat, records // 4)()
+    assert plat.stop("tailers", 60.0) == 0  # the close watchdog gives up after 20 s
+    text = plat.log_text("tailers")
+    assert "hanging at close" in text and "did not close within" in text, text[-3000:]
+    _tailers(plat, "tailers2")
+    wait_resolved(plat, ids, 180)
+    result = report(plat, "tailer close() hangs on SIGTERM", "orders", ids, LADDER,
+                    PER_CRASH, fault_results)
+    assert result.ok, result.summary()
+
+
 def test_scheduler_sigkill_mid_call(plat: FaultPlatform, settings: Settings,
                                     unique_topic: Callable[..., str], records: int,
                                     fault_results: list[Report]) -> None:
