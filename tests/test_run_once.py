@@ -450,3 +450,34 @@ def test_a_copy_read_while_a_success_is_being_written_waits_for_it(
             await admission.close()
 
     assert asyncio.run(scenario()) == [RUN, BUSY, DONE]
+
+
+def test_one_bindings_broken_keys_fail_only_its_own_write(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    """Chunks of two bindings that end together are written in one go: when one binding's
+    keys are broken (someone wrote a string where its hash lives), its finish fails and
+    the other binding's marks still land and its finish returns."""
+    broken = Binding("broken", "broken", "tests.funcs.basic:slow_record", timeout_s=5.0)
+    first = make_items(["broken/0/1"], binding="broken")
+    second = make_items(["orders/9/1"])
+
+    async def scenario() -> tuple[list[object], str]:
+        admission = RedisAdmission(settings)
+        try:
+            await admission.claim(broken, first)
+            await admission.claim(GUARDED, second)
+            for key in redis_client.scan_iter(match=f"{settings.prefix}:once:broken:*"):
+                redis_client.delete(key)
+                redis_client.set(key, "not a hash")
+            ends = await asyncio.gather(admission.finish(broken, first, [ok(0)]),
+                                        admission.finish(GUARDED, second, [ok(0)]),
+                                        return_exceptions=True)
+            return ends, await admission.claim(GUARDED, second)
+        finally:
+            await admission.close()
+
+    (broken_end, orders_end), codes = asyncio.run(scenario())
+    assert isinstance(broken_end, redis.ResponseError), broken_end
+    assert "WRONGTYPE" in str(broken_end)
+    assert orders_end == set()
+    assert codes == DONE  # the other binding's success was written down

@@ -224,6 +224,18 @@ return table.concat(codes)
 """
 
 
+def _settle(waiters: list[asyncio.Future[set[str]]], result: set[str] | None = None,
+            exception: Exception | None = None) -> None:
+    """Answer the ``finish()`` calls waiting on a write."""
+    for waiter in waiters:
+        if waiter.done():
+            continue
+        if exception is not None:
+            waiter.set_exception(exception)
+        else:
+            waiter.set_result(result or set())
+
+
 class RunOnce:
     """Claims records for this scheduler and remembers the ones that succeeded."""
 
@@ -241,7 +253,8 @@ class RunOnce:
         self._heartbeat: asyncio.Task[None] | None = None
         # chunks ended and not yet written: per binding, the done and the free refs
         self._pending: dict[str, tuple[list[str], list[str]]] = {}
-        self._waiters: list[asyncio.Future[dict[str, set[str]]]] = []
+        # per binding, the finish() calls waiting for the next write to land
+        self._waiters: dict[str, list[asyncio.Future[set[str]]]] = {}
         self._writer: asyncio.Task[None] | None = None
 
     def prefix(self, binding: str) -> str:
@@ -293,12 +306,12 @@ class RunOnce:
         done, free = self._pending.setdefault(binding, ([], []))
         for item in items:
             (done if item["id"] in ok else free).append(item["source_ref"])
-        waiter: asyncio.Future[dict[str, set[str]]] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        waiter: asyncio.Future[set[str]] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(binding, []).append(waiter)
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write(), name="asynctier-once-writer")
         try:
-            elsewhere = (await waiter).get(binding)
+            elsewhere = await waiter
         finally:
             # Only now: until the write lands, a copy read again meanwhile finds this
             # scheduler's claim and must wait for it (not run beside a success unwritten).
@@ -309,31 +322,37 @@ class RunOnce:
                 if item["id"] not in ok and item["source_ref"] in elsewhere}
 
     async def _write(self) -> None:
+        """Write the pending chunks, binding by binding, until none is left; each binding's
+        waiters learn how its own write went (one binding's broken keys fail only its
+        chunks; Redis out of reach fails every binding still to write)."""
         while self._pending:
             pending, self._pending = self._pending, {}
-            waiters, self._waiters = self._waiters, []
-            elsewhere: dict[str, set[str]] = {}  # per binding, the refs done by another copy
-            try:
-                for binding, (done, free) in pending.items():
+            waiters, self._waiters = self._waiters, {}
+            down: Exception | None = None
+            for binding, (done, free) in pending.items():
+                mine = waiters.pop(binding, [])
+                if down is not None:
+                    _settle(mine, exception=down)
+                    continue
+                try:
                     codes = await self._finish(args=[self._span_ms, self.prefix(binding),
                                                      join_refs(done) if done else "",
                                                      join_refs(free) if free else "",
                                                      self.holder])
-                    text = as_text(codes)
-                    if "1" in text:
-                        elsewhere[binding] = {ref for ref, code in zip(free, text, strict=True)
-                                              if code == "1"}
-            except BaseException as exc:
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_exception(exc if isinstance(exc, Exception)
-                                             else RuntimeError("the write was cancelled"))
-                if not isinstance(exc, Exception):
+                except Exception as exc:
+                    if isinstance(exc, REDIS_DOWN):
+                        down = exc
+                    _settle(mine, exception=exc)
+                    continue
+                except BaseException:  # cancelled: every binding still waiting learns it
+                    cancelled = RuntimeError("the write was cancelled")
+                    for rest in (mine, *waiters.values()):
+                        _settle(rest, exception=cancelled)
                     raise
-            else:
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_result(elsewhere)
+                text = as_text(codes)
+                elsewhere = ({ref for ref, code in zip(free, text, strict=True) if code == "1"}
+                             if "1" in text else set())
+                _settle(mine, result=elsewhere)
 
     async def close(self) -> None:
         """Stop the heartbeat and drop the holder key: claims left here are free at once."""
