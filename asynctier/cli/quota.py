@@ -64,7 +64,7 @@ def quota() -> None:
 @click.pass_context
 def set_(ctx: click.Context, tenant: str, per_minute: int | None, per_day: int | None) -> None:
     """Replace TENANT's quota (a window not given has no limit)."""
-    if not _TENANT_RE.match(tenant):
+    if not _TENANT_RE.fullmatch(tenant):
         raise click.BadParameter("letters, digits, '.', '-', '_' (at most 63)",
                                  param_hint="TENANT")
     if per_minute is None and per_day is None:

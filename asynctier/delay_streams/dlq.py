@@ -55,17 +55,21 @@ class DeadLetter:
                 return (value or b"").decode("utf-8", "replace")
         return ""
 
+    def number(self, name: str) -> int:
+        """A header as a non-negative int of at most 18 digits (0 when absent or not one:
+        ``"²".isdigit()`` is true, and a header may hold anything)."""
+        text = self.header(name)
+        return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else 0
+
     @property
     def attempts(self) -> int:
         """Attempts made before the record was given up."""
-        text = self.header(n.H_ATTEMPTS_MADE)
-        return int(text) if text.isdigit() else 0
+        return self.number(n.H_ATTEMPTS_MADE)
 
     @property
     def first_seen_ms(self) -> int:
         """When the platform first took the record (epoch ms; 0 when unknown)."""
-        text = self.header(n.H_FIRST_SEEN)
-        return int(text) if text.isdigit() else 0
+        return self.number(n.H_FIRST_SEEN)
 
     def summary(self) -> dict[str, Any]:
         """What ``dlq list`` shows."""
@@ -101,11 +105,14 @@ def show_bytes(data: bytes | None) -> tuple[str, str | None]:
 
 
 def iso_ms(epoch_ms: int) -> str:
-    """Epoch ms as ISO-8601 UTC ('' for 0)."""
+    """Epoch ms as ISO-8601 UTC ('' for 0, and for a time no calendar can show)."""
     if not epoch_ms:
         return ""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch_ms / 1000)) + \
-        f".{epoch_ms % 1000:03d}Z"
+    try:
+        day = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch_ms / 1000))
+    except (OverflowError, OSError, ValueError):
+        return ""
+    return f"{day}.{epoch_ms % 1000:03d}Z"
 
 
 def _consumer(settings: Settings, group: str | None = None) -> Consumer:

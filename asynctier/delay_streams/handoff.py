@@ -25,6 +25,7 @@ from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import format_duration
+from asynctier.platform.errors import MAX_RETRY_AFTER_S
 from asynctier.platform.kafka import ConfirmingProducer
 from asynctier.platform.wire import Outcome
 
@@ -47,18 +48,32 @@ class Parcel:
     error: str = ""
 
 
-def _int(value: bytes | None, default: int) -> int:
+#: Bounds on what platform headers may say; a value outside them (written by hand, or by
+#: a producer that copied headers) is read as absent, so no header can wedge a partition.
+MAX_ATTEMPT = 1000
+MAX_ORIGIN_CHARS = 600
+_DAY_MS = 86_400_000
+_MAX_AHEAD_MS = int(MAX_RETRY_AFTER_S * 1000) + _DAY_MS
+
+
+def _int(value: bytes | None, default: int, low: int, high: int) -> int:
+    """The header as an int within ``low..high``; ``default`` when absent or not one."""
+    if value is None:
+        return default
     try:
-        return int(value) if value is not None else default
+        number = int(value)
     except ValueError:
         return default
+    return number if low <= number <= high else default
 
 
 def parcel_from_message(msg: Any, now_ms: int | None = None) -> Parcel:
     """A Parcel from a confluent-kafka Message of a source, delay or dead-letter topic.
 
     Platform headers, when present, say the origin and attempt; otherwise the record is
-    new: attempt 1, its origin is where it sits now.
+    new: attempt 1, its origin is where it sits now. A header that is not a sane value (an
+    attempt out of 1..1000, a time more than a year ahead, an origin with a line break) is
+    ignored the same way: records are data, and a producer may write anything.
     """
     user: list[tuple[str, bytes | None]] = []
     plat: dict[str, bytes | None] = {}
@@ -68,16 +83,18 @@ def parcel_from_message(msg: Any, now_ms: int | None = None) -> Parcel:
         else:
             user.append((name, value))
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    origin = plat.get(n.H_ORIGIN)
+    raw = plat.get(n.H_ORIGIN)
+    origin = raw.decode("utf-8", "replace") if raw else ""
+    if not origin or "\n" in origin or len(origin) > MAX_ORIGIN_CHARS:
+        origin = f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
     return Parcel(
         value=msg.value(),
         key=msg.key(),
         headers=user,
-        origin=origin.decode("utf-8", "replace") if origin else
-        f"{msg.topic()}/{msg.partition()}/{msg.offset()}",
-        attempt=_int(plat.get(n.H_ATTEMPT), 1),
-        first_seen_ms=_int(plat.get(n.H_FIRST_SEEN), now_ms),
-        due_ms=_int(plat.get(n.H_DUE), 0),
+        origin=origin,
+        attempt=_int(plat.get(n.H_ATTEMPT), 1, 1, MAX_ATTEMPT),
+        first_seen_ms=_int(plat.get(n.H_FIRST_SEEN), now_ms, 0, now_ms + _DAY_MS),
+        due_ms=_int(plat.get(n.H_DUE), 0, 0, now_ms + _MAX_AHEAD_MS),
         error=(plat.get(n.H_ERROR) or b"").decode("utf-8", "replace"),
     )
 

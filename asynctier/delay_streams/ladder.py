@@ -54,7 +54,13 @@ def _merge(hops: list[float], steps: list[float]) -> list[float]:
 
 
 def next_hop(remaining_s: float, intervals: Sequence[float]) -> float | None:
-    """The first hop for a record that still has ``remaining_s`` to wait (None: due now)."""
+    """The first hop for a record that still has ``remaining_s`` to wait (None: due now).
+
+    A wait of at least the largest interval starts with it (the plan is largest first),
+    worked out without planning the rest: a wait of years is as quick as one of seconds.
+    """
+    if intervals and remaining_s >= max(intervals):
+        return max(intervals)
     hops = plan_hops(remaining_s, intervals)
     return hops[0] if hops else None
 

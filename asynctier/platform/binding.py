@@ -30,6 +30,13 @@ REDIS_POLICIES: tuple[RedisPolicy, ...] = ("fail_open", "fail_closed")
 DEFAULT_LADDER_S: tuple[float, ...] = (30.0, 60.0, 300.0, 1800.0)
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+def is_binding_name(name: str) -> bool:
+    """Whether ``name`` could name a binding (and so a dead-letter topic)."""
+    return _NAME_RE.fullmatch(name) is not None
+
+
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _FUNCTION_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
@@ -85,17 +92,17 @@ class Binding:
 
     def validate(self) -> Binding:
         """Return self if every field is acceptable, else raise BindingError saying why."""
-        _check(_NAME_RE.match(self.name) is not None, "name",
+        _check(_NAME_RE.fullmatch(self.name) is not None, "name",
                f"{self.name!r} is not a valid binding name: use 1-63 lower-case letters, "
                "digits, '-' or '_', starting with a letter or digit")
         _check(self.source_kind == "kafka", "source",
                f"source kind {self.source_kind!r} is not supported: use kafka")
-        _check(_TOPIC_RE.match(self.topic) is not None and self.topic not in (".", ".."),
+        _check(_TOPIC_RE.fullmatch(self.topic) is not None and self.topic not in (".", ".."),
                "topic", f"{self.topic!r} is not a valid Kafka topic name")
-        _check(_FUNCTION_RE.match(self.function) is not None, "function",
+        _check(_FUNCTION_RE.fullmatch(self.function) is not None, "function",
                f"{self.function!r} is not a function path: write module:attr, "
                "for example myapp.jobs:resize")
-        _check(_TENANT_RE.match(self.tenant) is not None, "tenant",
+        _check(_TENANT_RE.fullmatch(self.tenant) is not None, "tenant",
                f"{self.tenant!r} is not a valid tenant: letters, digits, '.', '-', '_'")
         _check(self.priority in PRIORITIES, "priority",
                f"priority {self.priority!r} is not one of {', '.join(PRIORITIES)}")

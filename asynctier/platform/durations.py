@@ -14,7 +14,7 @@ def parse_duration(text: str) -> float:
 
     Raises ValueError with a message that says what is accepted.
     """
-    match = _RE.match(text)
+    match = _RE.fullmatch(text)
     if not match:
         raise ValueError(
             f"{text!r} is not a duration: write a number with a unit, such as 30s, 1m, 5m, 1h"

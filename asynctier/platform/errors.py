@@ -39,6 +39,11 @@ class ServiceError(AsynctierError):
     """A local service (Kafka, Redis) could not be started, reached or stopped."""
 
 
+#: The longest delay ``Retry(after=...)`` may ask for (365 days): the delay topics carry a
+#: record hop by hop, and a wait longer than this is a bug in the caller, not a plan.
+MAX_RETRY_AFTER_S = 365 * 86400.0
+
+
 class Retry(Exception):
     """Raise from a function to run the record again after ``after`` seconds.
 
@@ -47,8 +52,9 @@ class Retry(Exception):
 
     def __init__(self, after: float | None = None, reason: str = "retry requested") -> None:
         super().__init__(reason)
-        if after is not None and after < 0:
-            raise ValueError("Retry(after=...) must not be negative")
+        if after is not None and not 0 <= after <= MAX_RETRY_AFTER_S:
+            raise ValueError(f"Retry(after={after!r}): the delay must be from 0 to "
+                             f"{MAX_RETRY_AFTER_S:g} seconds (365 days)")
         self.after = after
         self.reason = reason
 

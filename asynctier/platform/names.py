@@ -46,7 +46,7 @@ class Names:
     prefix: str = DEFAULT_PREFIX
 
     def __post_init__(self) -> None:
-        if not _PREFIX_RE.match(self.prefix):
+        if not _PREFIX_RE.fullmatch(self.prefix):
             raise ValueError(
                 f"prefix {self.prefix!r} is not valid: use letters, digits, '_' or '-' "
                 "(at most 64 characters)"

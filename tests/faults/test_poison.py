@@ -16,6 +16,15 @@ from confluent_kafka import Producer
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
+from asynctier.platform.names import (
+    H_ATTEMPT,
+    H_ATTEMPTS_MADE,
+    H_BINDING,
+    H_DUE,
+    H_FIRST_SEEN,
+    H_ORIGIN,
+    H_REASON,
+)
 from asynctier.platform.registry import BindingRegistry
 from tests.faults.checker import Report, early_retries, succeeded
 from tests.faults.harness import FaultPlatform, make_docs, produce, wait_resolved
@@ -139,3 +148,50 @@ def _garbage_bindings(settings: Settings) -> None:
         (b"truncated", Binding(name="truncated", topic="x",
                                function="tests.faults.funcs:run").encode()[:7]),
     ])
+
+
+def test_forged_platform_headers_neither_wedge_a_partition_nor_stop_a_process(
+        settings: Settings, tmp_path: Path, unique_topic: Callable[..., str]) -> None:
+    """A producer may write ``asynctier.*`` headers itself: attempts and times out of any
+    range, an origin with a line break, a binding name no binding can have, a due time in
+    the year 55,000. Each is read as absent: every record still runs (or is a dead letter
+    with its reason), no delay partition stops moving, no process dies, and ``dlq list``
+    shows a dead letter whose headers are garbage."""
+    plat = FaultPlatform(settings, tmp_path)
+    try:
+        topic = unique_topic(1)
+        plat.bind("forged", topic, "--retry-ladder", "1s,2s", "--max-attempts", "3")
+        forged = [(H_ATTEMPT, b"99999999999"), (H_FIRST_SEEN, b"9" * 25),
+                  (H_ORIGIN, b"x/0/1\nforged"), (H_DUE, b"1700000000000000")]
+        producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+        for i in range(10):  # fail once, then succeed: through the 1s delay topic
+            producer.produce(topic, json.dumps({"id": i, "fail_until": 2}).encode(),
+                             str(i).encode(), headers=forged)
+        delay_topic = settings.names.delay_topic("1s")
+        producer.produce(delay_topic, b'{"id": 10}', b"10", headers=[
+            (H_BINDING, b"no such/binding"), (H_ATTEMPT, b"2"), (H_DUE, b"0")])
+        producer.produce(delay_topic, b'{"id": 11}', b"11", headers=[
+            (H_BINDING, b"forged"), (H_ATTEMPT, b"2"), (H_DUE, b"1700000000000000"),
+            (H_FIRST_SEEN, b"-5"), (H_ORIGIN, b"\n")])
+        producer.produce(settings.names.dlq_topic("forged"), b'{"id": 12}', b"12", headers=[
+            (H_ATTEMPTS_MADE, "²".encode()), (H_FIRST_SEEN, b"9" * 18),
+            (H_REASON, b"rejected")])
+        assert producer.flush(30) == 0
+        plat.start("scheduler")
+        plat.start("delay")
+        plat.start("tailers")
+        wait_resolved(plat, [*range(10), 11], 90)
+        runs = succeeded(plat.calls())
+        assert all(runs.get(i) == 1 for i in [*range(10), 11]), runs
+        attempts = {(c.id, c.attempt) for c in plat.calls()}
+        assert {(i, 2) for i in range(10)} <= attempts  # the ladder's attempt 2, not 1e11
+        wait_until(lambda: any(m.key() == b"10" for m in  # type: ignore[attr-defined]
+                               read_topic(settings, settings.names.dlq_topic("_unbound"))),
+                   30, "the record of an impossible binding name dead-lettered")
+        listed = json.loads(plat.cli("dlq", "list", "forged", "--json").stdout)
+        assert [row["attempts"] for row in listed] == [0], listed
+        assert all(plat.alive(p) for p in ("scheduler", "delay", "tailers"))
+        for name in ("tailers", "delay", "scheduler"):
+            assert plat.stop(name) == 0, plat.log(name)
+    finally:
+        plat.stop_all()

@@ -6,7 +6,7 @@ attempt; ``Reject(reason)`` fails for good; any other exception retries along th
 
 from __future__ import annotations
 
-from asynctier.platform.errors import Reject, Retry
+from asynctier.platform.errors import MAX_RETRY_AFTER_S, Reject, Retry
 from asynctier.platform.wire import Outcome, failed, retry
 
 MAX_ERROR = 500
@@ -39,7 +39,11 @@ def error_text(exc: BaseException) -> str:
 def of_exception(item_id: int, exc: BaseException) -> Outcome:
     """The outcome of a function that raised ``exc``."""
     if isinstance(exc, Retry):
-        return retry(item_id, exc.reason[:MAX_ERROR], after_s=exc.after)
+        after = exc.after  # checked by Retry(), but an attribute can be set afterwards
+        if after is not None and not 0 <= after <= MAX_RETRY_AFTER_S:
+            return retry(item_id, f"Retry(after={after!r}) is out of range (0 to "
+                                  f"{MAX_RETRY_AFTER_S:g} s); the ladder's delay is used")
+        return retry(item_id, exc.reason[:MAX_ERROR], after_s=after)
     if isinstance(exc, Reject):
         return failed(item_id, exc.reason[:MAX_ERROR])
     return retry(item_id, error_text(exc))
