@@ -151,3 +151,59 @@ def test_stopping_with_an_unconfirmed_hand_off_commits_nothing_after_it() -> Non
     finally:
         logging.disable(logging.NOTSET)
     assert consumer.commits == []
+
+
+class _DelayMsg(_Msg):
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1000)  # long due
+
+    def headers(self) -> None:
+        return None
+
+
+def test_a_delay_tailer_releases_and_commits_only_partitions_it_still_owns() -> None:
+    """A revoke served inside the second ``consume()`` of a poll: the record already read
+    from that partition is not released (its new owner releases it) and its offset is not
+    committed (that would move the new owner's position)."""
+    from asynctier.delay_streams.pauses import PauseBook
+    from asynctier.delay_streams.tailer import DelayOptions, DelayTailer
+
+    tailer = DelayTailer.__new__(DelayTailer)
+    tailer.topic, tailer.interval, tailer.interval_ms = "t", "1s", 1000
+    tailer.options = DelayOptions(batch_size=10)
+    tailer.pauses = PauseBook()
+    tailer.assigned = threading.Event()
+    tailer._owned = set()
+
+    class Consumer:
+        commits: list[list[tuple[int, int]]] = []
+        calls = 0
+
+        def incremental_assign(self, partitions: Any) -> None:
+            pass
+
+        def resume(self, partitions: Any) -> None:
+            pass
+
+        def consume(self, n: int, wait: float) -> list[_Msg]:
+            self.calls += 1
+            if self.calls == 1:
+                return [_DelayMsg(0, 7)]
+            tailer._on_revoke(self, [_TP(0)])  # type: ignore[arg-type,list-item]
+            return [_DelayMsg(1, 3)]
+
+        def commit(self, offsets: Any, asynchronous: bool) -> None:
+            self.commits.append([(tp.partition, tp.offset) for tp in offsets])
+
+    consumer = Consumer()
+    tailer._on_assign(consumer, [_TP(0), _TP(1)])  # type: ignore[arg-type,list-item]
+    logging.disable(logging.CRITICAL)
+    try:
+        read = tailer._poll(consumer, 0.1)  # type: ignore[arg-type]
+        released = tailer._sort(consumer, read)  # type: ignore[arg-type]
+        tailer._commit(consumer, read)  # type: ignore[arg-type]
+    finally:
+        logging.disable(logging.NOTSET)
+    assert [(m.partition(), m.offset()) for m in read] == [(0, 7), (1, 3)]
+    assert [(m.partition(), m.offset()) for m in released] == [(1, 3)]
+    assert consumer.commits == [[(1, 4)]]

@@ -40,7 +40,7 @@ from asynctier.delay_streams.release import submit as submit_entries
 from asynctier.delay_streams.topics import dlq_topic_config, ensure_binding_topics
 from asynctier.platform import metrics
 from asynctier.platform import names as n
-from asynctier.platform.binding import Binding
+from asynctier.platform.binding import Binding, is_binding_name
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import format_duration
 from asynctier.platform.errors import AsynctierError, HandoffError, SchedulerUnavailable
@@ -114,7 +114,8 @@ class DelayTailer:
         self.pauses = PauseBook()
         self.assigned = threading.Event()
         self.stats: Counter[str] = Counter()
-        self._lost: set[int] = set()
+        # assigned, neither revoked nor lost: only these are released and committed
+        self._owned: set[int] = set()
         self._dlq_ready: set[str] = set()
 
     # -- the loop -------------------------------------------------------------------------
@@ -136,6 +137,7 @@ class DelayTailer:
     def _session(self, stop: threading.Event) -> None:
         consumer = Consumer(consumer_config(self.settings, self.group, self.options))
         self.pauses = PauseBook()
+        self._owned = set()
         self._wait_for_topic(consumer, stop)
         consumer.subscribe([self.topic], on_assign=self._on_assign,
                            on_revoke=self._on_revoke, on_lost=self._on_lost)
@@ -182,6 +184,8 @@ class DelayTailer:
             if err is not None:
                 self._consume_error(err)
                 continue
+            if msg.partition() not in self._owned:
+                continue  # revoked or lost while it was read: its new owner releases it
             if self.pauses.is_paused(msg.partition()):
                 continue  # behind a head that is not due: read again after the resume
             at = release_at_ms(msg.timestamp()[1], self.interval_ms, _due_ms(msg))
@@ -215,8 +219,9 @@ class DelayTailer:
             parcel = parcel_from_message(msg, now_ms=msg.timestamp()[1])
             name = (_header(msg, n.H_BINDING) or b"").decode("utf-8", "replace")
             binding = self.bindings.get(name) if name else None
-            if binding is None:
-                actions.append(self._orphan(name or UNBOUND, parcel))
+            if binding is None:  # a name no binding could have goes to the catch-all
+                actions.append(self._orphan(name if is_binding_name(name) else UNBOUND,
+                                            parcel))
             elif parcel.due_ms > now:
                 actions.append(self._hop(binding, parcel))
             else:
@@ -263,7 +268,7 @@ class DelayTailer:
         for msg in messages:
             high[msg.partition()] = max(high.get(msg.partition(), -1), msg.offset())
         offsets = [TopicPartition(self.topic, p, o + 1) for p, o in high.items()
-                   if p not in self._lost]
+                   if p in self._owned]
         if not offsets:
             return
         try:
@@ -293,7 +298,7 @@ class DelayTailer:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         parts = [tp.partition for tp in partitions]
         self.pauses.forget(parts)
-        self._lost.difference_update(parts)
+        self._owned.update(parts)
         if partitions:
             consumer.incremental_assign(partitions)  # cooperative-sticky, always
             try:  # a partition paused before a revoke must not come back paused
@@ -305,13 +310,15 @@ class DelayTailer:
         self.assigned.set()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self.pauses.forget([tp.partition for tp in partitions])
+        parts = [tp.partition for tp in partitions]
+        self.pauses.forget(parts)
+        self._owned.difference_update(parts)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         parts = [tp.partition for tp in partitions]
         log.warning("delay %s: lost partitions %s", self.interval, parts)
         self.pauses.forget(parts)
-        self._lost.update(parts)
+        self._owned.difference_update(parts)
 
 
 # -- the service: one tailer per interval, following the bindings -------------------------

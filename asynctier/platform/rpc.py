@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import grpc
@@ -71,6 +72,22 @@ SubmitFn = Callable[[bytes, Any], Awaitable[bytes]]
 CRASHES_BEFORE_ISOLATING = 2
 WORKER_DIED = ("the scheduler process died {n} times while running this item alone "
                "(os._exit, a crash or the OOM killer?); counted as a failed attempt")
+
+
+class NoScheduler(grpc.RpcError):  # type: ignore[misc]
+    """No scheduler is configured or registered: the call's future fails with this, and
+    the batch waits for one (it is sent again once one registers)."""
+
+    def code(self) -> grpc.StatusCode:
+        """UNAVAILABLE, as for a scheduler nobody could connect to."""
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        """Says what is missing."""
+        return "no scheduler is configured or registered"
+
+
+NO_SCHEDULER_LOG_EVERY_S = 30.0
 
 
 def died_mid_call(exc: grpc.RpcError) -> bool:
@@ -160,7 +177,9 @@ class PendingCall:
                 code = exc.code() if hasattr(exc, "code") else None
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
                     return self._refused(exc)
-                if code == grpc.StatusCode.UNIMPLEMENTED:  # another version: no attempt spent
+                if isinstance(exc, NoScheduler):
+                    pass  # logged by the client; wait for one to register
+                elif code == grpc.StatusCode.UNIMPLEMENTED:  # another version: no attempt spent
                     self.client._not_our_wire(self.address, exc)
                 else:
                     log.warning("scheduler %s failed a batch of %d item(s) (%s); "
@@ -210,6 +229,7 @@ class SchedulerClient:
         self._timeout = call_timeout_s
         self._lock = threading.Lock()
         self._wrong_wire_logged: dict[str, float] = {}
+        self._no_scheduler_logged = -NO_SCHEDULER_LOG_EVERY_S
         self.method = SUBMIT  # the submit method of this client's wire version
 
     def submit(self, items: list[Item]) -> PendingCall:
@@ -232,10 +252,23 @@ class SchedulerClient:
         if address is None:  # everyone is marked down: try the first known one anyway
             known = list(self._addresses())
             if not known:
-                raise SchedulerUnavailable("no scheduler is configured or registered")
+                return "", self._no_scheduler()
             address = known[next(self._rr) % len(known)]
         return address, self._stub(address).future(payload, timeout=self._timeout,
                                                     wait_for_ready=False)
+
+    def _no_scheduler(self) -> Future[bytes]:
+        """A call that failed at once: no scheduler to send it to (the caller waits and
+        sends it again; a tailer must not stop for good because none is up yet)."""
+        now = time.monotonic()
+        if now - self._no_scheduler_logged >= NO_SCHEDULER_LOG_EVERY_S:
+            self._no_scheduler_logged = now
+            log.error("no scheduler is configured or registered: batches wait until one "
+                      "registers in Redis. Start `asynctier run scheduler`, or list "
+                      "schedulers in asynctier.toml (schedulers) or ASYNCTIER_SCHEDULERS")
+        failed: Future[bytes] = Future()
+        failed.set_exception(NoScheduler())
+        return failed
 
     def _stub(self, address: str) -> Any:
         with self._lock:
