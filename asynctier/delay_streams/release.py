@@ -17,7 +17,7 @@ from asynctier.delay_streams.handoff import Handoff, Parcel
 from asynctier.platform import wire
 from asynctier.platform.binding import Binding
 from asynctier.platform.errors import HandoffError
-from asynctier.platform.rpc import SchedulerClient
+from asynctier.platform.rpc import MAX_CALL_BYTES, SchedulerClient
 from asynctier.platform.wire import Item, Outcome
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,8 @@ def submit(client: SchedulerClient, entries: Sequence[Entry],
     """
     if not entries:
         return []
-    answered = client.submit([e.item for e in entries]).result(stop)
+    calls = [client.submit([e.item for e in part]) for part in _parts(entries)]
+    answered = [o for call in calls for o in call.result(stop)]
     by_id = {o["id"]: o for o in answered}
     missing = [i for i in range(len(entries)) if i not in by_id]
     if missing:
@@ -71,6 +72,23 @@ def submit(client: SchedulerClient, entries: Sequence[Entry],
                   len(answered), len(entries), len(missing))
     return [by_id.get(i) or wire.retry(i, "the scheduler returned no outcome for this item")
             for i in range(len(entries))]
+
+
+def _parts(entries: Sequence[Entry], cap: int | None = None) -> list[Sequence[Entry]]:
+    """``entries`` cut into calls of at most ``cap`` (:data:`MAX_CALL_BYTES`) of record
+    bytes each (a single larger record goes alone); usually one."""
+    cap = MAX_CALL_BYTES if cap is None else cap
+    parts: list[Sequence[Entry]] = []
+    start, size = 0, 0
+    for at, entry in enumerate(entries):
+        item = entry.item
+        grown = size + len(item["payload"] or b"") + len(item["key"] or b"")
+        if grown > cap and at > start:
+            parts.append(entries[start:at])
+            start, grown = at, grown - size
+        size = grown
+    parts.append(entries[start:])
+    return parts
 
 
 def resolutions(handoff: Handoff, entries: Sequence[Entry],

@@ -56,6 +56,10 @@ UNVERSIONED_WIRE = "1dd4e2309015"
 WRONG_WIRE_BACKOFF_S = 10.0
 WRONG_WIRE_LOG_EVERY_S = 30.0
 MAX_MESSAGE = 64 * 1024 * 1024
+#: The record bytes (values and keys) one submit call carries at most: a batch of large
+#: records is cut into several calls, well under :data:`MAX_MESSAGE` (which a call over it
+#: would fail at every try). Only a single record larger than that travels alone.
+MAX_CALL_BYTES = 16 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE),
     ("grpc.max_receive_message_length", MAX_MESSAGE),

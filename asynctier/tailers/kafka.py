@@ -35,7 +35,7 @@ from asynctier.platform.config import Settings
 from asynctier.platform.errors import HandoffError, SchedulerUnavailable
 from asynctier.platform.faults import FaultHook
 from asynctier.platform.kafka import close_consumer, tailer_consumer_config
-from asynctier.platform.rpc import PendingCall, SchedulerClient
+from asynctier.platform.rpc import MAX_CALL_BYTES, PendingCall, SchedulerClient
 from asynctier.platform.wire import Outcome
 from asynctier.tailers.options import TailerOptions
 
@@ -194,7 +194,8 @@ class KafkaTailer:
         add = cols.add
         owned = self._owned
         high: dict[tuple[str, int], int] = {}  # per partition, the highest offset
-        for msg in messages:
+        size = 0
+        for at, msg in enumerate(messages):
             if msg.error() is not None:
                 self._log_consume_error(msg.error())
                 continue
@@ -202,7 +203,12 @@ class KafkaTailer:
             tp = (topic, partition)
             if tp not in owned:
                 continue  # revoked or lost since it was read: its new owner runs it
-            add(name, msg.value(), msg.key(), msg.headers(), 1,
+            value, key = msg.value(), msg.key()
+            size += (len(value) if value else 0) + (len(key) if key else 0)
+            if size > MAX_CALL_BYTES and good:  # large records: the rest go in the next call
+                self._next = messages[at:] + self._next
+                break
+            add(name, value, key, msg.headers(), 1,
                 f"{topic}/{partition}/{offset}", msg.timestamp()[1])
             good.append(msg)
             if offset > high.get(tp, -1):
