@@ -81,6 +81,10 @@ def test_missing_delay_topic_blocks_commits_until_it_is_back(
     plat.start("delay")
     plat.start("tailers")
     wait_until(lambda: "assigned" in plat.log_text("tailers"), 30, "the tailer has its topic")
+    # the delay process creates the binding's delay topics when it starts: deleted before
+    # that, the topic would be back at once (seen once in CI, the delay process slower)
+    wait_until(lambda: "delay tailers running" in plat.log_text("delay"), 30,
+               "the delay process has created its topics")
     delay = settings.names.delay_topic("1s")
     client = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
     client.delete_topics([delay], operation_timeout=30)[delay].result(30)
