@@ -26,3 +26,22 @@ def test_bindings_come_from_the_registry_and_new_ones_are_found(settings: Settin
 
         wait_until(lambda: running.submit([item("early", 3)])[3]["status"] == "retry", 15,
                    "a deleted binding is no longer run")
+
+
+def test_the_delay_process_looks_up_a_binding_it_was_not_told_of_yet(
+        settings: Settings) -> None:
+    """A record of a binding the follower has not reported yet must not become a dead
+    letter because another name was looked up a moment before: each name is looked up in
+    the registry on its own (and a name the registry lacks is not asked for again at once).
+    """
+    from asynctier.delay_streams.bookkeeping import BindingBook
+
+    book = BindingBook(settings, reload_every_s=60.0)
+    registry = BindingRegistry(settings)
+    assert book.get("gone") is None  # the registry read: no such binding
+    registry.put(Binding("late", "late-topic", "tests.funcs.basic:noop"))
+    assert book.get("late") == Binding("late", "late-topic", "tests.funcs.basic:noop")
+    reads: list[int] = []
+    real = book.registry.load
+    book.registry.load = lambda *a: reads.append(1) or real(*a)  # type: ignore[method-assign]
+    assert book.get("gone") is None and reads == []  # asked a moment ago: not again

@@ -2,8 +2,8 @@
 
 The delay tailers look a released record's binding up by its ``asynctier.binding`` header.
 :class:`BindingBook` holds the bindings the registry follower reported; a name it does not
-know is looked up once more in the registry (at most every few seconds) before the record is
-treated as belonging to a removed binding.
+know is looked up once more in the registry (each name at most every few seconds) before the
+record is treated as belonging to a removed binding.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import parse_duration
-from asynctier.platform.errors import AsynctierError
 from asynctier.platform.kafka import admin
 from asynctier.platform.registry import BindingRegistry
 
@@ -31,7 +30,8 @@ class BindingBook:
         self._bindings: dict[str, Binding] = {}
         self._lock = threading.Lock()
         self._reload_every_s = reload_every_s
-        self._reloaded_at = 0.0
+        # names a fresh read of the registry did not have, and when it was read
+        self._missing: dict[str, float] = {}
 
     def update(self, bindings: dict[str, Binding]) -> None:
         """Replace what is known (the follower's latest view)."""
@@ -44,19 +44,29 @@ class BindingBook:
             return list(self._bindings.values())
 
     def get(self, name: str) -> Binding | None:
-        """The binding named ``name``, or None when it does not exist (any more)."""
+        """The binding named ``name``, or None when the registry says it does not exist.
+
+        A name not known here is looked up in the registry itself (each name at most once
+        per ``reload_every_s``): the follower may not have reported a new binding yet, and
+        its records must not become dead letters on a guess. Raises AsynctierError when the
+        registry cannot be read (the caller reads the records again later).
+        """
         with self._lock:
             found = self._bindings.get(name)
-            if found is not None or time.monotonic() - self._reloaded_at < self._reload_every_s:
+            if found is not None:
                 return found
-            self._reloaded_at = time.monotonic()
-        try:
-            fresh = self.registry.load()
-        except AsynctierError as exc:
-            log.warning("could not re-read the bindings to look up %r: %s", name, exc)
-            return None
+            checked = self._missing.get(name)
+            if checked is not None and time.monotonic() - checked < self._reload_every_s:
+                return None
+        fresh = self.registry.load()
         self.update(fresh)
-        return fresh.get(name)
+        found = fresh.get(name)
+        if found is None:
+            with self._lock:
+                if len(self._missing) >= 1000:
+                    self._missing.clear()
+                self._missing[name] = time.monotonic()
+        return found
 
 
 def ladder_intervals(bindings: Iterable[Binding]) -> set[float]:
