@@ -146,3 +146,27 @@ def test_replay_stops_when_replays_start_failing_and_keeps_to_its_rate(
     assert "replays are failing: 10 of the last 20" in result.output
     assert "replayed 30 of 100" in result.output and "20 ok, 10 retried" in result.output
     assert elapsed >= 30 / 50 - 0.2
+
+
+def test_a_rate_spreads_the_replay_instead_of_sending_bursts(
+        settings: Settings, scheduler: LocalScheduler, ledger_file: Path) -> None:
+    """``--rate 5`` with batches of 100: each call carries at most 5 records, so 12 dead
+    letters start over about 2 s, not all at once after a wait."""
+    dead_letters(settings, "orders", [{"id": i} for i in range(12)])
+    scheduler.functions["orders"] = ledger.record
+    result = cli(settings, scheduler, "dlq", "replay", "orders", "--rate", "5")
+    assert result.exit_code == 0, result.output
+    starts = sorted(c.at for c in ledger.read(ledger_file))
+    assert len(starts) == 12
+    assert starts[-1] - starts[0] >= 1.0, starts  # before: one call, all within a moment
+    per_second = max(sum(1 for t in starts if s <= t < s + 0.5) for s in starts)
+    assert per_second <= 5, starts
+
+
+@pytest.mark.parametrize(("option", "value"), [("--rate", "0"), ("--batch-size", "0"),
+                                               ("--limit", "0"), ("--window", "0"),
+                                               ("--max-failure-ratio", "2")])
+def test_replay_options_out_of_range_are_refused(settings: Settings, option: str,
+                                                 value: str) -> None:
+    result = cli(settings, None, "dlq", "replay", "orders", option, value)
+    assert result.exit_code == 2 and option in result.output, result.output

@@ -75,16 +75,19 @@ def show(ctx: click.Context, binding: str, offset: int, as_json: bool) -> None:
 
 @dlq.command("replay")
 @click.argument("binding")
-@click.option("--rate", type=float, help="At most N records a second.")
-@click.option("--limit", type=int, help="Replay at most N records.")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True),
+              help="At most N records a second (each call carries at most one second's).")
+@click.option("--limit", type=click.IntRange(min=1), help="Replay at most N records.")
 @click.option("--dry-run", is_flag=True, help="Say what would be replayed; change nothing.")
-@click.option("--canary", type=int, default=0, help="Replay K first; go on only if all succeed.")
+@click.option("--canary", type=click.IntRange(min=0), default=0,
+              help="Replay K first; go on only if all succeed.")
 @click.option("--from-start", is_flag=True,
               help="Start from the first dead letter, even the ones already replayed.")
-@click.option("--batch-size", type=int, default=100, show_default=True)
-@click.option("--max-failure-ratio", type=float, default=0.5, show_default=True,
-              help="Stop when this share of the last --window replays failed.")
-@click.option("--window", type=int, default=50, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@click.option("--max-failure-ratio", type=click.FloatRange(0, 1), default=0.5,
+              show_default=True, help="Stop when this share of the last --window replays "
+                                      "failed.")
+@click.option("--window", type=click.IntRange(min=1), default=50, show_default=True)
 @click.pass_context
 def replay_(ctx: click.Context, binding: str, rate: float | None, limit: int | None,
             dry_run: bool, canary: int, from_start: bool, batch_size: int,

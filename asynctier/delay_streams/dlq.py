@@ -16,6 +16,8 @@ comes back to the topic waits for the next replay. Run one replay per binding at
 from __future__ import annotations
 
 import base64
+import logging
+import math
 import threading
 import time
 import uuid
@@ -24,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from asynctier.delay_streams.handoff import Handoff, parcel_from_message
 from asynctier.delay_streams.release import Entry, hand_off, make_entry, resolutions, submit
@@ -36,6 +38,8 @@ from asynctier.platform.errors import AsynctierError
 from asynctier.platform.registry import BindingRegistry
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.wire import Outcome
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,27 @@ def iso_ms(epoch_ms: int) -> str:
     except (OverflowError, OSError, ValueError):
         return ""
     return f"{day}.{epoch_ms % 1000:03d}Z"
+
+
+_COORDINATOR_BUSY = frozenset({KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                               KafkaError.COORDINATOR_LOAD_IN_PROGRESS})
+
+
+def _committed(consumer: Consumer, tp: TopicPartition, timeout_s: float) -> int:
+    """The replay group's committed offset (-1001: none). A coordinator that is moving or
+    still loading the group (``NOT_COORDINATOR``...) is asked again until ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return int(consumer.committed([tp], timeout=timeout_s)[0].offset)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if (err.code() not in _COORDINATOR_BUSY and not err.retriable()) \
+                    or time.monotonic() >= deadline:
+                raise
+            log.debug("replay: committed offsets not available yet (%s); asking again",
+                      err.str())
+            time.sleep(0.2)
 
 
 def _consumer(settings: Settings, group: str | None = None) -> Consumer:
@@ -270,7 +295,7 @@ class Replay:
         o = self.options
         self.tp = _partition(self.settings, self.consumer, self.name, o.timeout_s)
         low, high = self.consumer.get_watermark_offsets(self.tp, timeout=o.timeout_s)
-        committed = self.consumer.committed([self.tp], timeout=o.timeout_s)[0].offset
+        committed = _committed(self.consumer, self.tp, o.timeout_s)
         start = low if o.from_start or committed < 0 else max(committed, low)
         end = high if o.limit is None else min(high, start + o.limit)
         report = self.report
@@ -306,15 +331,18 @@ class Replay:
         window = _Window(self.options.window, self.options.max_failure_ratio)
         messages = _read(self.consumer, self.tp, self.report.start_offset,
                          self.report.end_offset, self.options.timeout_s)
-        started = time.monotonic()
+        started = 0.0  # when the first batch left: the rate counts from there
         first = True
         while not self.stop.is_set():
             size = self.options.canary if first and self.options.canary else \
                 self.options.batch_size
+            if self.options.rate_per_s and not (first and self.options.canary):
+                size = min(size, max(1, math.ceil(self.options.rate_per_s)))  # no bursts
             batch = [m for _, m in zip(range(size), messages, strict=False)]
             if not batch:
                 return
-            self._pace(started, len(batch))
+            started = started or time.monotonic()
+            self._pace(started)
             outcomes = self._resolve(binding, handoff, batch)
             failures = [_failed(o) for o in outcomes]
             self.progress(self.report)
@@ -328,10 +356,12 @@ class Replay:
                 return
             first = False
 
-    def _pace(self, started: float, n_next: int) -> None:
+    def _pace(self, started: float) -> None:
+        """Wait until the next record is due at the rate (a call carries at most one
+        second's worth, so no second sees more than the rate)."""
         rate = self.options.rate_per_s
         if rate:
-            wait = started + (self.report.replayed + n_next) / rate - time.monotonic()
+            wait = started + self.report.replayed / rate - time.monotonic()
             if wait > 0:
                 self.stop.wait(wait)
 
