@@ -170,3 +170,13 @@ def test_replay_options_out_of_range_are_refused(settings: Settings, option: str
                                                  value: str) -> None:
     result = cli(settings, None, "dlq", "replay", "orders", option, value)
     assert result.exit_code == 2 and option in result.output, result.output
+
+
+def test_a_listing_holds_no_values_and_show_reads_one_whole(settings: Settings) -> None:
+    from asynctier.delay_streams.dlq import list_dead_letters, show_dead_letter
+
+    dead_letters(settings, "orders", [{"id": i, "pad": "x" * 1000} for i in range(3)])
+    listed = list_dead_letters(settings, "orders")
+    assert len(listed) == 3 and all(letter.value is None for letter in listed)
+    whole = show_dead_letter(settings, "orders", listed[1].offset)
+    assert whole.value is not None and json.loads(whole.value)["id"] == 1

@@ -180,20 +180,22 @@ def _read(consumer: Consumer, tp: TopicPartition, start: int, end: int,
     raise AsynctierError(f"reading {tp.topic} stalled before offset {end}; is the broker up?")
 
 
-def _letter(msg: Any) -> DeadLetter:
-    return DeadLetter(msg.offset(), msg.timestamp()[1], msg.key(), msg.value(),
-                      list(msg.headers() or ()))
+def _letter(msg: Any, with_value: bool = True) -> DeadLetter:
+    return DeadLetter(msg.offset(), msg.timestamp()[1], msg.key(),
+                      msg.value() if with_value else None, list(msg.headers() or ()))
 
 
 def list_dead_letters(settings: Settings, binding: str, limit: int | None = None,
                       timeout_s: float = 15.0) -> list[DeadLetter]:
-    """The dead letters of ``binding``, oldest first (at most ``limit``)."""
+    """The dead letters of ``binding``, oldest first (at most ``limit``), without their
+    values (a listing shows none, and a topic of large records must not fill memory; ``dlq
+    show`` reads one whole)."""
     consumer = _consumer(settings)
     try:
         tp = _partition(settings, consumer, binding, timeout_s)
         low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
         end = high if limit is None else min(high, low + limit)
-        return [_letter(m) for m in _read(consumer, tp, low, end, timeout_s)]
+        return [_letter(m, with_value=False) for m in _read(consumer, tp, low, end, timeout_s)]
     finally:
         consumer.close()
 
