@@ -67,3 +67,16 @@ def test_a_hand_off_producer_prints_no_configuration_warning(
     assert "CONFWARN" in capfd.readouterr().err
     ConfirmingProducer(Settings(kafka=kafka))
     assert "CONFWARN" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_an_operators_assignment_strategy_cannot_break_the_tailers(
+        protocol: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The tailers' rebalance callbacks are incremental: an eager strategy (``range``)
+    would fail every assignment, and a KIP-848 group takes no strategy at all."""
+    with caplog.at_level("WARNING"):
+        conf = _tailer({**OPERATOR, "group.protocol": protocol,
+                        "partition.assignment.strategy": "range"})
+    assert conf.get("partition.assignment.strategy") == (
+        "cooperative-sticky" if protocol == "classic" else None)
+    assert "is not used by the tailers" in caplog.text

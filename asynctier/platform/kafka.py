@@ -150,6 +150,17 @@ def tailer_consumer_config(settings: Settings, group: str, *, session_timeout_ms
         del conf["partition.assignment.strategy"], conf["session.timeout.ms"]
     conf.update(settings.kafka)
     conf.update(_SAFETY)
+    strategy = conf.get("partition.assignment.strategy")
+    kip_848 = str(conf.get("group.protocol", "classic")).lower() == "consumer"
+    if strategy is not None and (kip_848 or strategy != "cooperative-sticky"):
+        # the tailers' rebalance callbacks are incremental: an eager strategy breaks them,
+        # and KIP-848 groups take none (the broker assigns)
+        log.warning("[kafka] partition.assignment.strategy = %r is not used by the tailers: "
+                    "they need cooperative-sticky (or group.protocol = \"consumer\", "
+                    "without a strategy)", strategy)
+        conf.pop("partition.assignment.strategy")
+        if not kip_848:
+            conf["partition.assignment.strategy"] = "cooperative-sticky"
     conf["group.id"] = group
     return conf
 
