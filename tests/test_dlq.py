@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -180,3 +181,35 @@ def test_a_listing_holds_no_values_and_show_reads_one_whole(settings: Settings) 
     assert len(listed) == 3 and all(letter.value is None for letter in listed)
     whole = show_dead_letter(settings, "orders", listed[1].offset)
     assert whole.value is not None and json.loads(whole.value)["id"] == 1
+
+
+def test_replay_with_no_scheduler_says_so_and_stops(settings: Settings, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-off replay with no scheduler configured or registered fails at once saying
+    what to do, and one with schedulers that do not answer gives up (a tailer would wait
+    for one; a command must not hang)."""
+    from asynctier.platform import rpc
+
+    monkeypatch.setattr(rpc, "GIVE_UP_S", 2.0)
+    dead_letters(settings, "orders", [{"id": 1}])
+    config = tmp_path / "asynctier.toml"
+
+    def replay(schedulers: str) -> Result:
+        config.write_text(f"[asynctier]\nschedulers = [{schedulers}]\n")
+        env = {"ASYNCTIER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+               "ASYNCTIER_REDIS_URL": settings.redis_url, "ASYNCTIER_PREFIX": settings.prefix,
+               "ASYNCTIER_CONFIG": str(config)}
+        results: list[Result] = []
+        worker = threading.Thread(target=lambda: results.append(CliRunner().invoke(
+            main, ["dlq", "replay", "orders"], env=env)), daemon=True)
+        worker.start()
+        worker.join(60)
+        assert results, "dlq replay hung with no scheduler to send to"
+        return results[0]
+
+    none = replay("")
+    assert none.exit_code != 0
+    assert "no scheduler is configured or registered" in none.output, none.output
+    silent = replay('"127.0.0.1:9"')  # nothing listens there
+    assert silent.exit_code != 0
+    assert "no scheduler answered for 2s" in silent.output, silent.output

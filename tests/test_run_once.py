@@ -481,3 +481,29 @@ def test_one_bindings_broken_keys_fail_only_its_own_write(
     assert "WRONGTYPE" in str(broken_end)
     assert orders_end == set()
     assert codes == DONE  # the other binding's success was written down
+
+
+def test_a_reply_the_writer_cannot_read_fails_its_chunk_instead_of_hanging_it(
+        settings: Settings) -> None:
+    """A reply of the wrong length for the records freed: that chunk's finish raises (the
+    dispatcher logs it), and is not left waiting for good."""
+    batch = make_items(["orders/5/1"])
+
+    async def scenario() -> object:
+        admission = RedisAdmission(settings)
+        once = admission._once
+
+        async def garbled(**kwargs: object) -> object:
+            return b"111"
+
+        once._finish = garbled  # type: ignore[assignment]
+        try:
+            await admission.claim(GUARDED, batch)
+            return await asyncio.wait_for(
+                asyncio.gather(admission.finish(GUARDED, batch, [retry(0, "boom")]),
+                               return_exceptions=True), 10)
+        finally:
+            await admission.close()
+
+    (end,) = asyncio.run(scenario())  # type: ignore[misc]
+    assert isinstance(end, ValueError), end

@@ -173,7 +173,7 @@ def test_a_delay_tailer_releases_and_commits_only_partitions_it_still_owns() -> 
     tailer.options = DelayOptions(batch_size=10)
     tailer.pauses = PauseBook()
     tailer.assigned = threading.Event()
-    tailer._owned = set()
+    tailer._owned, tailer._consumer = set(), None
 
     class Consumer:
         commits: list[list[tuple[int, int]]] = []
@@ -207,3 +207,37 @@ def test_a_delay_tailer_releases_and_commits_only_partitions_it_still_owns() -> 
     assert [(m.partition(), m.offset()) for m in read] == [(0, 7), (1, 3)]
     assert [(m.partition(), m.offset()) for m in released] == [(1, 3)]
     assert consumer.commits == [[(1, 4)]]
+
+
+def test_a_late_callback_of_an_abandoned_consumer_leaves_the_new_session_alone() -> None:
+    """A session whose consumer's ``close()`` was given up starts a new one; when the old
+    ``close()`` returns at last it serves a revoke: that must not unassign or unpause the
+    partitions of the new session's consumer."""
+    from asynctier.delay_streams.pauses import PauseBook
+    from asynctier.delay_streams.tailer import DelayTailer
+
+    tailer = DelayTailer.__new__(DelayTailer)
+    tailer.interval = "1s"
+    tailer.pauses = PauseBook()
+    tailer.assigned = threading.Event()
+
+    class Consumer:
+        def incremental_assign(self, partitions: Any) -> None:
+            pass
+
+        def resume(self, partitions: Any) -> None:
+            pass
+
+    old, new = Consumer(), Consumer()
+    tailer._owned, tailer._consumer = set(), new  # type: ignore[assignment]
+    tailer._on_assign(new, [_TP(0), _TP(1)])  # type: ignore[arg-type,list-item]
+    tailer.pauses.pause(1, 10**15)
+    logging.disable(logging.CRITICAL)
+    try:
+        tailer._on_revoke(old, [_TP(0), _TP(1)])  # type: ignore[arg-type,list-item]
+        tailer._on_lost(old, [_TP(0)])  # type: ignore[arg-type,list-item]
+    finally:
+        logging.disable(logging.NOTSET)
+    assert tailer._owned == {0, 1} and tailer.pauses.is_paused(1)
+    tailer._on_revoke(new, [_TP(1)])  # type: ignore[arg-type,list-item]
+    assert tailer._owned == {0} and not tailer.pauses.is_paused(1)

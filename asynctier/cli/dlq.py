@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 from typing import Any
@@ -75,8 +76,8 @@ def show(ctx: click.Context, binding: str, offset: int, as_json: bool) -> None:
 
 @dlq.command("replay")
 @click.argument("binding")
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True),
-              help="At most N records a second (each call carries at most one second's).")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True, max=1_000_000),
+              help="About N records a second at most (each call carries one second's).")
 @click.option("--limit", type=click.IntRange(min=1), help="Replay at most N records.")
 @click.option("--dry-run", is_flag=True, help="Say what would be replayed; change nothing.")
 @click.option("--canary", type=click.IntRange(min=0), default=0,
@@ -94,11 +95,14 @@ def replay_(ctx: click.Context, binding: str, rate: float | None, limit: int | N
             max_failure_ratio: float, window: int) -> None:
     """Run the dead letters again (attempt 1, fresh ladder); failures go back through the
     ladder. A second replay does not redo what an earlier one replayed (see --from-start)."""
+    if rate is not None and not math.isfinite(rate):
+        raise click.BadParameter(f"{rate} is not a rate: give a number of records a second",
+                                 param_hint="'--rate'")
     settings = settings_of(ctx)
     options = ReplayOptions(rate_per_s=rate, limit=limit, dry_run=dry_run, canary=canary,
                             from_start=from_start, batch_size=batch_size, window=window,
                             max_failure_ratio=max_failure_ratio)
-    client = None if dry_run else default_client(settings)
+    client = None if dry_run else default_client(settings, wait_for_scheduler=False)
     try:
         report = _with_progress(lambda progress: replay(
             settings, binding, options, client, threading.Event(), progress))

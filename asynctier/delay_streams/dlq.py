@@ -129,7 +129,8 @@ def _committed(consumer: Consumer, tp: TopicPartition, timeout_s: float) -> int:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return int(consumer.committed([tp], timeout=timeout_s)[0].offset)
+            left = max(0.1, deadline - time.monotonic())
+            return int(consumer.committed([tp], timeout=left)[0].offset)
         except KafkaException as exc:
             err = exc.args[0]
             if (err.code() not in _COORDINATOR_BUSY and not err.retriable()) \
@@ -360,7 +361,7 @@ class Replay:
 
     def _pace(self, started: float) -> None:
         """Wait until the next record is due at the rate (a call carries at most one
-        second's worth, so no second sees more than the rate)."""
+        second's worth, rounded up, so no second sees much more than the rate)."""
         rate = self.options.rate_per_s
         if rate:
             wait = started + self.report.replayed / rate - time.monotonic()

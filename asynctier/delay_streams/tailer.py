@@ -117,6 +117,7 @@ class DelayTailer:
         # assigned, neither revoked nor lost: only these are released and committed
         self._owned: set[int] = set()
         self._dlq_ready: set[str] = set()
+        self._consumer: Consumer | None = None  # this session's
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -138,6 +139,7 @@ class DelayTailer:
         consumer = Consumer(consumer_config(self.settings, self.group, self.options))
         self.pauses = PauseBook()
         self._owned = set()
+        self._consumer = consumer
         self._wait_for_topic(consumer, stop)
         consumer.subscribe([self.topic], on_assign=self._on_assign,
                            on_revoke=self._on_revoke, on_lost=self._on_lost)
@@ -218,10 +220,10 @@ class DelayTailer:
         for msg in messages:
             parcel = parcel_from_message(msg, now_ms=msg.timestamp()[1])
             name = (_header(msg, n.H_BINDING) or b"").decode("utf-8", "replace")
-            binding = self.bindings.get(name) if name else None
-            if binding is None:  # a name no binding could have goes to the catch-all
-                actions.append(self._orphan(name if is_binding_name(name) else UNBOUND,
-                                            parcel))
+            possible = is_binding_name(name)  # else: no registry read, the catch-all
+            binding = self.bindings.get(name) if possible else None
+            if binding is None:
+                actions.append(self._orphan(name if possible else UNBOUND, parcel))
             elif parcel.due_ms > now:
                 actions.append(self._hop(binding, parcel))
             else:
@@ -295,7 +297,14 @@ class DelayTailer:
 
     # -- rebalancing ----------------------------------------------------------------------
 
+    def _stale(self, consumer: Consumer) -> bool:
+        """A callback of an earlier session's consumer (one whose ``close()`` was given up
+        and returned late): it must not touch this session's partitions."""
+        return self._consumer is not None and consumer is not self._consumer
+
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._stale(consumer):
+            return
         parts = [tp.partition for tp in partitions]
         self.pauses.forget(parts)
         self._owned.update(parts)
@@ -310,11 +319,15 @@ class DelayTailer:
         self.assigned.set()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._stale(consumer):
+            return
         parts = [tp.partition for tp in partitions]
         self.pauses.forget(parts)
         self._owned.difference_update(parts)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._stale(consumer):
+            return
         parts = [tp.partition for tp in partitions]
         log.warning("delay %s: lost partitions %s", self.interval, parts)
         self.pauses.forget(parts)
@@ -382,10 +395,12 @@ class DelayService:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def default_client(settings: Settings) -> SchedulerClient:
+def default_client(settings: Settings, wait_for_scheduler: bool = True) -> SchedulerClient:
     """A SchedulerClient on the live schedulers (Redis membership), falling back to the
-    configured list: the delay path keeps working when Redis is down."""
-    return SchedulerClient(SchedulerDirectory(settings).addresses)
+    configured list: the delay path keeps working when Redis is down. Without
+    ``wait_for_scheduler`` a call raises SchedulerUnavailable when none is known at all."""
+    return SchedulerClient(SchedulerDirectory(settings).addresses,
+                           wait_for_scheduler=wait_for_scheduler)
 
 
 def run_delay_tailers(settings: Settings, stop: threading.Event,

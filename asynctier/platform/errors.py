@@ -47,7 +47,8 @@ MAX_RETRY_AFTER_S = 365 * 86400.0
 class Retry(Exception):
     """Raise from a function to run the record again after ``after`` seconds.
 
-    ``after=None`` follows the binding's retry ladder.
+    ``after=None`` follows the binding's retry ladder. ``after`` must be from 0 to 365 days
+    (:data:`MAX_RETRY_AFTER_S`); anything else (negative, inf, nan) raises ValueError.
     """
 
     def __init__(self, after: float | None = None, reason: str = "retry requested") -> None:

@@ -58,8 +58,9 @@ def close_consumer(close: Callable[[], None], what: str,
     librdkafka's ``close()`` can hang for good when the consumer leaves while its group is
     rebalancing (librdkafka issue 2615 and its kin); a tailer told to stop must still stop.
     Nothing is lost by going on: the batches were committed or dropped before, and the
-    group drops this member after ``session.timeout.ms``. The thread is a daemon: a
-    ``close()`` that never returns does not keep the process alive.
+    group drops this member once the process exits (its librdkafka threads may keep it in
+    the group until then). The thread is a daemon: a ``close()`` that never returns does
+    not keep the process alive.
     """
     done = threading.Event()
 
@@ -75,9 +76,10 @@ def close_consumer(close: Callable[[], None], what: str,
     if done.wait(timeout_s):
         return True
     log.error("%s: the Kafka consumer did not close within %gs (librdkafka can hang when a "
-              "consumer leaves during a rebalance); stopping without it. Records not "
-              "committed are read again once the group drops this member "
-              "(session.timeout.ms)", what, timeout_s)
+              "consumer leaves during a rebalance); going on without it. Records not "
+              "committed are read again once the group drops this member, which happens "
+              "after this process exits: if the process keeps running (a binding changed), "
+              "restart it when its partitions stay unassigned", what, timeout_s)
     return False
 
 

@@ -92,6 +92,8 @@ class NoScheduler(grpc.RpcError):  # type: ignore[misc]
 
 
 NO_SCHEDULER_LOG_EVERY_S = 30.0
+#: How long a client that does not wait for schedulers (a one-off command) keeps trying.
+GIVE_UP_S = 30.0
 
 
 def died_mid_call(exc: grpc.RpcError) -> bool:
@@ -171,8 +173,11 @@ class PendingCall:
     def result(self, stop: threading.Event | None = None) -> list[Outcome]:
         """The outcomes; on a scheduler failure the batch is sent again elsewhere.
 
-        Raises SchedulerUnavailable only when ``stop`` is set before any scheduler answered.
+        Raises SchedulerUnavailable only when ``stop`` is set before any scheduler answered,
+        or, for a client that does not wait for schedulers, when none answered for
+        :data:`GIVE_UP_S`.
         """
+        since = time.monotonic()
         while True:
             try:
                 reply = self.future.result()
@@ -192,6 +197,10 @@ class PendingCall:
                     self.crashes += died_mid_call(exc)
             if stop is not None and stop.is_set():
                 raise SchedulerUnavailable("stopping before the batch was resolved")
+            if not self.client._wait_for_scheduler and time.monotonic() - since > GIVE_UP_S:
+                raise SchedulerUnavailable(
+                    f"no scheduler answered for {GIVE_UP_S:g}s (last tried: "
+                    f"{self.address or 'none known'}); is `asynctier run` up?")
             if self.crashes >= CRASHES_BEFORE_ISOLATING:
                 return self._isolate(stop)
             self.client._wait_for_one(stop)
@@ -225,7 +234,8 @@ class PendingCall:
 class SchedulerClient:
     """Sends batches to schedulers; ``addresses()`` gives the live ones (re-read often)."""
 
-    def __init__(self, addresses: Addresses, call_timeout_s: float = 900.0) -> None:
+    def __init__(self, addresses: Addresses, call_timeout_s: float = 900.0,
+                 wait_for_scheduler: bool = True) -> None:
         self._addresses = addresses
         self._channels: dict[str, tuple[grpc.Channel, Any]] = {}
         self._down: dict[str, float] = {}
@@ -234,6 +244,8 @@ class SchedulerClient:
         self._lock = threading.Lock()
         self._wrong_wire_logged: dict[str, float] = {}
         self._no_scheduler_logged = -NO_SCHEDULER_LOG_EVERY_S
+        # a tailer waits for a scheduler to come up; a one-off command (dlq replay) fails
+        self._wait_for_scheduler = wait_for_scheduler
         self.method = SUBMIT  # the submit method of this client's wire version
 
     def submit(self, items: list[Item]) -> PendingCall:
@@ -256,6 +268,11 @@ class SchedulerClient:
         if address is None:  # everyone is marked down: try the first known one anyway
             known = list(self._addresses())
             if not known:
+                if not self._wait_for_scheduler:
+                    raise SchedulerUnavailable(
+                        "no scheduler is configured or registered: start `asynctier run "
+                        "scheduler`, or list schedulers in asynctier.toml (schedulers) or "
+                        "ASYNCTIER_SCHEDULERS")
                 return "", self._no_scheduler()
             address = known[next(self._rr) % len(known)]
         return address, self._stub(address).future(payload, timeout=self._timeout,

@@ -339,6 +339,9 @@ class RunOnce:
                                                      join_refs(done) if done else "",
                                                      join_refs(free) if free else "",
                                                      self.holder])
+                    text = as_text(codes)
+                    elsewhere = ({ref for ref, code in zip(free, text, strict=True)
+                                  if code == "1"} if "1" in text else set())
                 except Exception as exc:
                     if isinstance(exc, REDIS_DOWN):
                         down = exc
@@ -349,9 +352,6 @@ class RunOnce:
                     for rest in (mine, *waiters.values()):
                         _settle(rest, exception=cancelled)
                     raise
-                text = as_text(codes)
-                elsewhere = ({ref for ref, code in zip(free, text, strict=True) if code == "1"}
-                             if "1" in text else set())
                 _settle(mine, result=elsewhere)
 
     async def close(self) -> None:
