@@ -74,3 +74,35 @@ def test_hang_blocks_only_at_its_point_and_time() -> None:
     second.start()
     second.join(0.5)
     assert second.is_alive()  # the second time blocks for good
+
+
+def test_stopping_gives_up_on_a_stuck_tailer_and_says_where_it_was(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A tailer thread stuck in the Kafka client while stopping (seen in CI: inside the
+    rebalance that the stop started) must not keep the process from exiting."""
+    from types import SimpleNamespace
+
+    from asynctier.tailers.manager import TailerManager
+
+    release = threading.Event()
+
+    def stuck_in_the_client() -> None:
+        release.wait()
+
+    manager = TailerManager.__new__(TailerManager)
+    manager.follower = SimpleNamespace(stop=lambda: None)  # type: ignore[assignment]
+    manager._lock = threading.Lock()
+    thread = threading.Thread(target=stuck_in_the_client, daemon=True)
+    thread.start()
+    stop = threading.Event()
+    manager._running = {"orders": SimpleNamespace(stop=stop, thread=thread)}  # type: ignore[dict-item]
+    started = time.monotonic()
+    try:
+        with caplog.at_level(logging.ERROR):
+            manager.stop(timeout_s=0.5)
+        assert time.monotonic() - started < 3.0 and stop.is_set()
+        assert "tailer for binding orders did not stop within 0.5s" in caplog.text
+        assert "stuck_in_the_client" in caplog.text  # where it was
+        assert manager._running == {}
+    finally:
+        release.set()

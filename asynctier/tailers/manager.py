@@ -7,7 +7,10 @@ and finishes its in-flight batch first; a changed binding's tailer is restarted.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
+import time
+import traceback
 from collections.abc import Callable
 
 from asynctier.delay_streams.topics import ensure_binding_topics
@@ -35,6 +38,17 @@ class _Running:
         except Exception:
             log.exception("tailer for binding %s died; it will be restarted on the next "
                           "binding change or process restart", self.tailer.binding.name)
+
+
+#: How long stopping waits for the tailers in all (``asynctier run`` kills a component that
+#: has not exited 60 s after its SIGTERM).
+STOP_TIMEOUT_S = 40.0
+
+
+def _stack(thread: threading.Thread) -> str:
+    """Where ``thread`` is now, for the log."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    return "".join(traceback.format_stack(frame)) if frame is not None else "(unknown)"
 
 
 TailerFactory = Callable[[Settings, Binding, SchedulerClient], KafkaTailer]
@@ -89,12 +103,20 @@ class TailerManager:
         with self._lock:
             return sorted(self._running)
 
-    def stop(self) -> None:
-        """Stop every tailer (each finishes and commits its in-flight batches)."""
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop every tailer (each finishes and commits its in-flight batches), waiting at
+        most ``timeout_s`` in all: a tailer stuck in the Kafka client (librdkafka can hang
+        when a consumer leaves during a rebalance) is left behind, with where it was in
+        the log, so that the process still exits; what it did not commit is read again."""
         self.follower.stop()
         with self._lock:
             for running in self._running.values():
                 running.stop.set()
-            for running in self._running.values():
-                running.thread.join()
+            deadline = time.monotonic() + timeout_s
+            for name, running in self._running.items():
+                running.thread.join(max(0.0, deadline - time.monotonic()))
+                if running.thread.is_alive():
+                    log.error("tailer for binding %s did not stop within %gs; going on "
+                              "without it (the records it did not commit are read again). "
+                              "It was at:\n%s", name, timeout_s, _stack(running.thread))
             self._running.clear()
