@@ -337,9 +337,9 @@ class Replay:
         started = 0.0  # when the first batch left: the rate counts from there
         first = True
         while not self.stop.is_set():
-            size = self.options.canary if first and self.options.canary else \
-                self.options.batch_size
-            if self.options.rate_per_s and not (first and self.options.canary):
+            canary = first and self.options.canary
+            size = self.options.canary if canary else self.options.batch_size
+            if self.options.rate_per_s and not canary:
                 size = min(size, max(1, math.ceil(self.options.rate_per_s)))  # no bursts
             batch = [m for _, m in zip(range(size), messages, strict=False)]
             if not batch:
@@ -349,7 +349,7 @@ class Replay:
             outcomes = self._resolve(binding, handoff, batch)
             failures = [_failed(o) for o in outcomes]
             self.progress(self.report)
-            if first and self.options.canary and any(o["status"] != "ok" for o in outcomes):
+            if canary and any(o["status"] != "ok" for o in outcomes):
                 bad = sum(o["status"] != "ok" for o in outcomes)
                 self.report.stopped = (f"canary: {bad} of {len(outcomes)} did not succeed; "
                                        "not going on")

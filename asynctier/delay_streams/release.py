@@ -82,11 +82,11 @@ def _parts(entries: Sequence[Entry], cap: int | None = None) -> list[Sequence[En
     start, size = 0, 0
     for at, entry in enumerate(entries):
         item = entry.item
-        grown = size + len(item["payload"] or b"") + len(item["key"] or b"")
-        if grown > cap and at > start:
+        record = len(item["payload"] or b"") + len(item["key"] or b"")
+        if size + record > cap and at > start:
             parts.append(entries[start:at])
-            start, grown = at, grown - size
-        size = grown
+            start, size = at, 0
+        size += record
     parts.append(entries[start:])
     return parts
 

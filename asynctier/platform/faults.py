@@ -61,10 +61,12 @@ class FaultHook:
         if self.point != point:
             return
         self.reached_count += 1
-        if self.reached_count >= self.after and self.action == "hang":
+        if self.reached_count < self.after:
+            return
+        if self.action == "hang":
             log.critical("fault injection: hanging at %s (time %d)", point, self.reached_count)
             threading.Event().wait()
-        if self.reached_count >= self.after:
+        else:
             log.critical("fault injection: SIGKILL at %s (time %d)", point, self.reached_count)
             for handler in logging.getLogger().handlers:
                 handler.flush()

@@ -146,23 +146,23 @@ def tailer_consumer_config(settings: Settings, group: str, *, session_timeout_ms
     }
     if fetch_max_bytes is not None:
         conf["fetch.max.bytes"] = fetch_max_bytes
-    if str(settings.kafka.get("group.protocol", "classic")).lower() == "consumer":
+    kip_848 = str(settings.kafka.get("group.protocol", "classic")).lower() == "consumer"
+    if kip_848:
         # KIP-848: the broker assigns partitions and sets the session's timeouts; the
         # client may not set them
         del conf["partition.assignment.strategy"], conf["session.timeout.ms"]
     conf.update(settings.kafka)
     conf.update(_SAFETY)
-    strategy = conf.get("partition.assignment.strategy")
-    kip_848 = str(conf.get("group.protocol", "classic")).lower() == "consumer"
-    if strategy is not None and (kip_848 or strategy != "cooperative-sticky"):
-        # the tailers' rebalance callbacks are incremental: an eager strategy breaks them,
-        # and KIP-848 groups take none (the broker assigns)
+    # The tailers' rebalance callbacks are incremental: an eager strategy breaks them, and
+    # KIP-848 groups take none (the broker assigns).
+    wanted = None if kip_848 else "cooperative-sticky"
+    theirs = conf.pop("partition.assignment.strategy", None)
+    if theirs != wanted:
         log.warning("[kafka] partition.assignment.strategy = %r is not used by the tailers: "
                     "they need cooperative-sticky (or group.protocol = \"consumer\", "
-                    "without a strategy)", strategy)
-        conf.pop("partition.assignment.strategy")
-        if not kip_848:
-            conf["partition.assignment.strategy"] = "cooperative-sticky"
+                    "without a strategy)", theirs)
+    if wanted is not None:
+        conf["partition.assignment.strategy"] = wanted
     conf["group.id"] = group
     return conf
 

@@ -78,6 +78,12 @@ WORKER_DIED = ("the scheduler process died {n} times while running this item alo
                "(os._exit, a crash or the OOM killer?); counted as a failed attempt")
 
 
+NO_SCHEDULER = "no scheduler is configured or registered"
+#: What an operator does about it.
+NO_SCHEDULER_HINT = ("start `asynctier run scheduler`, or list schedulers in asynctier.toml "
+                     "(schedulers) or ASYNCTIER_SCHEDULERS")
+
+
 class NoScheduler(grpc.RpcError):  # type: ignore[misc]
     """No scheduler is configured or registered: the call's future fails with this, and
     the batch waits for one (it is sent again once one registers)."""
@@ -88,7 +94,7 @@ class NoScheduler(grpc.RpcError):  # type: ignore[misc]
 
     def details(self) -> str:
         """Says what is missing."""
-        return "no scheduler is configured or registered"
+        return NO_SCHEDULER
 
 
 NO_SCHEDULER_LOG_EVERY_S = 30.0
@@ -269,10 +275,7 @@ class SchedulerClient:
             known = list(self._addresses())
             if not known:
                 if not self._wait_for_scheduler:
-                    raise SchedulerUnavailable(
-                        "no scheduler is configured or registered: start `asynctier run "
-                        "scheduler`, or list schedulers in asynctier.toml (schedulers) or "
-                        "ASYNCTIER_SCHEDULERS")
+                    raise SchedulerUnavailable(f"{NO_SCHEDULER}: {NO_SCHEDULER_HINT}")
                 return "", self._no_scheduler()
             address = known[next(self._rr) % len(known)]
         return address, self._stub(address).future(payload, timeout=self._timeout,
@@ -284,9 +287,8 @@ class SchedulerClient:
         now = time.monotonic()
         if now - self._no_scheduler_logged >= NO_SCHEDULER_LOG_EVERY_S:
             self._no_scheduler_logged = now
-            log.error("no scheduler is configured or registered: batches wait until one "
-                      "registers in Redis. Start `asynctier run scheduler`, or list "
-                      "schedulers in asynctier.toml (schedulers) or ASYNCTIER_SCHEDULERS")
+            log.error("%s: batches wait until one registers in Redis; %s", NO_SCHEDULER,
+                      NO_SCHEDULER_HINT)
         failed: Future[bytes] = Future()
         failed.set_exception(NoScheduler())
         return failed

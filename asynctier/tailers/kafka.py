@@ -194,7 +194,7 @@ class KafkaTailer:
         add = cols.add
         owned = self._owned
         high: dict[tuple[str, int], int] = {}  # per partition, the highest offset
-        size = 0
+        size, cap = 0, MAX_CALL_BYTES
         for at, msg in enumerate(messages):
             if msg.error() is not None:
                 self._log_consume_error(msg.error())
@@ -205,7 +205,7 @@ class KafkaTailer:
                 continue  # revoked or lost since it was read: its new owner runs it
             value, key = msg.value(), msg.key()
             size += (len(value) if value else 0) + (len(key) if key else 0)
-            if size > MAX_CALL_BYTES and good:  # large records: the rest go in the next call
+            if size > cap and good:  # large records: the rest go in the next call
                 self._next = messages[at:] + self._next
                 break
             add(name, value, key, msg.headers(), 1,
