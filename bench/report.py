@@ -301,6 +301,10 @@ How it is measured:
   The targets use the default binding; `flood_ratio_idempotent` is the flood against the
   no-op with both bound `--idempotent`, `run_once_cost` the default no-op against the
   `--idempotent` one. Each ratio is the median of the rounds' ratios.
+- **warm-up**: before the measured rounds, one no-op and one flood run are made and
+  thrown away (`--warmup-rounds`, 1 in a full run): the broker started by the run keeps
+  compiling its hot paths for minutes, the flood's produce path first met in the first
+  flood run.
 - **memory**: the kernel's peak RSS (VmHWM) of the tailer and scheduler processes while
   draining a preloaded backlog of each size, each in a fresh platform.
 - Kafka + Redis CPU is counted when their process ids are known (this run's own stack,

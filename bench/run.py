@@ -66,12 +66,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="interleaved rounds of the no-op, limiter and flood runs (and "
                         "their --idempotent twins), every other one in reverse order; "
                         "their ratios are medians over the rounds [7; quick 1]")
+    p.add_argument("--warmup-rounds", type=int, default=None,
+                   help="discarded rounds of the no-op and flood runs before the measured "
+                        "ones, so that the broker's JIT has compiled both paths [1; quick 0]")
     p.add_argument("--out", type=Path, help="results file [bench/RESULTS.md; quick: none]")
     args = p.parse_args(argv)
     quick = args.quick
     args.records = args.records or (20_000 if quick else 200_000)
     args.peer_records = min(args.peer_records or (2_000 if quick else 20_000), args.records)
     args.rounds = max(1, args.rounds or (1 if quick else 7))
+    if args.warmup_rounds is None:
+        args.warmup_rounds = 0 if quick else 1
     args.latency_seconds = args.latency_seconds or (5.0 if quick else 30.0)
     backlogs = args.backlogs or ("5000,50000" if quick else "10000,500000")
     args.backlogs = [int(x) for x in backlogs.split(",") if x.strip()]
@@ -124,6 +129,7 @@ class Runner:
         self.step("raw", lambda: self.row("raw", scenarios.kafka_loop(s, self.topic, n, "raw")))
         self.step("client", lambda: self.row(
             "client", scenarios.kafka_loop(s, self.topic, n, "client")))
+        self._warm_up()
         for round_ in range(a.rounds):
             if a.rounds > 1:
                 print(f"-- round {round_ + 1} of {a.rounds}", flush=True)
@@ -154,6 +160,23 @@ class Runner:
         self.step("memory", self._memory)
         if self._want_profile():
             self.step("profile", self._profile)
+
+    def _warm_up(self) -> None:
+        """Discarded no-op and flood runs: a broker started by the run compiles its hot
+        paths for minutes (the flood's produce path among them), and the first measured
+        rounds would carry that compiling as noise (bench/README.md)."""
+        s, f, n = self.svc, self.folder, self.args.records
+        runs = [(name, fn) for name, fn in (("asynctier", scenarios.asynctier_noop),
+                                            ("flood", scenarios.asynctier_flood))
+                if name in self.args.only]
+        for round_ in range(self.args.warmup_rounds if runs else 0):
+            print(f"-- warm-up round {round_ + 1} of {self.args.warmup_rounds} (not counted)",
+                  flush=True)
+            for name, fn in runs:
+                try:
+                    print(f"   {name}: {fn(s, f, self.topic, n).rate:,.0f}/s", flush=True)
+                except Exception as exc:  # the measured run will say what is wrong
+                    print(f"   {name}: warm-up failed: {exc}", flush=True)
 
     def _limiter(self) -> None:
         row, used = scenarios.asynctier_limited(self.svc, self.folder, self.topic,

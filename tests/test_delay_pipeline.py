@@ -82,11 +82,14 @@ def test_retries_do_not_hold_the_main_topic_and_dead_letters_replay_after_a_fix(
     wait_until(lambda: len(read_topic(settings, dlq)) >= len(always), 30, "the dead letters")
     letters = read_topic(settings, dlq)
     assert sorted(int(m.key()) for m in letters) == always  # type: ignore[attr-defined]
+    where = {int(m.key()): f"{topic}/{m.partition()}/{m.offset()}".encode()  # type: ignore
+             for m in read_topic(settings, topic)}
     for msg in letters:
         i = int(msg.key())  # type: ignore[attr-defined]
         assert msg.value() == json.dumps(docs[i]).encode()  # type: ignore[attr-defined]
         headers = dict(msg.headers())  # type: ignore[attr-defined]
         assert headers[n.H_ATTEMPTS_MADE] == b"3"
+        assert headers[n.H_ORIGIN] == where[i]  # written by the main tailer's first hand-off
         assert f"record {i} always fails".encode() in headers[n.H_ERROR]
 
     # The fix: bind the fixed function, wait until the scheduler runs it, replay.

@@ -19,11 +19,23 @@ from asynctier.platform.wire import Outcome, failed, ok, retry
 
 
 class _Recorder:
-    def __init__(self) -> None:
+    """Stands for ConfirmingProducer: ``produce`` is its careful path, ``client_produce``
+    the Kafka client's own call, which refuses when ``full`` (a full queue)."""
+
+    def __init__(self, full: bool = False) -> None:
         self.records: list[tuple[str, bytes | None, bytes | None, list[Any]]] = []
+        self.full = full
+        self.careful = 0
 
     def produce(self, topic: str, value: bytes | None, key: bytes | None = None,
                 headers: list[Any] | None = None, timestamp_ms: int = 0) -> None:
+        self.careful += 1
+        self.records.append((topic, value, key, list(headers or [])))
+
+    def client_produce(self, topic: str, value: bytes | None, key: bytes | None = None,
+                       headers: list[Any] | None = None) -> None:
+        if self.full:
+            raise BufferError("Local: Queue full")
         self.records.append((topic, value, key, list(headers or [])))
 
 
@@ -72,23 +84,30 @@ def _outcome(kind: str, i: int) -> Outcome:
 
 @settings(max_examples=200, deadline=None)
 @given(rows=st.lists(st.tuples(HEADERS, OUTCOME), min_size=1, max_size=30),
-       max_attempts=st.sampled_from([1, 2, 5]))
+       max_attempts=st.sampled_from([1, 2, 5]), with_origins=st.booleans(),
+       full=st.booleans())
 def test_the_batch_path_writes_what_the_record_path_writes(
-        rows: list[tuple[Any, str]], max_attempts: int) -> None:
+        rows: list[tuple[Any, str]], max_attempts: int, with_origins: bool,
+        full: bool) -> None:
+    """Whether the caller passes the origins or not, and whether the client's queue takes
+    the fast path's records or not (then the careful path writes them)."""
     with mock.patch.object(handoff_module.time, "time", lambda: 1_700_000_000.0):
-        _compare(rows, max_attempts)
+        _compare(rows, max_attempts, with_origins, full)
 
 
-def _compare(rows: list[tuple[Any, str]], max_attempts: int) -> None:
+def _compare(rows: list[tuple[Any, str]], max_attempts: int, with_origins: bool = False,
+             full: bool = False) -> None:
     binding = Binding("b", "orders", "tests.funcs.basic:record",
                       retry_ladder_s=(1.0, 2.0, 4.0), max_attempts=max_attempts)
     messages = [_Msg(i, headers) for i, (headers, _) in enumerate(rows)]
     outcomes = [_outcome(kind, i) for i, (_, kind) in enumerate(rows)]
 
-    batch, single = _Recorder(), _Recorder()
+    batch, single = _Recorder(full), _Recorder()
     by_batch = Handoff(Settings(), producer=batch)  # type: ignore[arg-type]
     by_record = Handoff(Settings(), producer=single)  # type: ignore[arg-type]
-    counts = by_batch.resolve_messages(binding, messages, outcomes)
+    origins = ([f"{m.topic()}/{m.partition()}/{m.offset()}" for m in messages]
+               if with_origins else None)
+    counts = by_batch.resolve_messages(binding, messages, outcomes, origins)
     expected: dict[str, int] = {}
     for msg, outcome in zip(messages, outcomes, strict=True):
         got = by_record.resolve(binding, parcel_from_message(msg), outcome)
@@ -96,5 +115,7 @@ def _compare(rows: list[tuple[Any, str]], max_attempts: int) -> None:
 
     assert sorted(batch.records, key=repr) == sorted(single.records, key=repr)
     assert dict(counts) == expected
+    if full:  # every record the fast path tried went the careful way instead
+        assert batch.careful == len(batch.records)
     assert by_batch._retries == by_record._retries
     assert by_batch._dead == by_record._dead

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from confluent_kafka import KafkaException
+
 from asynctier.delay_streams.ladder import ladder_delay, next_hop
 from asynctier.platform import metrics
 from asynctier.platform import names as n
@@ -164,20 +166,23 @@ class Handoff:
         return "retry"
 
     def resolve_messages(self, binding: Binding, messages: Sequence[Any],
-                         outcomes: Sequence[Outcome]) -> Counter[str]:
+                         outcomes: Sequence[Outcome],
+                         origins: Sequence[str] | None = None) -> Counter[str]:
         """Hand off every outcome of a batch of consumed messages (an outcome's ``id`` is
-        its index in ``messages``); count what became of them.
+        its index in ``messages``, and in ``origins``, their ``topic/partition/offset``
+        when the caller has them already); count what became of them.
 
         Each record gets what :meth:`resolve` would give it, but the common case of a retry
         flood (a record without headers, so on attempt 1 and first seen now, to be retried)
         has its topic and headers worked out once per batch: only its origin differs from
-        its neighbours'.
+        its neighbours'. Those records go straight to the Kafka client; a full queue or a
+        refusal takes the careful path (:meth:`ConfirmingProducer.produce`).
         """
         counts: Counter[str] = Counter()
         now_ms = int(time.time() * 1000)
         plans: dict[tuple[str | None, float | None, bool], _Plan] = {}
         may_retry = binding.max_attempts > 1  # else attempt 1 is the last: a dead letter
-        produce = self.producer.produce
+        produce, fast = self.producer.produce, self.producer.client_produce
         for outcome in outcomes:
             status = outcome["status"]
             if status == "ok":
@@ -193,9 +198,13 @@ class Handoff:
             plan = plans.get(key)
             if plan is None:
                 plan = plans[key] = self._fresh_plan(binding, outcome, now_ms)
-            origin = f"{msg.topic()}/{msg.partition()}/{msg.offset()}".encode()
-            produce(plan.topic, msg.value(), msg.key(),
-                    [*plan.head, (n.H_ORIGIN, origin), *plan.tail])
+            origin = (origins[outcome["id"]] if origins is not None
+                      else f"{msg.topic()}/{msg.partition()}/{msg.offset()}").encode()
+            headers = [*plan.head, (n.H_ORIGIN, origin), *plan.tail]
+            try:
+                fast(plan.topic, msg.value(), msg.key(), headers=headers)  # type: ignore[arg-type]
+            except (BufferError, KafkaException):
+                produce(plan.topic, msg.value(), msg.key(), headers)
             plan.count += 1
         for plan in plans.values():
             self._retries[(binding.name, plan.step)] += plan.count

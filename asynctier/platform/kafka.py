@@ -198,6 +198,9 @@ class ConfirmingProducer:
         conf = producer_config(settings, **extra)
         conf["on_delivery"] = self._on_delivery
         self._producer = Producer(conf)
+        #: The client's own ``produce`` (raises BufferError when its queue is full, and
+        #: KafkaException): for hot loops that fall back to :meth:`produce` on either.
+        self.client_produce = self._producer.produce
         self._errors: list[str] = []
 
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:

@@ -52,6 +52,7 @@ class _Batch:
     started: float = field(default_factory=time.monotonic)
     outcomes: list[Outcome] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
+    origins: list[str] = field(default_factory=list)  # each message's topic/partition/offset
 
     @property
     def handed_off(self) -> bool:
@@ -190,6 +191,7 @@ class KafkaTailer:
     def _submit(self, messages: list[Any]) -> None:
         name = self.binding.name
         good: list[Any] = []
+        origins: list[str] = []
         cols = wire.Columns()
         add = cols.add
         owned = self._owned
@@ -208,16 +210,18 @@ class KafkaTailer:
             if size > cap and good:  # large records: the rest go in the next call
                 self._next = messages[at:] + self._next
                 break
-            add(name, value, key, msg.headers(), 1,
-                f"{topic}/{partition}/{offset}", msg.timestamp()[1])
+            origin = f"{topic}/{partition}/{offset}"
+            add(name, value, key, msg.headers(), 1, origin, msg.timestamp()[1])
             good.append(msg)
+            origins.append(origin)
             if offset > high.get(tp, -1):
                 high[tp] = offset
         if not good:
             return
         self._fault.reached("before-rpc")
         self._in_flight.append(_Batch(good, self.client.submit_encoded(cols.encode(),
-                                                                        len(good)), high))
+                                                                        len(good)), high,
+                                      origins=origins))
         self._fault.reached("mid-batch")
         metrics.add_in_flight(COMPONENT, name, len(good))
 
@@ -312,7 +316,7 @@ class KafkaTailer:
         while True:
             try:  # produce() itself can refuse a record (too large once headers are added)
                 batch.counts = self.handoff.resolve_messages(self.binding, batch.messages,
-                                                             batch.outcomes)
+                                                             batch.outcomes, batch.origins or None)
                 return
             except HandoffError as exc:
                 self._handoff_failed(exc, len(batch.messages))
