@@ -21,10 +21,11 @@ with every claim and renewed by a heartbeat while it holds claims, it expires
 ``holder_ttl_s`` after the scheduler dies. What this cannot prevent is a function that
 succeeded in a scheduler killed before :data:`FINISH` ran: that record runs again (at
 least once wins over at most once). The cost is one round trip per batch and one per write,
-about 2 µs of Redis CPU per record, and a hash field of about 100 bytes per record for
-``done_ttl_s`` to ``4/3 done_ttl_s`` (measured: 50 MB more ``used_memory`` per 525,000
-records): a binding whose function is idempotent should say so (``asynctier bind
---idempotent``) and skip all of it.
+4 to 6 µs of Redis CPU per record (claimed, run and written down), and about a byte of
+Redis memory per success for ``done_ttl_s`` to ``4/3 done_ttl_s`` (``python -m
+bench.once_cost``: 1.0 byte of ``used_memory`` per success; a hash field per success, as
+before the bitmaps, cost 83 bytes, and 1.7 µs less CPU): a binding whose function is
+idempotent should say so (``asynctier bind --idempotent``) and skip all of it.
 """
 
 from __future__ import annotations
@@ -54,16 +55,27 @@ DEFAULT_HOLDER_TTL_S = 5.0
 #: CLAIM's code for a record this scheduler claims already (never returned by :class:`RunOnce`).
 MINE: Final = "4"
 
-#: Records are kept in hashes, one per binding per span of ``done_ttl_s / 3``:
-#: ``<prefix>:once:<binding>:<span number>``, field the source reference, value ``r<holder>``
-#: (claimed) or ``d`` (done); a record freed again has no field (``f``, which older versions
-#: wrote, means the same). A record's state is its value in the newest of the last
-#: :data:`SPANS_KEPT` hashes that has one; claims and successes are written to the current
-#: hash (a freed record is deleted from all of them), which expires one span after the last
-#: one kept. A hash field costs about half the memory of a
-#: key with its own expiry, and a whole batch is read with one HMGET and written with one
-#: HSET per hash (a script that called GET and SET per record cost Redis twice the CPU).
+#: Records are kept per binding per span of ``done_ttl_s / 3``, under
+#: ``<prefix>:once:<binding>:<span number>``:
+#:
+#: - claims in a hash at that key: field the source reference, value ``r<holder>``; a
+#:   record's claim is deleted when it ends (done or freed), so the hash holds only the
+#:   records running;
+#: - successes of a Kafka record (a reference ``<topic>/<partition>/<offset>``) as one bit
+#:   in a bitmap per block of :data:`BLOCK` offsets, at ``<key>:<topic>/<partition>:<block>``:
+#:   about a bit per record where a hash field cost 80-100 bytes (at 60,000 records/s a
+#:   15-minute window was 5 GB of Redis memory, and every AOF rewrite wrote it all out);
+#: - the success of any other reference as the value ``d`` of its hash field (as every
+#:   success was before; such fields are still read).
+#:
+#: A record is done when a kept span has its bit or its ``d``; else its state is its claim
+#: in the newest of the last :data:`SPANS_KEPT` hashes that has one (no field, or ``f``,
+#: which older versions wrote: free). Writes go to the current span, whose keys expire one
+#: span after the last one kept. A batch is read with one HMGET per hash and one GET per
+#: bitmap block, and written with one HSET or BITFIELD per key.
 SPANS_KEPT: Final = 4
+#: Offsets per done-bitmap: at most 1 KiB each, however sparse the offsets that succeed.
+BLOCK: Final = 8192
 
 # Both scripts: split a newline-joined argument, and the time now (ms) from Redis TIME.
 _PRELUDE = """
@@ -118,6 +130,98 @@ local function write(key, pairs, ttl)
 end
 """
 
+#: Done bits. ``place(ref)``: the bitmap (``<topic>/<partition>:<block>``) and bit of a
+#: Kafka record's reference, or nil for any other reference (no offset, an offset with a
+#: leading zero, or one too long for a Lua number to hold exactly). ``done_bits``: which of
+#: ``refs`` have their bit in a kept span. ``set_done``: set the bits of ``refs`` in the
+#: current span; returns the references placed and the others.
+_BITS = f"""
+local match, byte, floor, tonumber = string.match, string.byte, math.floor, tonumber
+local band, bor, rshift = bit.band, bit.bor, bit.rshift
+
+-- Kafka references grouped by bitmap: a list of {{where, list of index, bit, ...}}, and
+-- the indexes of the other references.
+local function by_block(refs)
+  local tps, order, rest = {{}}, {{}}, {{}}
+  local last_tp, blocks
+  for i = 1, #refs do
+    local tp, off = match(refs[i], '^(.*)/(%d+)$')
+    if tp and #off <= 15 and (#off == 1 or byte(off, 1) ~= 48) then
+      off = tonumber(off)
+      local block = floor(off / {BLOCK})
+      if tp ~= last_tp then
+        blocks = tps[tp]
+        if not blocks then
+          blocks = {{}}
+          tps[tp] = blocks
+        end
+        last_tp = tp
+      end
+      local l = blocks[block]
+      if not l then
+        l = {{}}
+        blocks[block] = l
+        order[#order + 1] = {{tp .. ':' .. block, l}}
+      end
+      l[#l + 1] = i
+      l[#l + 1] = off - block * {BLOCK}
+    else
+      rest[#rest + 1] = i
+    end
+  end
+  return order, rest
+end
+
+local function done_bits(prefix, cur, refs)
+  local done = {{}}
+  local order = by_block(refs)
+  for _, group in ipairs(order) do
+    local l = group[2]
+    for s = cur, cur - {SPANS_KEPT - 1}, -1 do
+      local bits = redis.call('GET', prefix .. s .. ':' .. group[1])
+      if bits then
+        for j = 1, #l, 2 do
+          local b = l[j + 1]
+          local got = byte(bits, floor(b / 8) + 1)
+          if got and band(got, rshift(128, b % 8)) ~= 0 then
+            done[l[j]] = true
+          end
+        end
+      end
+    end
+  end
+  return done
+end
+
+local function set_done(prefix, cur, refs, ttl)
+  local order, rest = by_block(refs)
+  local placed, others = {{}}, {{}}
+  for _, group in ipairs(order) do
+    local l = group[2]
+    local key = prefix .. cur .. ':' .. group[1]
+    local bytes, lo, hi = {{}}, {BLOCK}, -1
+    for j = 1, #l, 2 do
+      placed[#placed + 1] = refs[l[j]]
+      local b = l[j + 1]
+      local k = floor(b / 8)
+      bytes[k] = bor(bytes[k] or 0, rshift(128, b % 8))
+      if k < lo then lo = k end
+      if k > hi then hi = k end
+    end
+    -- the bytes touched, read, ORed and written back in one piece (at most BLOCK / 8)
+    local old = redis.call('GETRANGE', key, lo, hi)
+    local out = {{}}
+    for k = lo, hi do
+      out[#out + 1] = bor(byte(old, k - lo + 1) or 0, bytes[k] or 0)
+    end
+    redis.call('SETRANGE', key, lo, string.char(unpack(out)))
+    redis.call('PEXPIRE', key, ttl)
+  end
+  for _, i in ipairs(rest) do others[#others + 1] = refs[i] end
+  return placed, others
+end
+"""
+
 #: Claim every record of a batch for one holder.
 #:
 #: ARGV[1]  the holder (this scheduler)
@@ -129,7 +233,7 @@ end
 #: Returns  one code per record (RUN, DONE, BUSY, TAKEN_OVER: see
 #:          :mod:`asynctier.platform.admission`; and
 #:          4 for a record this holder claims already, which :class:`RunOnce` tells apart)
-CLAIM: Final = _PRELUDE + _NEWEST + _WRITE + f"""
+CLAIM: Final = _PRELUDE + _NEWEST + _WRITE + _BITS + f"""
 local me = ARGV[1]
 local holders = ARGV[2]
 redis.call('SET', holders .. me, '1', 'PX', ARGV[3])
@@ -139,13 +243,14 @@ local refs = split(ARGV[6])
 local n = #refs
 local cur = math.floor(now / span)
 local state = newest(prefix, cur, refs)
+local done = done_bits(prefix, cur, refs)
 local mine = 'r' .. me
 local codes = {{}}
 local claims = {{}}
 local alive = {{}}
 local seen = {{}}
 for i = 1, n do
-  local v = state[i]
+  local v = done[i] and 'd' or state[i]
   if seen[refs[i]] then
     codes[i] = '2'  -- a second copy in this batch waits for the first
   elseif not v or v == 'f' then
@@ -188,7 +293,7 @@ return table.concat(codes)
 #: ARGV[4]  the others' references joined by newlines ('' for none)
 #: ARGV[5]  the holder (this scheduler)
 #: Returns  one code per other record: '1' done by another copy, '0' otherwise
-FINISH: Final = _PRELUDE + _NEWEST + _WRITE + f"""
+FINISH: Final = _PRELUDE + _NEWEST + _WRITE + _BITS + f"""
 local span = tonumber(ARGV[1])
 local prefix = ARGV[2]
 local cur = math.floor(now / span)
@@ -196,30 +301,37 @@ local mine = 'r' .. ARGV[5]
 local free = split(ARGV[4])
 local n = #free
 local state = newest(prefix, cur, free)
+local done = done_bits(prefix, cur, free)
 local gone = {{}}
 local codes = {{}}
 for i = 1, n do
-  local v = state[i]
+  local v = done[i] and 'd' or state[i]
   if v == mine then
     gone[#gone + 1] = free[i]
   end
   codes[i] = (v == 'd') and '1' or '0'
 end
+local ttl = span * {SPANS_KEPT + 1}
+local placed, others = set_done(prefix, cur, split(ARGV[3]), ttl)
 -- A freed record is forgotten (no field is the same as 'f' to CLAIM), in every span kept:
--- a failure leaves nothing behind in Redis, however many attempts a record takes.
+-- a failure leaves nothing behind in Redis, however many attempts a record takes. So is
+-- the claim of a success held by its bit.
+for _, ref in ipairs(placed) do
+  gone[#gone + 1] = ref
+end
 if #gone > 0 then
   for b = cur, cur - {SPANS_KEPT - 1}, -1 do
-    for s = 1, #gone, 1000 do
+    for s = 1, redis.call('EXISTS', prefix .. b) == 1 and #gone or 0, 1000 do
       redis.call('HDEL', prefix .. b, unpack(gone, s, math.min(s + 999, #gone)))
     end
   end
 end
 local pairs = {{}}
-for _, ref in ipairs(split(ARGV[3])) do
+for _, ref in ipairs(others) do
   pairs[#pairs + 1] = ref
   pairs[#pairs + 1] = 'd'
 end
-write(prefix .. cur, pairs, span * {SPANS_KEPT + 1})
+write(prefix .. cur, pairs, ttl)
 return table.concat(codes)
 """
 
