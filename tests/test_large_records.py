@@ -5,12 +5,14 @@ small here so that records of a few kB show it; every record still runs exactly 
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -32,21 +34,28 @@ CAP = 50_000
 PAD = 9_000  # each record's JSON is a little over 9 kB: 5 fit under the cap
 
 
-def _entries(sizes: list[int]) -> list[release.Entry]:
+def _entries(sizes: list[tuple[int, int]]) -> list[release.Entry]:
+    """One entry per (value size, header size)."""
     binding = Binding("big", "big", "tests.faults.funcs:run")
-    return [release.make_entry(i, binding, Parcel(b"x" * size, None, [], f"big/0/{i}", 1, 0),
-                               f"big/0/{i}") for i, size in enumerate(sizes)]
+    return [release.make_entry(
+        i, binding, Parcel(b"x" * size, None, [("trace", b"h" * extra)] if extra else [],
+                           f"big/0/{i}", 1, 0), f"big/0/{i}")
+        for i, (size, extra) in enumerate(sizes)]
 
 
 @hsettings(max_examples=200, deadline=None)
-@given(sizes=st.lists(st.integers(0, 3 * CAP), max_size=40))
+@given(sizes=st.lists(st.tuples(st.integers(0, 3 * CAP), st.sampled_from([0, 0, CAP // 3])),
+                      max_size=40))
 def test_parts_keep_every_entry_in_order_each_under_the_cap_or_alone(
-        sizes: list[int]) -> None:
+        sizes: list[tuple[int, int]]) -> None:
+    """Headers count: records with small values and large headers are cut too."""
     entries = _entries(sizes)
     parts = release._parts(entries, CAP)
     assert [e for part in parts for e in part] == entries
     for part in parts:
-        total = sum(len(e.item["payload"] or b"") for e in part)
+        total = sum(len(e.item["payload"] or b"")
+                    + sum(len(h["name"]) + len(h["value"] or b"") for h in e.item["headers"])
+                    for e in part)
         assert total <= CAP or len(part) == 1
 
 
@@ -63,13 +72,22 @@ def _calls(client: SchedulerClient, method: str) -> list[int]:
     return counts
 
 
+@pytest.mark.parametrize("large", ["values", "headers"])
 def test_a_tailer_cuts_a_batch_of_large_records_into_calls_under_the_cap(
         settings: Settings, tmp_path: Path, unique_topic: Callable[..., str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, large: str) -> None:
+    """Records of about 9 kB of value, or small values with 9 kB of headers."""
     monkeypatch.setattr(tailer_module, "MAX_CALL_BYTES", CAP)
     n = 60
     topic = unique_topic(1)
-    produce(settings, topic, [{"id": i, "pad": "x" * PAD} for i in range(n)])
+    if large == "values":
+        produce(settings, topic, [{"id": i, "pad": "x" * PAD} for i in range(n)])
+    else:
+        producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+        for i in range(n):
+            producer.produce(topic, json.dumps({"id": i}).encode(), str(i).encode(),
+                             headers=[("trace", b"t" * (PAD // 2)), ("span", b"s" * (PAD // 2))])
+        assert producer.flush(30) == 0
     plat = FaultPlatform(settings, tmp_path)
     stop = threading.Event()
     thread = None

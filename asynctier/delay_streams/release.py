@@ -17,7 +17,7 @@ from asynctier.delay_streams.handoff import Handoff, Parcel
 from asynctier.platform import wire
 from asynctier.platform.binding import Binding
 from asynctier.platform.errors import HandoffError
-from asynctier.platform.rpc import MAX_CALL_BYTES, SchedulerClient
+from asynctier.platform.rpc import MAX_CALL_BYTES, SchedulerClient, record_bytes
 from asynctier.platform.wire import Item, Outcome
 
 log = logging.getLogger(__name__)
@@ -76,13 +76,14 @@ def submit(client: SchedulerClient, entries: Sequence[Entry],
 
 def _parts(entries: Sequence[Entry], cap: int | None = None) -> list[Sequence[Entry]]:
     """``entries`` cut into calls of at most ``cap`` (:data:`MAX_CALL_BYTES`) of record
-    bytes each (a single larger record goes alone); usually one."""
+    bytes (values, keys, headers) each (a single larger record goes alone); usually one."""
     cap = MAX_CALL_BYTES if cap is None else cap
     parts: list[Sequence[Entry]] = []
     start, size = 0, 0
     for at, entry in enumerate(entries):
         item = entry.item
-        record = len(item["payload"] or b"") + len(item["key"] or b"")
+        record = record_bytes(item["payload"], item["key"], None) + sum(
+            len(h["name"]) + len(h["value"] or b"") for h in item["headers"])
         if size + record > cap and at > start:
             parts.append(entries[start:at])
             start, size = at, 0

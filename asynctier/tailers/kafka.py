@@ -35,7 +35,7 @@ from asynctier.platform.config import Settings
 from asynctier.platform.errors import HandoffError, SchedulerUnavailable
 from asynctier.platform.faults import FaultHook
 from asynctier.platform.kafka import close_consumer, tailer_consumer_config
-from asynctier.platform.rpc import MAX_CALL_BYTES, PendingCall, SchedulerClient
+from asynctier.platform.rpc import MAX_CALL_BYTES, PendingCall, SchedulerClient, record_bytes
 from asynctier.platform.wire import Outcome
 from asynctier.tailers.options import TailerOptions
 
@@ -205,13 +205,14 @@ class KafkaTailer:
             tp = (topic, partition)
             if tp not in owned:
                 continue  # revoked or lost since it was read: its new owner runs it
-            value, key = msg.value(), msg.key()
-            size += (len(value) if value else 0) + (len(key) if key else 0)
+            value, key, headers = msg.value(), msg.key(), msg.headers()
+            size += ((len(value) if value else 0) + (len(key) if key else 0) if not headers
+                     else record_bytes(value, key, headers))
             if size > cap and good:  # large records: the rest go in the next call
                 self._next = messages[at:] + self._next
                 break
             origin = f"{topic}/{partition}/{offset}"
-            add(name, value, key, msg.headers(), 1, origin, msg.timestamp()[1])
+            add(name, value, key, headers, 1, origin, msg.timestamp()[1])
             good.append(msg)
             origins.append(origin)
             if offset > high.get(tp, -1):
