@@ -172,9 +172,15 @@ local function by_block(refs)
   return order, rest
 end
 
-local function done_bits(prefix, cur, refs)
+-- Which of refs (of those at the indexes in ``only``, when given) have their bit set.
+local function done_bits(prefix, cur, refs, only)
   local done = {{}}
-  local order = by_block(refs)
+  local picked = refs
+  if only then
+    picked = {{}}
+    for k, i in ipairs(only) do picked[k] = refs[i] end
+  end
+  local order = by_block(picked)
   for _, group in ipairs(order) do
     local l = group[2]
     for s = cur, cur - {SPANS_KEPT - 1}, -1 do
@@ -184,7 +190,7 @@ local function done_bits(prefix, cur, refs)
           local b = l[j + 1]
           local got = byte(bits, floor(b / 8) + 1)
           if got and band(got, rshift(128, b % 8)) ~= 0 then
-            done[l[j]] = true
+            done[only and only[l[j]] or l[j]] = true
           end
         end
       end
@@ -301,7 +307,14 @@ local mine = 'r' .. ARGV[5]
 local free = split(ARGV[4])
 local n = #free
 local state = newest(prefix, cur, free)
-local done = done_bits(prefix, cur, free)
+-- A record still claimed by this holder has no bit: setting a bit deletes every claim of
+-- its record, and no record with a bit is claimed. Only the others are looked up (in a
+-- retry flood, none).
+local others_at = {{}}
+for i = 1, n do
+  if state[i] ~= mine then others_at[#others_at + 1] = i end
+end
+local done = #others_at > 0 and done_bits(prefix, cur, free, others_at) or {{}}
 local gone = {{}}
 local codes = {{}}
 for i = 1, n do
