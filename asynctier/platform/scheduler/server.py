@@ -17,6 +17,7 @@ import logging
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -127,9 +128,15 @@ async def _serve(settings: Settings, scheduler: Scheduler, listen: str, stop: St
         await _wait(stop)
     finally:
         log.info("scheduler %s stopping: leaving the membership, finishing calls under way "
-                 "(at most %gs)", address, opts.stop_grace_s)
+                 "(at most %gs; %d item(s) queued or running)", address, opts.stop_grace_s,
+                 scheduler.load)
+        started = time.monotonic()
         await heartbeat.stop(leave=True)
         await server.stop(opts.stop_grace_s)
+        took = time.monotonic() - started
+        if took > 5.0:  # says what held the stop up, the next time one is slow
+            log.warning("scheduler %s: finishing the calls under way took %.1fs; %d item(s) "
+                        "still queued or running", address, took, scheduler.load)
         await scheduler.stop()
         log.info("scheduler %s stopped", address)
 
