@@ -19,6 +19,7 @@ import uuid
 import redis as sync_redis
 from redis.asyncio import Redis
 
+from asynctier.platform.admission import RUN
 from asynctier.platform.config import Settings
 from asynctier.platform.limits.once import RunOnce
 from asynctier.platform.wire import Item, ok, retry
@@ -46,7 +47,7 @@ async def _run(url: str, settings: Settings, n: int, succeed: bool) -> tuple[flo
                  "attempt": 1, "source_ref": f"{binding}/{(start // BATCH) % 4}/{start + i}",
                  "record_time_ms": 0} for i in range(BATCH)]
             codes = await once.claim(binding, items)
-            if codes != "0" * BATCH:
+            if codes != RUN * BATCH:
                 raise RuntimeError(f"fresh records were not all claimed: {codes[:20]}...")
             await once.finish(binding, items, [ok(i) if succeed else retry(i, "boom")
                                                for i in range(BATCH)])

@@ -17,7 +17,7 @@ from asynctier.delay_streams.handoff import Handoff, Parcel
 from asynctier.platform import wire
 from asynctier.platform.binding import Binding
 from asynctier.platform.errors import HandoffError
-from asynctier.platform.rpc import MAX_CALL_BYTES, SchedulerClient, record_bytes
+from asynctier.platform.rpc import MAX_CALL_BYTES, SchedulerClient, header_bytes
 from asynctier.platform.wire import Item, Outcome
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,8 @@ def _parts(entries: Sequence[Entry], cap: int | None = None) -> list[Sequence[En
     start, size = 0, 0
     for at, entry in enumerate(entries):
         item = entry.item
-        record = record_bytes(item["payload"], item["key"], None) + sum(
-            len(h["name"]) + len(h["value"] or b"") for h in item["headers"])
+        record = (len(item["payload"] or b"") + len(item["key"] or b"")
+                  + header_bytes((h["name"], h["value"]) for h in item["headers"]))
         if size + record > cap and at > start:
             parts.append(entries[start:at])
             start, size = at, 0

@@ -21,7 +21,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -56,21 +56,16 @@ UNVERSIONED_WIRE = "1dd4e2309015"
 WRONG_WIRE_BACKOFF_S = 10.0
 WRONG_WIRE_LOG_EVERY_S = 30.0
 MAX_MESSAGE = 64 * 1024 * 1024
-#: The record bytes (values, keys and headers: :func:`record_bytes`) one submit call
+#: The record bytes (values, keys and headers: :func:`header_bytes`) one submit call
 #: carries at most: a batch of large records is cut into several calls, well under
 #: :data:`MAX_MESSAGE` (which a call over it would fail at every try). Only a single record
 #: larger than that travels alone.
 MAX_CALL_BYTES = 16 * 1024 * 1024
 
 
-def record_bytes(value: bytes | None, key: bytes | None,
-                 headers: Sequence[tuple[str, bytes | None]] | None) -> int:
-    """What one record adds to a submit call, near enough: its value, key and headers."""
-    size = (len(value) if value else 0) + (len(key) if key else 0)
-    if headers:
-        for name, data in headers:
-            size += len(name) + (len(data) if data else 0)
-    return size
+def header_bytes(headers: Iterable[tuple[str, bytes | None]]) -> int:
+    """What a record's headers add to a submit call, near enough."""
+    return sum(len(name) + (len(data) if data else 0) for name, data in headers)
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE),
     ("grpc.max_receive_message_length", MAX_MESSAGE),

@@ -35,7 +35,7 @@ from asynctier.platform.config import Settings
 from asynctier.platform.errors import HandoffError, SchedulerUnavailable
 from asynctier.platform.faults import FaultHook
 from asynctier.platform.kafka import close_consumer, tailer_consumer_config
-from asynctier.platform.rpc import MAX_CALL_BYTES, PendingCall, SchedulerClient, record_bytes
+from asynctier.platform.rpc import MAX_CALL_BYTES, PendingCall, SchedulerClient, header_bytes
 from asynctier.platform.wire import Outcome
 from asynctier.tailers.options import TailerOptions
 
@@ -206,8 +206,9 @@ class KafkaTailer:
             if tp not in owned:
                 continue  # revoked or lost since it was read: its new owner runs it
             value, key, headers = msg.value(), msg.key(), msg.headers()
-            size += ((len(value) if value else 0) + (len(key) if key else 0) if not headers
-                     else record_bytes(value, key, headers))
+            size += (len(value) if value else 0) + (len(key) if key else 0)
+            if headers:
+                size += header_bytes(headers)
             if size > cap and good:  # large records: the rest go in the next call
                 self._next = messages[at:] + self._next
                 break

@@ -72,7 +72,7 @@ MINE: Final = "4"
 #: in the newest of the last :data:`SPANS_KEPT` hashes that has one (no field, or ``f``,
 #: which older versions wrote: free). Writes go to the current span, whose keys expire one
 #: span after the last one kept. A batch is read with one HMGET per hash and one GET per
-#: bitmap block, and written with one HSET or BITFIELD per key.
+#: bitmap, and written with one HSET per hash and one GETRANGE and SETRANGE per bitmap.
 SPANS_KEPT: Final = 4
 #: Offsets per done-bitmap: at most 1 KiB each, however sparse the offsets that succeed.
 BLOCK: Final = 8192
@@ -130,11 +130,11 @@ local function write(key, pairs, ttl)
 end
 """
 
-#: Done bits. ``place(ref)``: the bitmap (``<topic>/<partition>:<block>``) and bit of a
-#: Kafka record's reference, or nil for any other reference (no offset, an offset with a
-#: leading zero, or one too long for a Lua number to hold exactly). ``done_bits``: which of
-#: ``refs`` have their bit in a kept span. ``set_done``: set the bits of ``refs`` in the
-#: current span; returns the references placed and the others.
+#: Done bits. ``by_block(refs)``: the Kafka references grouped by bitmap
+#: (``<topic>/<partition>:<block>``) with their bits, and the others (no offset, an offset
+#: with a leading zero, or one too long for a Lua number to hold exactly). ``done_bits``:
+#: which of ``refs`` have their bit in a kept span. ``set_done``: set the bits of ``refs``
+#: in the current span; returns the references placed and the others.
 _BITS = f"""
 local match, byte, floor, tonumber = string.match, string.byte, math.floor, tonumber
 local band, bor, rshift = bit.band, bit.bor, bit.rshift
