@@ -65,26 +65,6 @@ def context_of(binding: Binding, item: Item, deadline: float) -> Context:
     )
 
 
-def run_sync_item(job: Job, item: Item, started: float, wall_offset: float) -> Outcome:
-    """Run one item in the calling thread; ``started`` is its ``time.monotonic()``."""
-    item_id = item["id"]
-    try:
-        payload = job.decode(item["payload"])
-    except DecodeError as exc:
-        return outcomes.undecodable(item_id, str(exc))
-    timeout = job.binding.timeout_s
-    ctx = context_of(job.binding, item, started + wall_offset + timeout)
-    try:
-        job.function.call(payload, ctx)
-    except BaseException as exc:  # a function may raise anything, even SystemExit
-        outcome = outcomes.of_exception(item_id, exc)
-    else:
-        outcome = ok(item_id)
-    if time.monotonic() - started > timeout:
-        return outcomes.timed_out(item_id, timeout)
-    return outcome
-
-
 class SyncRun:
     """One thread hop: runs ``items`` in order until done or abandoned by the loop."""
 
@@ -97,19 +77,49 @@ class SyncRun:
         self._lock = threading.Lock()
 
     def __call__(self) -> None:
-        """Run in a worker thread."""
-        wall_offset = time.time() - time.monotonic()
-        lock = self._lock
+        """Run in a worker thread.
+
+        The hot loop of every sync function, so per item: one lock (it hands the previous
+        item's outcome over and starts the clock of the next, or stops when the loop has
+        given up on this run), and the function's ``ctx`` built from positional arguments.
+        An item whose outcome is not handed over yet counts as in progress for the loop's
+        watch, which gives up on an item only once its timeout has passed since it started:
+        such an item is answered ``timed out``, as a late return is."""
+        job, binding = self.job, self.job.binding
+        decode, call = job.decode, job.function.call
+        name, tenant, timeout = binding.name, binding.tenant, binding.timeout_s
+        monotonic, lock, results = time.monotonic, self._lock, self.results
+        wall_offset = time.time() - monotonic()
+        outcome: Outcome | None = None
         for item in self.items:
             with lock:
                 if self.abandoned:
                     return
-                self.started = started = time.monotonic()
-            outcome = run_sync_item(self.job, item, started, wall_offset)
-            with lock:
-                if self.abandoned:
-                    return
-                self.results.append(outcome)
+                if outcome is not None:
+                    results.append(outcome)
+                self.started = started = monotonic()
+            item_id = item["id"]
+            try:
+                payload = decode(item["payload"])
+            except DecodeError as exc:
+                outcome = outcomes.undecodable(item_id, str(exc))
+                continue
+            headers = item["headers"]
+            ctx = Context(name, item["key"],
+                          tuple((h["name"], h["value"]) for h in headers) if headers else (),
+                          item["source_ref"], item["attempt"], item["record_time_ms"] / 1000.0,
+                          started + wall_offset + timeout, tenant)
+            try:
+                call(payload, ctx)
+            except BaseException as exc:  # a function may raise anything, even SystemExit
+                outcome = outcomes.of_exception(item_id, exc)
+            else:
+                outcome = ok(item_id)
+            if monotonic() - started > timeout:
+                outcome = outcomes.timed_out(item_id, timeout)
+        with lock:
+            if not self.abandoned and outcome is not None:
+                results.append(outcome)
 
     def wait_s(self) -> float:
         """Seconds until the item in progress is overdue (a full timeout before any)."""
