@@ -23,6 +23,8 @@ class Results:
     rows: dict[str, Row] = field(default_factory=dict)
     latency: Latency | None = None
     raw_latency: Latency | None = None  # the raw loop at the same rate: the reference
+    #: the same run with the binding ``--idempotent``: what the run-once guard adds
+    idempotent_latency: Latency | None = None
     memory: dict[int, Row] = field(default_factory=dict)
     limiter_used: bool | None = None
     profiles: dict[str, Profile] = field(default_factory=dict)
@@ -53,9 +55,10 @@ class Results:
         a, b = self.rate(key), self.rate(over)
         return a / b if a is not None and b is not None else None
 
-    def p99(self, raw: bool = False) -> float | None:
-        """p99 record-to-start (ms); with ``raw``, the raw loop's record-to-receive."""
-        lat = self.raw_latency if raw else self.latency
+    def p99(self, raw: bool = False, idempotent: bool = False) -> float | None:
+        """p99 record-to-start (ms); with ``raw``, the raw loop's record-to-receive; with
+        ``idempotent``, of the binding bound ``--idempotent``."""
+        lat = self.raw_latency if raw else self.idempotent_latency if idempotent else self.latency
         if lat is None or not lat.samples:
             return None
         return lat.percentile(99)
@@ -77,6 +80,7 @@ class Results:
             "ratio_vs_dramatiq": self.ratio("asynctier", "dramatiq"),
             "p99_ms": self.p99(),
             "raw_p99_ms": self.p99(raw=True),
+            "p99_ms_idempotent": self.p99(idempotent=True),
             "flood_ratio": self.ratio("flood", "asynctier"),
             "flood_ratio_idempotent": self.ratio("flood_idempotent", "idempotent"),
             "run_once_cost": self.ratio("asynctier", "idempotent"),
@@ -112,7 +116,8 @@ def final_line(results: Results) -> str:
     for key, value in results.headline().items():
         if value is None:
             parts.append(f"{key}=nan")
-        elif key in ("p99_ms", "raw_p99_ms", "ratio_vs_celery", "ratio_vs_dramatiq"):
+        elif key in ("p99_ms", "raw_p99_ms", "p99_ms_idempotent", "ratio_vs_celery",
+                     "ratio_vs_dramatiq"):
             parts.append(f"{key}={value:.1f}")
         else:
             parts.append(f"{key}={value:.2f}")
@@ -216,18 +221,23 @@ def _targets_table(results: Results) -> list[str]:
     return lines
 
 
-def _latency_lines(lat: Latency, raw: Latency | None) -> list[str]:
+def _latency_lines(lat: Latency, raw: Latency | None,
+                   idempotent: Latency | None = None) -> list[str]:
     got = len(lat.samples)
     runs = [("asynctier (record-to-start)", lat)]
     if raw is not None and raw.samples:
         runs.insert(0, ("raw confluent-kafka loop (record-to-receive), the reference", raw))
+    if idempotent is not None and idempotent.samples:
+        runs.append(("asynctier, bound --idempotent (no run-once guard)", idempotent))
     return [
         f"Open-loop producer at {lat.rate:,.0f} records/s for {lat.seconds:g} s "
         f"({lat.produced:,} records; {got:,} latency samples came back). The reference "
         "row is the same producer, at the same rate, read by the raw loop (a batch fills "
-        "for at most 5 ms) in a run of its own just before. \"producer late\" is the "
-        "record's timestamp minus its due time: how far the producer itself fell behind "
-        "on the shared cores, already part of the latency.",
+        "for at most 5 ms) in a run of its own just before. The --idempotent row is the "
+        "same run again with the binding bound `--idempotent`: no Redis round trip before a "
+        "batch runs nor after, which is what the run-once guard costs in latency. "
+        "\"producer late\" is the record's timestamp minus its due time: how far the "
+        "producer itself fell behind on the shared cores, already part of the latency.",
         "",
         "| reader | p50 | p90 | p99 | p99.9 | max | producer late, p99 |",
         "|---|--:|--:|--:|--:|--:|--:|",
@@ -292,7 +302,10 @@ How it is measured:
   hiding it), with librdkafka's default producer settings (`linger.ms` 5). The function
   records `time.time() - t0` when it starts. Just before, the raw loop reads the same
   kind of open-loop run (its own topic) and records `time.time() - t0` on receipt: what
-  the client and broker alone give at that rate on this machine.
+  the client and broker alone give at that rate on this machine. Just after, the same run
+  with the binding bound `--idempotent`: the run-once guard's share of the latency (its
+  Redis round trip before a batch runs, and the Redis and scheduler CPU it takes on the
+  shared cores).
 - **retry flood**: the same topic bound to a function that always raises; the main topic
   drains into the 30 s delay topic. Measured like the success run.
 - **run-once guard**: the no-op and the flood are bound as a user binds by default (not
@@ -330,7 +343,8 @@ def render(results: Results) -> str:
     out += _rounds_table(results)
     if results.latency is not None:
         out += ["## Latency (record-to-start)", "",
-                *_latency_lines(results.latency, results.raw_latency), ""]
+                *_latency_lines(results.latency, results.raw_latency,
+                                results.idempotent_latency), ""]
     if results.memory:
         out += ["## Memory", "", *_memory_lines(results), ""]
     for function, profile in results.profiles.items():

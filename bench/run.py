@@ -192,7 +192,11 @@ class Runner:
         self.results.raw_latency = raw
         lat = scenarios.latency(self.svc, self.folder, top / 2, self.args.latency_seconds)
         self.results.latency = lat
-        for name, run in (("raw loop", raw), ("asynctier", lat)):
+        bare = scenarios.latency(self.svc, self.folder, top / 2, self.args.latency_seconds,
+                                 idempotent=True)
+        self.results.idempotent_latency = bare
+        for name, run in (("raw loop", raw), ("asynctier", lat),
+                          ("asynctier --idempotent", bare)):
             print(f"   {name} at {run.rate:,.0f}/s: p50 {run.percentile(50):.1f} ms, "
                   f"p99 {run.percentile(99):.1f} ms ({len(run.samples):,} samples)",
                   flush=True)

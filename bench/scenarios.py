@@ -245,14 +245,16 @@ def asynctier_memory(services: Services, folder: Path, n: int) -> Row:
     return _row(f"asynctier, backlog {n:,}", services, drain)
 
 
-def latency(services: Services, folder: Path, rate: float, seconds: float) -> Latency:
-    """Open-loop producer at ``rate``; record-to-start measured inside the function."""
+def latency(services: Services, folder: Path, rate: float, seconds: float,
+            idempotent: bool = False) -> Latency:
+    """Open-loop producer at ``rate``; record-to-start measured inside the function; the
+    binding as is (the run-once guard on), or ``--idempotent``."""
     topic = f"bench-latency-{uuid.uuid4().hex[:6]}"
     create_topic(services.kafka_bootstrap, topic)
     samples_file = folder / f"latency-{uuid.uuid4().hex[:6]}.txt"
     with platform(services, folder, "latency",
                   {"BENCH_LATENCY_FILE": str(samples_file)}) as run:
-        run.bind("timed", topic, "timed")
+        run.bind("timed", topic, "timed", *(("--idempotent",) if idempotent else ()))
         warm = 500
         producer = warm_producer(services.kafka_bootstrap, topic, warm)
         drain_asynctier(services, run, topic, warm, "timed")
