@@ -76,6 +76,16 @@ MINE: Final = "4"
 SPANS_KEPT: Final = 4
 #: Offsets per done-bitmap: at most 1 KiB each, however sparse the offsets that succeed.
 BLOCK: Final = 8192
+#: A field of every run-once hash (a line break: no reference is one, since references
+#: travel one per line, escaped when they hold one) whose value, longer than Redis'
+#: ``hash-max-listpack-value`` (64 by default), makes Redis keep the hash as a hash table
+#: from its first write. Left to itself Redis keeps a hash of up to
+#: ``hash-max-listpack-entries`` (512) fields as a flat list searched from the start, and a
+#: scheduler's claims are a few hundred records: each HMGET, HSET or HDEL of a batch then
+#: walked the list (claim and finish of batches of 300 cost Redis 4.4-4.8 us per record
+#: that way, 2.4-3.0 as a table; ``python -m bench.once_cost --batch 300``).
+HT_FIELD: Final = "\n"
+HT_PAD: Final = 512
 
 # Both scripts: split a newline-joined argument, and the time now (ms) from Redis TIME.
 _PRELUDE = """
@@ -120,13 +130,22 @@ local function newest(prefix, cur, refs)
 end
 """
 
-_WRITE = """
+_WRITE = f"""
+-- A hash written here is a hash table from the start (see HT_FIELD); one left holding that
+-- field alone is deleted (an older version's hash has no such field: its last field stays).
 local function write(key, pairs, ttl)
   if #pairs == 0 then return end
+  redis.call('HSET', key, '\\n', string.rep('-', {HT_PAD}))
   for s = 1, #pairs, 2000 do
     redis.call('HSET', key, unpack(pairs, s, math.min(s + 1999, #pairs)))
   end
   redis.call('PEXPIRE', key, ttl)
+end
+
+local function drop_if_bare(key)
+  if redis.call('HLEN', key) == 1 and redis.call('HEXISTS', key, '\\n') == 1 then
+    redis.call('DEL', key)
+  end
 end
 """
 
@@ -334,8 +353,12 @@ for _, ref in ipairs(placed) do
 end
 if #gone > 0 then
   for b = cur, cur - {SPANS_KEPT - 1}, -1 do
-    for s = 1, redis.call('EXISTS', prefix .. b) == 1 and #gone or 0, 1000 do
-      redis.call('HDEL', prefix .. b, unpack(gone, s, math.min(s + 999, #gone)))
+    local key = prefix .. b
+    if redis.call('EXISTS', key) == 1 then
+      for s = 1, #gone, 1000 do
+        redis.call('HDEL', key, unpack(gone, s, math.min(s + 999, #gone)))
+      end
+      drop_if_bare(key)
     end
   end
 end
