@@ -21,10 +21,11 @@ with every claim and renewed by a heartbeat while it holds claims, it expires
 ``holder_ttl_s`` after the scheduler dies. What this cannot prevent is a function that
 succeeded in a scheduler killed before :data:`FINISH` ran: that record runs again (at
 least once wins over at most once). The cost is one round trip per batch and one per write,
-4 to 6 µs of Redis CPU per record (claimed, run and written down), and about a byte of
-Redis memory per success for ``done_ttl_s`` to ``4/3 done_ttl_s`` (``python -m
-bench.once_cost``: 1.0 byte of ``used_memory`` per success; a hash field per success, as
-before the bitmaps, cost 83 bytes, and 1.7 µs less CPU): a binding whose function is
+about 3 µs of Redis CPU per record (claimed, run and written down; ``python -m
+bench.once_cost --batch 300``: 3.0-3.6, against 6.7-7.9 before the claims hash was kept as
+a hash table, see :data:`HT_FIELD`), and under a byte of Redis memory per success for
+``done_ttl_s`` to ``4/3 done_ttl_s`` (0.3 bytes of ``used_memory`` per success; a hash
+field per success, as before the bitmaps, cost 83 bytes): a binding whose function is
 idempotent should say so (``asynctier bind --idempotent``) and skip all of it.
 """
 
@@ -82,8 +83,8 @@ BLOCK: Final = 8192
 #: from its first write. Left to itself Redis keeps a hash of up to
 #: ``hash-max-listpack-entries`` (512) fields as a flat list searched from the start, and a
 #: scheduler's claims are a few hundred records: each HMGET, HSET or HDEL of a batch then
-#: walked the list (claim and finish of batches of 300 cost Redis 4.4-4.8 us per record
-#: that way, 2.4-3.0 as a table; ``python -m bench.once_cost --batch 300``).
+#: walked the list (``python -m bench.once_cost --batch 300``: 6.7-7.9 us of Redis CPU
+#: per record that way, 3.0-3.6 as a table).
 HT_FIELD: Final = "\n"
 HT_PAD: Final = 512
 
