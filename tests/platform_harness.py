@@ -110,10 +110,10 @@ class Platform:
             time.sleep(0.1)
         raise AssertionError(f"{name} did not listen on {port}:\n{self.log(name)}")
 
-    def log(self, name: str) -> str:
+    def log(self, name: str, chars: int = 4000) -> str:
         """The tail of a process's log."""
         path = self.folder / f"{name}.log"
-        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
     def signal(self, name: str, sig: int) -> None:
         """Send ``sig`` to a process."""
@@ -132,10 +132,25 @@ class Platform:
             try:
                 proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
+                self._dump_stacks(name)
                 proc.kill()
                 proc.wait()
-                raise AssertionError(f"{name} did not stop on SIGTERM:\n{self.log(name)}") from None
+                raise AssertionError(f"{name} did not stop on SIGTERM (its threads' stacks "
+                                     f"at the end):\n{self.log(name, 16000)}") from None
         return proc.returncode
+
+    def _dump_stacks(self, name: str, timeout_s: float = 5.0) -> None:
+        """Ask a stuck ``asynctier run`` process for every thread's stack (SIGUSR1, written
+        to its log) and wait until the log has it, so the failure says where it hung."""
+        path = self.folder / f"{name}.log"
+        before = path.stat().st_size if path.exists() else 0
+        self.procs[name].send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if path.exists() and path.stat().st_size > before and \
+                    "most recent call first" in path.read_text(errors="replace")[before:]:
+                return
+            time.sleep(0.1)
 
     def alive(self, name: str) -> bool:
         """True while the process runs."""

@@ -10,6 +10,7 @@ uses P, the tailers P+1 and the delay tailers P+2; a single component uses P.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -35,7 +36,11 @@ COMPONENTS = ("scheduler", "tailers", "delay")
 
 
 def stop_on_signals(stop: threading.Event) -> None:
-    """Set ``stop`` on SIGTERM or SIGINT (a second one exits at once)."""
+    """Set ``stop`` on SIGTERM or SIGINT (a second one exits at once); on SIGUSR1, print
+    every thread's stack to stderr (``kill -USR1 <pid>``: where a process that does not
+    stop is stuck; written from the signal handler itself, so it works even while a thread
+    holds the interpreter in C code)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     def handler(signum: int, frame: FrameType | None) -> None:
         if stop.is_set():
             log.warning("second %s: exiting now", signal.Signals(signum).name)
