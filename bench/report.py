@@ -55,10 +55,9 @@ class Results:
         a, b = self.rate(key), self.rate(over)
         return a / b if a is not None and b is not None else None
 
-    def p99(self, raw: bool = False, idempotent: bool = False) -> float | None:
-        """p99 record-to-start (ms); with ``raw``, the raw loop's record-to-receive; with
-        ``idempotent``, of the binding bound ``--idempotent``."""
-        lat = self.raw_latency if raw else self.idempotent_latency if idempotent else self.latency
+    @staticmethod
+    def p99(lat: Latency | None) -> float | None:
+        """The p99 (ms) of a latency run, None when it did not run or came back empty."""
         if lat is None or not lat.samples:
             return None
         return lat.percentile(99)
@@ -78,9 +77,9 @@ class Results:
             "ratio_vs_raw": self.ratio("asynctier", "raw"),
             "ratio_vs_celery": self.ratio("asynctier", "celery"),
             "ratio_vs_dramatiq": self.ratio("asynctier", "dramatiq"),
-            "p99_ms": self.p99(),
-            "raw_p99_ms": self.p99(raw=True),
-            "p99_ms_idempotent": self.p99(idempotent=True),
+            "p99_ms": self.p99(self.latency),
+            "raw_p99_ms": self.p99(self.raw_latency),
+            "p99_ms_idempotent": self.p99(self.idempotent_latency),
             "flood_ratio": self.ratio("flood", "asynctier"),
             "flood_ratio_idempotent": self.ratio("flood_idempotent", "idempotent"),
             "run_once_cost": self.ratio("asynctier", "idempotent"),

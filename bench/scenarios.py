@@ -183,12 +183,17 @@ def _row(name: str, services: Services, drain: Drain, note: str = "") -> Row:
 IDEMPOTENT_NOTE = "bound --idempotent: no run-once guard"
 
 
+def _idempotent(idempotent: bool) -> tuple[str, ...]:
+    """The ``asynctier bind`` arguments of a binding bound as is or ``--idempotent``."""
+    return ("--idempotent",) if idempotent else ()
+
+
 def asynctier_noop(services: Services, folder: Path, topic: str, n: int,
                    idempotent: bool = False) -> Row:
     """The default ``asynctier run`` on the no-op function, drained until lag 0; bound as
     is (the run-once guard on), or ``--idempotent``."""
     with platform(services, folder, "noop") as run:
-        run.bind("noop", topic, "noop", *(("--idempotent",) if idempotent else ()))
+        run.bind("noop", topic, "noop", *_idempotent(idempotent))
         drain = drain_asynctier(services, run, topic, n, "noop")
     if idempotent:
         return _row("asynctier, no-op bound --idempotent", services, drain, IDEMPOTENT_NOTE)
@@ -222,7 +227,7 @@ def asynctier_flood(services: Services, folder: Path, topic: str, n: int,
                     idempotent: bool = False) -> Row:
     """Every call fails: the main topic's drain while everything goes to the delay topic."""
     with platform(services, folder, "flood") as run:
-        run.bind("fail", topic, "fail", *(("--idempotent",) if idempotent else ()))
+        run.bind("fail", topic, "fail", *_idempotent(idempotent))
         drain = drain_asynctier(services, run, topic, n, "fail")
         delay_topic = f"{run.prefix}.delay.30s"
         progress = GroupProgress(services.kafka_bootstrap, "bench-peek", delay_topic)
@@ -254,7 +259,7 @@ def latency(services: Services, folder: Path, rate: float, seconds: float,
     samples_file = folder / f"latency-{uuid.uuid4().hex[:6]}.txt"
     with platform(services, folder, "latency",
                   {"BENCH_LATENCY_FILE": str(samples_file)}) as run:
-        run.bind("timed", topic, "timed", *(("--idempotent",) if idempotent else ()))
+        run.bind("timed", topic, "timed", *_idempotent(idempotent))
         warm = 500
         producer = warm_producer(services.kafka_bootstrap, topic, warm)
         drain_asynctier(services, run, topic, warm, "timed")

@@ -61,11 +61,6 @@ MAX_MESSAGE = 64 * 1024 * 1024
 #: :data:`MAX_MESSAGE` (which a call over it would fail at every try). Only a single record
 #: larger than that travels alone.
 MAX_CALL_BYTES = 16 * 1024 * 1024
-
-
-def header_bytes(headers: Iterable[tuple[str, bytes | None]]) -> int:
-    """What a record's headers add to a submit call, near enough."""
-    return sum(len(name) + (len(data) if data else 0) for name, data in headers)
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE),
     ("grpc.max_receive_message_length", MAX_MESSAGE),
@@ -76,6 +71,12 @@ CHANNEL_OPTIONS = [
 ]
 
 SubmitFn = Callable[[bytes, Any], Awaitable[bytes]]
+
+
+def header_bytes(headers: Iterable[tuple[str, bytes | None]]) -> int:
+    """What a record's headers add to a submit call, near enough."""
+    return sum(len(name) + (len(data) if data else 0) for name, data in headers)
+
 
 #: Scheduler deaths mid-call after which a batch is split into single items, and after
 #: which a single item is blamed (a failed attempt).

@@ -51,18 +51,12 @@ class Job:
 
 
 def context_of(binding: Binding, item: Item, deadline: float) -> Context:
-    """The ``ctx`` of one item."""
+    """The ``ctx`` of one item (positional arguments: built once per item, hot path)."""
     headers = item["headers"]
-    return Context(
-        binding=binding.name,
-        key=item["key"],
-        headers=tuple((h["name"], h["value"]) for h in headers) if headers else (),
-        source=item["source_ref"],
-        attempt=item["attempt"],
-        record_time=item["record_time_ms"] / 1000.0,
-        deadline=deadline,
-        tenant=binding.tenant,
-    )
+    return Context(binding.name, item["key"],
+                   tuple((h["name"], h["value"]) for h in headers) if headers else (),
+                   item["source_ref"], item["attempt"], item["record_time_ms"] / 1000.0,
+                   deadline, binding.tenant)
 
 
 class SyncRun:
@@ -79,15 +73,15 @@ class SyncRun:
     def __call__(self) -> None:
         """Run in a worker thread.
 
-        The hot loop of every sync function, so per item: one lock (it hands the previous
+        The hot loop of every sync function, so per item one lock: it hands the previous
         item's outcome over and starts the clock of the next, or stops when the loop has
-        given up on this run), and the function's ``ctx`` built from positional arguments.
-        An item whose outcome is not handed over yet counts as in progress for the loop's
-        watch, which gives up on an item only once its timeout has passed since it started:
-        such an item is answered ``timed out``, as a late return is."""
+        given up on this run. An item whose outcome is not handed over yet counts as in
+        progress for the loop's watch, which gives up on an item only once its timeout has
+        passed since it started: such an item is answered ``timed out``, as a late return
+        is."""
         job, binding = self.job, self.job.binding
         decode, call = job.decode, job.function.call
-        name, tenant, timeout = binding.name, binding.tenant, binding.timeout_s
+        timeout = binding.timeout_s
         monotonic, lock, results = time.monotonic, self._lock, self.results
         wall_offset = time.time() - monotonic()
         outcome: Outcome | None = None
@@ -104,13 +98,8 @@ class SyncRun:
             except DecodeError as exc:
                 outcome = outcomes.undecodable(item_id, str(exc))
                 continue
-            headers = item["headers"]
-            ctx = Context(name, item["key"],
-                          tuple((h["name"], h["value"]) for h in headers) if headers else (),
-                          item["source_ref"], item["attempt"], item["record_time_ms"] / 1000.0,
-                          started + wall_offset + timeout, tenant)
             try:
-                call(payload, ctx)
+                call(payload, context_of(binding, item, started + wall_offset + timeout))
             except BaseException as exc:  # a function may raise anything, even SystemExit
                 outcome = outcomes.of_exception(item_id, exc)
             else:
