@@ -52,7 +52,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--records", type=int, help="records in the main topic [200000; quick 20000]")
     p.add_argument("--peer-records", type=int,
                    help="tasks each peer drains [20000; quick 2000]")
-    p.add_argument("--latency-seconds", type=float, help="open-loop run length [30; quick 5]")
+    p.add_argument("--latency-seconds", type=float, help="open-loop run length [15; quick 5]")
+    p.add_argument("--latency-rounds", type=int, default=None,
+                   help="rounds of the three latency runs (raw loop, asynctier, asynctier "
+                        "--idempotent), every other one in reverse order; each p99 is the "
+                        "median over the rounds [3; quick 1]")
     p.add_argument("--backlogs", help="memory backlogs, comma separated "
                                       "[10000,500000; quick 5000,50000]")
     p.add_argument("--limit-rate", type=float, default=1_000_000,
@@ -77,7 +81,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.rounds = max(1, args.rounds or (1 if quick else 7))
     if args.warmup_rounds is None:
         args.warmup_rounds = 0 if quick else 1
-    args.latency_seconds = args.latency_seconds or (5.0 if quick else 30.0)
+    args.latency_seconds = args.latency_seconds or (5.0 if quick else 15.0)
+    args.latency_rounds = max(1, args.latency_rounds or (1 if quick else 3))
     backlogs = args.backlogs or ("5000,50000" if quick else "10000,500000")
     args.backlogs = [int(x) for x in backlogs.split(",") if x.strip()]
     args.only = set(args.only.split(",")) if args.only else set(SCENARIOS)
@@ -188,18 +193,25 @@ class Runner:
         top = self.results.rate("asynctier")
         if top is None:
             raise RuntimeError("no asynctier throughput to take half of")
-        raw = scenarios.raw_latency(self.svc, self.folder, top / 2, self.args.latency_seconds)
-        self.results.raw_latency = raw
-        lat = scenarios.latency(self.svc, self.folder, top / 2, self.args.latency_seconds)
-        self.results.latency = lat
-        bare = scenarios.latency(self.svc, self.folder, top / 2, self.args.latency_seconds,
-                                 idempotent=True)
-        self.results.idempotent_latency = bare
-        for name, run in (("raw loop", raw), ("asynctier", lat),
-                          ("asynctier --idempotent", bare)):
-            print(f"   {name} at {run.rate:,.0f}/s: p50 {run.percentile(50):.1f} ms, "
-                  f"p99 {run.percentile(99):.1f} ms ({len(run.samples):,} samples)",
-                  flush=True)
+        s, f, seconds = self.svc, self.folder, self.args.latency_seconds
+        steps: list[tuple[str, Callable[[], scenarios.Latency]]] = [
+            ("raw", lambda: scenarios.raw_latency(s, f, top / 2, seconds)),
+            ("guard", lambda: scenarios.latency(s, f, top / 2, seconds)),
+            ("idempotent", lambda: scenarios.latency(s, f, top / 2, seconds,
+                                                     idempotent=True))]
+        names = {"raw": "raw loop", "guard": "asynctier", "idempotent": "asynctier --idempotent"}
+        rounds = self.args.latency_rounds
+        for round_ in range(rounds):
+            if rounds > 1:
+                print(f"-- latency round {round_ + 1} of {rounds}", flush=True)
+            measured: dict[str, scenarios.Latency] = {}
+            self.results.latency_rounds.append(measured)
+            for key, fn in steps if round_ % 2 == 0 else reversed(steps):
+                run = measured[key] = fn()
+                print(f"   {names[key]} at {run.rate:,.0f}/s: p50 {run.percentile(50):.1f} "
+                      f"ms, p99 {run.percentile(99):.1f} ms ({len(run.samples):,} samples)",
+                      flush=True)
+        self.results.keep_median_latency()
 
     def _memory(self) -> None:
         for n in self.args.backlogs:
