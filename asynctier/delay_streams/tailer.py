@@ -75,10 +75,14 @@ def _now_ms() -> int:
 
 
 def _header(msg: Any, name: str) -> bytes | None:
+    """The value of header ``name``; the last one when a producer wrote it more than once,
+    as :func:`parcel_from_message` reads it (the release time and the record handed on
+    must follow the same header)."""
+    found = None
     for key, value in msg.headers() or ():
         if key == name:
-            return value  # type: ignore[no-any-return]
-    return None
+            found = value
+    return found
 
 
 def _due_ms(msg: Any) -> int:
