@@ -19,6 +19,10 @@ from asynctier.platform.errors import BindingError, ModuleNotAllowed
 from asynctier.platform.kafka import admin, ensure_topics, topic_partitions
 from asynctier.platform.registry import BindingRegistry
 
+#: How long ``bind`` looks again for a topic it does not find: one created by another tool
+#: (``kafka-topics.sh --create``) a moment before shows in the metadata a moment after.
+TOPIC_WAIT_S = 3.0
+
 
 def _ladder(text: str | None) -> tuple[float, ...] | None:
     if text is None:
@@ -91,7 +95,7 @@ def bind(ctx: click.Context, name: str, topic: str, function: str, tenant: str, 
     except ModuleNotAllowed as exc:
         raise BindingError(f"function: {exc}") from exc
     client = admin(settings)
-    if topic_partitions(client, topic) is None:
+    if topic_partitions(client, topic, wait_s=TOPIC_WAIT_S) is None:
         if create_topic is None:
             raise BindingError(f"topic: {topic!r} does not exist; create it first or pass "
                                "--create-topic N")

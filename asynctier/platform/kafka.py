@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -88,18 +89,51 @@ def admin(settings: Settings) -> AdminClient:
     return AdminClient(client_config(settings))
 
 
-def topic_partitions(client: AdminClient, topic: str, timeout_s: float = 10.0) -> int | None:
-    """How many partitions ``topic`` has, or None when it does not exist."""
-    md = client.list_topics(topic=topic, timeout=timeout_s)
-    meta = md.topics.get(topic)
-    if meta is None or meta.error is not None:
-        return None
-    return len(meta.partitions)
+#: How long a topic just created may take to show in the metadata a broker serves: the
+#: controller has it when CreateTopics answers, and the brokers learn it a moment later
+#: (0.1-0.5 s on the dev stack under load; every probe right after the answer found it
+#: unknown).
+VISIBLE_S = 10.0
+
+
+def topic_partitions(client: AdminClient, topic: str, timeout_s: float = 10.0,
+                     wait_s: float = 0.0) -> int | None:
+    """How many partitions ``topic`` has, or None when it does not exist (looked up again
+    for up to ``wait_s``: a topic that another tool has just created shows a moment
+    later)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        md = client.list_topics(topic=topic, timeout=timeout_s)
+        meta = md.topics.get(topic)
+        if meta is not None and meta.error is None:
+            return len(meta.partitions)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+def _wait_visible(client: AdminClient, topics: list[str], timeout_s: float) -> None:
+    """Return once every topic of ``topics`` shows in the metadata, or after ``timeout_s``
+    (then with a warning: the topics exist, and their users wait for them)."""
+    deadline = time.monotonic() + timeout_s
+    missing = set(topics)
+    while missing:
+        listed = client.list_topics(timeout=timeout_s).topics
+        missing = {t for t in missing if t not in listed or listed[t].error is not None}
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            log.warning("created topic(s) %s do not show in the cluster's metadata after "
+                        "%gs; whatever uses them waits until they do", ", ".join(sorted(missing)),
+                        timeout_s)
+            return
+        time.sleep(0.05)
 
 
 def ensure_topics(client: AdminClient, topics: Mapping[str, tuple[int, Mapping[str, str]]],
                   timeout_s: float = 30.0) -> list[str]:
-    """Create each missing topic (name -> (partitions, configs)); return the ones created.
+    """Create each missing topic (name -> (partitions, configs)); return the ones created,
+    once the cluster's metadata shows them (see :data:`VISIBLE_S`).
 
     A topic that already exists is left as it is.
     """
@@ -116,6 +150,7 @@ def ensure_topics(client: AdminClient, topics: Mapping[str, tuple[int, Mapping[s
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise AsynctierError(f"could not create topic {name}: {exc.args[0].str()}") from exc
+    _wait_visible(client, [t.topic for t in wanted], VISIBLE_S)
     return created
 
 
