@@ -44,7 +44,13 @@ from asynctier.platform.binding import Binding, is_binding_name
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import format_duration
 from asynctier.platform.errors import AsynctierError, HandoffError, SchedulerUnavailable
-from asynctier.platform.kafka import admin, close_consumer, ensure_topics, tailer_consumer_config
+from asynctier.platform.kafka import (
+    admin,
+    close_consumer,
+    ensure_topics,
+    tailer_consumer_config,
+    take_over,
+)
 from asynctier.platform.registry import RegistryFollower
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.scheduler.membership import SchedulerDirectory
@@ -308,12 +314,13 @@ class DelayTailer:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if self._stale(consumer):
+            take_over(consumer, partitions, assign=True)
             return
         parts = [tp.partition for tp in partitions]
         self.pauses.forget(parts)
         self._owned.update(parts)
+        take_over(consumer, partitions, assign=True)
         if partitions:
-            consumer.incremental_assign(partitions)  # cooperative-sticky, always
             try:  # a partition paused before a revoke must not come back paused
                 consumer.resume(partitions)
             except KafkaException as exc:
@@ -324,18 +331,22 @@ class DelayTailer:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if self._stale(consumer):
+            take_over(consumer, partitions, assign=False)
             return
         parts = [tp.partition for tp in partitions]
         self.pauses.forget(parts)
         self._owned.difference_update(parts)
+        take_over(consumer, partitions, assign=False)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if self._stale(consumer):
+            take_over(consumer, partitions, assign=False)
             return
         parts = [tp.partition for tp in partitions]
         log.warning("delay %s: lost partitions %s", self.interval, parts)
         self.pauses.forget(parts)
         self._owned.difference_update(parts)
+        take_over(consumer, partitions, assign=False)
 
 
 # -- the service: one tailer per interval, following the bindings -------------------------

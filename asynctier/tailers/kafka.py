@@ -34,7 +34,7 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import HandoffError, SchedulerUnavailable
 from asynctier.platform.faults import FaultHook
-from asynctier.platform.kafka import close_consumer, tailer_consumer_config
+from asynctier.platform.kafka import close_consumer, tailer_consumer_config, take_over
 from asynctier.platform.rpc import MAX_CALL_BYTES, PendingCall, SchedulerClient, header_bytes
 from asynctier.platform.wire import Outcome
 from asynctier.tailers.options import TailerOptions
@@ -437,6 +437,7 @@ class KafkaTailer:
             self._owned.add((tp.topic, tp.partition))
         log.info("binding %s: assigned %s", self.binding.name,
                  ", ".join(f"{tp.topic}/{tp.partition}" for tp in partitions) or "nothing")
+        take_over(consumer, partitions, assign=True)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if partitions:
@@ -454,6 +455,7 @@ class KafkaTailer:
         finally:
             self._in_revoke = False
             self._owned -= gone
+            take_over(consumer, partitions, assign=False)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.warning("binding %s: lost %s; their batches under way will not be committed",
@@ -464,3 +466,4 @@ class KafkaTailer:
         for tp in gone:
             self._committed.pop(tp, None)
         self._next = [m for m in self._next if (m.topic(), m.partition()) not in gone]
+        take_over(consumer, partitions, assign=False)
