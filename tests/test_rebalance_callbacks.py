@@ -1,4 +1,6 @@
-"""Every rebalance callback of the tailers does its own incremental (un)assign.
+"""Every rebalance callback of the tailers does its own incremental (un)assign, and a
+stopping tailer gives its partitions back (unsubscribe, then poll for the revoke) before
+``close()``.
 
 A callback that leaves it to confluent-kafka lets the library ask librdkafka for the
 rebalance protocol first, holding the GIL; in the revoke that ``close()`` serves that
@@ -17,6 +19,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from asynctier.delay_streams.tailer import DelayTailer
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
+from asynctier.platform.kafka import leave_group
 from asynctier.tailers.kafka import KafkaTailer
 
 SETTINGS = Settings(kafka={"bootstrap.servers": "127.0.0.1:9", "log_level": 0})
@@ -85,3 +88,45 @@ def test_a_refused_unassign_is_logged_and_the_callback_returns(
         tailer._on_revoke(consumer, _parts(topic, 5))
     assert consumer.calls == [("unassign", [5])]
     assert "incremental unassign of 1 partition(s) refused: refused here" in caplog.text
+
+
+class Leaving:
+    """A consumer whose revoke comes on the ``polls_to_revoke``-th poll after unsubscribe()."""
+
+    def __init__(self, owned: set[int], polls_to_revoke: int | None) -> None:
+        self.owned = owned
+        self.polls_to_revoke = polls_to_revoke
+        self.calls: list[str] = []
+
+    def unsubscribe(self) -> None:
+        self.calls.append("unsubscribe")
+
+    def poll(self, timeout: float) -> None:
+        assert self.calls and self.calls[0] == "unsubscribe", "polled before unsubscribe()"
+        self.calls.append("poll")
+        if self.polls_to_revoke is not None and self.calls.count("poll") >= self.polls_to_revoke:
+            self.owned.clear()  # what the tailer's revoke callback does
+
+
+def test_leaving_the_group_unsubscribes_and_polls_until_the_revoke_is_served() -> None:
+    owned = {0, 1}
+    consumer = Leaving(owned, polls_to_revoke=3)
+    leave_group(consumer, lambda: bool(owned), "test tailer")
+    assert consumer.calls == ["unsubscribe", "poll", "poll", "poll"]
+    assert not owned
+
+
+def test_leaving_gives_up_after_its_timeout_and_says_so(
+        caplog: pytest.LogCaptureFixture) -> None:
+    owned = {0}
+    consumer = Leaving(owned, polls_to_revoke=None)
+    with caplog.at_level(logging.WARNING):
+        leave_group(consumer, lambda: bool(owned), "test tailer", timeout_s=0.3)
+    assert consumer.calls[0] == "unsubscribe" and consumer.calls.count("poll") >= 1
+    assert "did not come within 0.3s" in caplog.text
+
+
+def test_a_consumer_that_owns_nothing_only_unsubscribes() -> None:
+    consumer = Leaving(set(), polls_to_revoke=1)
+    leave_group(consumer, lambda: False, "test tailer")
+    assert consumer.calls == ["unsubscribe"]

@@ -35,6 +35,13 @@ log = logging.getLogger("asynctier.run")
 COMPONENTS = ("scheduler", "tailers", "delay")
 
 
+#: How often a waiting main thread wakes up. A signal can land on another thread of the
+#: process (gRPC's, for one); Python then runs its handler in the main thread only at its
+#: next bytecode, which an untimed wait never reaches: a tailer process sat through
+#: SIGTERM, idle, for a minute.
+MAIN_WAKE_S = 0.5
+
+
 def stop_on_signals(stop: threading.Event) -> None:
     """Set ``stop`` on SIGTERM or SIGINT (a second one exits at once); on SIGUSR1, print
     every thread's stack to stderr (``kill -USR1 <pid>``: where a process that does not
@@ -77,7 +84,8 @@ def run_tailers(settings: Settings, stop: threading.Event, options: TailerOption
     lag = LagCollector(settings, lambda: manager.follower.bindings, interval_s=5.0)
     if export_lag:
         lag.start()
-    stop.wait()
+    while not stop.wait(MAIN_WAKE_S):
+        pass  # see MAIN_WAKE_S
     manager.stop()
     client.close()
     if export_lag:

@@ -48,6 +48,7 @@ from asynctier.platform.kafka import (
     admin,
     close_consumer,
     ensure_topics,
+    leave_group,
     tailer_consumer_config,
     take_over,
 )
@@ -159,7 +160,9 @@ class DelayTailer:
             while not stop.is_set():
                 self._step(consumer, stop)
         finally:
-            close_consumer(consumer.close, f"delay tailer {self.interval}")
+            what = f"delay tailer {self.interval}"
+            leave_group(consumer, lambda: bool(self._owned), what)
+            close_consumer(consumer.close, what)
             log.info("delay tailer %s stopped", self.interval)
 
     def _wait_for_topic(self, consumer: Consumer, stop: threading.Event) -> None:
@@ -443,7 +446,8 @@ def run_delay_tailers(settings: Settings, stop: threading.Event,
         log.info("delay tailers running for %s", ", ".join(service.tailers) or "no interval yet")
         if ready is not None:
             ready()
-        stop.wait()
+        while not stop.wait(0.5):
+            pass  # a signal handler runs in this thread only when it wakes (cli/run.py)
     finally:
         stop.set()
         service.join()

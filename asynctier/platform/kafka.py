@@ -84,16 +84,48 @@ def close_consumer(close: Callable[[], None], what: str,
     return False
 
 
+#: How long a stopping tailer polls for the revoke that its ``unsubscribe()`` asks for.
+LEAVE_S = 10.0
+
+
+def leave_group(consumer: Any, owns_any: Callable[[], bool], what: str,
+                timeout_s: float = LEAVE_S) -> None:
+    """Give every partition back before ``close()``: ``unsubscribe()``, then poll (which
+    serves the revoke, in the tailer's own callback, in this thread) until ``owns_any()``
+    is false or ``timeout_s`` has passed.
+
+    ``close()`` would serve that revoke itself, and a rebalance callback served inside
+    ``close()`` can wait forever in librdkafka (issue 4041: the rebalance protocol, or an
+    (un)assign, asked for while the group is shutting down) while confluent-kafka holds the
+    GIL: the whole process froze, the close watchdog included. After this the assignment
+    is empty, and ``close()`` only leaves the group. Records polled meanwhile are dropped:
+    they are not committed, and the partitions' next owner reads them."""
+    try:
+        consumer.unsubscribe()
+    except (KafkaException, RuntimeError) as exc:
+        log.warning("%s: unsubscribe failed (%s); closing the consumer as it is", what, exc)
+        return
+    deadline = time.monotonic() + timeout_s
+    while owns_any() and time.monotonic() < deadline:
+        try:
+            consumer.poll(0.1)
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("%s: poll while leaving the group failed (%s)", what, exc)
+            return
+    if owns_any():
+        log.warning("%s: the revoke asked for by unsubscribe() did not come within %gs; "
+                    "closing the consumer with partitions still assigned", what, timeout_s)
+
+
 def take_over(consumer: Any, partitions: list[Any], *, assign: bool) -> None:
     """End a rebalance callback the way confluent-kafka's own fallback would, but from here:
     ``incremental_assign`` or ``incremental_unassign`` of ``partitions`` (every tailer is
     incremental: cooperative-sticky, or KIP-848's protocol).
 
-    A callback that leaves the (un)assign to confluent-kafka lets it ask librdkafka for the
-    rebalance protocol first, holding the GIL, and that request can wait forever in the
-    revoke that ``close()`` serves (librdkafka issue 4041): the whole process froze, the
-    close watchdog included (the rolling-SIGTERM test hung in 1 of 25 runs with 4 batches
-    in flight, its stack dump in ``close()``). A refused call is logged: the fallback would
+    A callback that leaves the (un)assign to confluent-kafka makes it ask librdkafka for
+    the rebalance protocol first: one more request to the group's thread, made while
+    holding the GIL, and one that librdkafka may never answer while the group shuts down
+    (issue 4041; see :func:`leave_group`). A refused call is logged: the fallback would
     have made the same call (it is not made again: confluent-kafka counts the attempt)."""
     try:
         if assign:

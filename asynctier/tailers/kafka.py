@@ -34,7 +34,7 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import HandoffError, SchedulerUnavailable
 from asynctier.platform.faults import FaultHook
-from asynctier.platform.kafka import close_consumer, tailer_consumer_config, take_over
+from asynctier.platform.kafka import close_consumer, leave_group, tailer_consumer_config, take_over
 from asynctier.platform.rpc import MAX_CALL_BYTES, PendingCall, SchedulerClient, header_bytes
 from asynctier.platform.wire import Outcome
 from asynctier.tailers.options import TailerOptions
@@ -138,7 +138,9 @@ class KafkaTailer:
             log.warning("binding %s: stopping with a batch unresolved; its records will be "
                         "read again (not committed)", self.binding.name)
         finally:
-            close_consumer(self._close, f"tailer for binding {self.binding.name}")
+            what = f"tailer for binding {self.binding.name}"
+            leave_group(consumer, lambda: bool(self._owned), what)
+            close_consumer(self._close, what)
             metrics.set_in_flight(COMPONENT, self.binding.name, 0)
             log.info("tailer for binding %s stopped", self.binding.name)
 
