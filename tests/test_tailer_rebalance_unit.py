@@ -66,6 +66,9 @@ def _tailer(mode: str) -> tuple[KafkaTailer, Any, list[list[tuple[int, int]]]]:
     class Consumer:
         calls = 0
 
+        def incremental_unassign(self, partitions: Any) -> None:
+            pass
+
         def consume(self, n: int, wait: float) -> list[_Msg]:
             self.calls += 1
             if self.calls == 1:  # partition 0 goes away while consume() runs
@@ -182,6 +185,9 @@ def test_a_delay_tailer_releases_and_commits_only_partitions_it_still_owns() -> 
         def incremental_assign(self, partitions: Any) -> None:
             pass
 
+        def incremental_unassign(self, partitions: Any) -> None:
+            pass
+
         def resume(self, partitions: Any) -> None:
             pass
 
@@ -223,6 +229,9 @@ def test_a_late_callback_of_an_abandoned_consumer_leaves_the_new_session_alone()
 
     class Consumer:
         def incremental_assign(self, partitions: Any) -> None:
+            pass
+
+        def incremental_unassign(self, partitions: Any) -> None:
             pass
 
         def resume(self, partitions: Any) -> None:
