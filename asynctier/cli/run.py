@@ -10,16 +10,13 @@ uses P, the tailers P+1 and the delay tailers P+2; a single component uses P.
 
 from __future__ import annotations
 
-import faulthandler
 import logging
-import os
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from types import FrameType
 
 import click
 
@@ -28,36 +25,12 @@ from asynctier.platform import metrics
 from asynctier.platform.config import Settings
 from asynctier.platform.gcpolicy import quiet_gc
 from asynctier.platform.rpc import SchedulerClient
+from asynctier.platform.signals import stop_on_signals, wait_for_stop
 from asynctier.tailers.options import TailerOptions
 
 log = logging.getLogger("asynctier.run")
 
 COMPONENTS = ("scheduler", "tailers", "delay")
-
-
-#: How often a waiting main thread wakes up. A signal can land on another thread of the
-#: process (gRPC's, for one); Python then runs its handler in the main thread only at its
-#: next bytecode, which an untimed wait never reaches: a tailer process sat through
-#: SIGTERM, idle, for a minute.
-MAIN_WAKE_S = 0.5
-
-
-def stop_on_signals(stop: threading.Event) -> None:
-    """Set ``stop`` on SIGTERM or SIGINT (a second one exits at once); on SIGUSR1, print
-    every thread's stack to stderr (``kill -USR1 <pid>``: where a process that does not
-    stop is stuck; written from the signal handler itself, so it works even while a thread
-    holds the interpreter in C code)."""
-    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
-    def handler(signum: int, frame: FrameType | None) -> None:
-        if stop.is_set():
-            log.warning("second %s: exiting now", signal.Signals(signum).name)
-            os._exit(1)
-        log.info("%s received: finishing in-flight work, then exiting",
-                 signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
 
 
 def scheduler_addresses(settings: Settings) -> Callable[[], Sequence[str]]:
@@ -84,8 +57,7 @@ def run_tailers(settings: Settings, stop: threading.Event, options: TailerOption
     lag = LagCollector(settings, lambda: manager.follower.bindings, interval_s=5.0)
     if export_lag:
         lag.start()
-    while not stop.wait(MAIN_WAKE_S):
-        pass  # see MAIN_WAKE_S
+    wait_for_stop(stop)
     manager.stop()
     client.close()
     if export_lag:

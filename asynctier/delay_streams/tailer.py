@@ -55,6 +55,7 @@ from asynctier.platform.kafka import (
 from asynctier.platform.registry import RegistryFollower
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.scheduler.membership import SchedulerDirectory
+from asynctier.platform.signals import wait_for_stop
 
 log = logging.getLogger(__name__)
 
@@ -316,13 +317,12 @@ class DelayTailer:
         return self._consumer is not None and consumer is not self._consumer
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        take_over(consumer, partitions, assign=True)  # whatever the session (see take_over)
         if self._stale(consumer):
-            take_over(consumer, partitions, assign=True)
             return
         parts = [tp.partition for tp in partitions]
         self.pauses.forget(parts)
         self._owned.update(parts)
-        take_over(consumer, partitions, assign=True)
         if partitions:
             try:  # a partition paused before a revoke must not come back paused
                 consumer.resume(partitions)
@@ -333,23 +333,21 @@ class DelayTailer:
         self.assigned.set()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        take_over(consumer, partitions, assign=False)
         if self._stale(consumer):
-            take_over(consumer, partitions, assign=False)
             return
         parts = [tp.partition for tp in partitions]
         self.pauses.forget(parts)
         self._owned.difference_update(parts)
-        take_over(consumer, partitions, assign=False)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        take_over(consumer, partitions, assign=False)
         if self._stale(consumer):
-            take_over(consumer, partitions, assign=False)
             return
         parts = [tp.partition for tp in partitions]
         log.warning("delay %s: lost partitions %s", self.interval, parts)
         self.pauses.forget(parts)
         self._owned.difference_update(parts)
-        take_over(consumer, partitions, assign=False)
 
 
 # -- the service: one tailer per interval, following the bindings -------------------------
@@ -446,8 +444,7 @@ def run_delay_tailers(settings: Settings, stop: threading.Event,
         log.info("delay tailers running for %s", ", ".join(service.tailers) or "no interval yet")
         if ready is not None:
             ready()
-        while not stop.wait(0.5):
-            pass  # a signal handler runs in this thread only when it wakes (cli/run.py)
+        wait_for_stop(stop)  # not an untimed wait: see MAIN_WAKE_S
     finally:
         stop.set()
         service.join()

@@ -149,38 +149,37 @@ def admin(settings: Settings) -> AdminClient:
 VISIBLE_S = 10.0
 
 
+def _shown(client: AdminClient, topics: list[str], timeout_s: float,
+           wait_s: float) -> dict[str, Any]:
+    """The metadata of each of ``topics`` that the cluster shows, looked up again for up to
+    ``wait_s`` until every one of them does."""
+    deadline = time.monotonic() + wait_s
+    one = topics[0] if len(topics) == 1 else None
+    while True:
+        listed = client.list_topics(topic=one, timeout=timeout_s).topics
+        shown = {t: listed[t] for t in topics if t in listed and listed[t].error is None}
+        if len(shown) == len(topics) or time.monotonic() >= deadline:
+            return shown
+        time.sleep(0.05)
+
+
 def topic_partitions(client: AdminClient, topic: str, timeout_s: float = 10.0,
                      wait_s: float = 0.0) -> int | None:
     """How many partitions ``topic`` has, or None when it does not exist (looked up again
     for up to ``wait_s``: a topic that another tool has just created shows a moment
     later)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        md = client.list_topics(topic=topic, timeout=timeout_s)
-        meta = md.topics.get(topic)
-        if meta is not None and meta.error is None:
-            return len(meta.partitions)
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.05)
+    meta = _shown(client, [topic], timeout_s, wait_s).get(topic)
+    return None if meta is None else len(meta.partitions)
 
 
 def _wait_visible(client: AdminClient, topics: list[str], timeout_s: float) -> None:
     """Return once every topic of ``topics`` shows in the metadata, or after ``timeout_s``
     (then with a warning: the topics exist, and their users wait for them)."""
-    deadline = time.monotonic() + timeout_s
-    missing = set(topics)
-    while missing:
-        listed = client.list_topics(timeout=timeout_s).topics
-        missing = {t for t in missing if t not in listed or listed[t].error is not None}
-        if not missing:
-            return
-        if time.monotonic() >= deadline:
-            log.warning("created topic(s) %s do not show in the cluster's metadata after "
-                        "%gs; whatever uses them waits until they do", ", ".join(sorted(missing)),
-                        timeout_s)
-            return
-        time.sleep(0.05)
+    missing = set(topics) - set(_shown(client, topics, timeout_s, timeout_s))
+    if missing:
+        log.warning("created topic(s) %s do not show in the cluster's metadata after %gs; "
+                    "whatever uses them waits until they do", ", ".join(sorted(missing)),
+                    timeout_s)
 
 
 def ensure_topics(client: AdminClient, topics: Mapping[str, tuple[int, Mapping[str, str]]],
