@@ -23,6 +23,9 @@ from bench.stack import Services
 
 REPO = Path(__file__).resolve().parent.parent
 COMPONENTS = ("scheduler", "tailers", "delay")
+#: Extra options of every ``asynctier run`` of this bench (``bench/run.py --run-args``), to
+#: compare a setting against the default in one machine's conditions.
+RUN_ARGS: list[str] = []
 
 
 def free_port() -> int:
@@ -79,7 +82,8 @@ class AsynctierRun:
         """Start the default ``asynctier run`` (scheduler, tailers, delay tailers)."""
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "asynctier", "run", "--allow-module", "bench.noop"],
+                [sys.executable, "-m", "asynctier", "run", "--allow-module", "bench.noop",
+                 *RUN_ARGS],
                 env=self.env(), stdout=out, stderr=out, cwd=REPO, start_new_session=True)
 
     def component(self, name: str) -> Finder:

@@ -33,7 +33,7 @@ import traceback  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
-from bench import report, scenarios, spy  # noqa: E402
+from bench import asynctier_run, report, scenarios, spy  # noqa: E402
 from bench.records import preload  # noqa: E402
 from bench.report import Results  # noqa: E402
 from bench.stack import Services, machine, services  # noqa: E402
@@ -73,6 +73,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup-rounds", type=int, default=None,
                    help="discarded rounds of the no-op and flood runs before the measured "
                         "ones, so that the broker's JIT has compiled both paths [1; quick 0]")
+    p.add_argument("--run-args", default="",
+                   help="extra options of every `asynctier run` (for example "
+                        "\"--max-in-flight 4\"), to compare a setting against the default")
     p.add_argument("--out", type=Path, help="results file [bench/RESULTS.md; quick: none]")
     args = p.parse_args(argv)
     quick = args.quick
@@ -86,6 +89,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     backlogs = args.backlogs or ("5000,50000" if quick else "10000,500000")
     args.backlogs = [int(x) for x in backlogs.split(",") if x.strip()]
     args.only = set(args.only.split(",")) if args.only else set(SCENARIOS)
+    args.run_args = shlex.split(args.run_args)
     if args.out is None and not quick:
         args.out = REPO / "bench" / "RESULTS.md"
     return args
@@ -258,6 +262,7 @@ def _settings(args: argparse.Namespace, svc: Services) -> dict[str, str]:
 def main(argv: list[str]) -> int:
     """Run the benchmark; 0 when it ran (missed targets are results, not errors)."""
     args = parse(argv)
+    asynctier_run.RUN_ARGS[:] = args.run_args
     command = "python bench/run.py" + ("" if not argv else " " + shlex.join(argv))
     folder = Path(tempfile.mkdtemp(prefix="asynctier-bench-logs-"))
     print(f"logs in {folder}", flush=True)
