@@ -40,9 +40,11 @@ class _Recorder:
 
 
 class _Msg:
-    def __init__(self, offset: int, headers: list[tuple[str, bytes | None]] | None) -> None:
+    def __init__(self, offset: int, headers: list[tuple[str, bytes | None]] | None,
+                 pad: int = 0) -> None:
         self._offset = offset
         self._headers = headers
+        self._pad = pad
 
     def topic(self) -> str:
         return "orders"
@@ -54,7 +56,7 @@ class _Msg:
         return self._offset
 
     def value(self) -> bytes:
-        return b'{"n": %d}' % self._offset
+        return b'{"n": %d, "pad": "%s"}' % (self._offset, b"x" * self._pad)
 
     def key(self) -> bytes | None:
         return None if self._offset % 2 else b"k%d" % self._offset
@@ -69,6 +71,11 @@ HEADERS = st.one_of(
     st.just([(n.H_ATTEMPT, b"3"), (n.H_ORIGIN, b"orders/1/9"), (n.H_FIRST_SEEN, b"1000")]),
 )
 OUTCOME = st.sampled_from(["ok", "retry", "retry-after", "held", "failed", "retry-other"])
+#: Value sizes around the (patched, see LIMITS) delay topic limit: small, fits with the
+#: platform's headers (12 kB), fits alone but not with them (14 kB), over it (30 kB).
+PAD = st.sampled_from([0, 0, 0, 12_000, 14_000, 30_000])
+#: A delay topic's limit made small (20 kB), so that the records here cross it.
+LIMITS = {"DELAY_MAX_BYTES": 20_000, "FAST_MAX_BYTES": 10_000}
 
 
 def _outcome(kind: str, i: int) -> Outcome:
@@ -83,31 +90,61 @@ def _outcome(kind: str, i: int) -> Outcome:
 
 
 @settings(max_examples=200, deadline=None)
-@given(rows=st.lists(st.tuples(HEADERS, OUTCOME), min_size=1, max_size=30),
+@given(rows=st.lists(st.tuples(HEADERS, OUTCOME, PAD), min_size=1, max_size=30),
        max_attempts=st.sampled_from([1, 2, 5]), with_origins=st.booleans(),
-       full=st.booleans())
+       full=st.booleans(), with_size=st.booleans())
 def test_the_batch_path_writes_what_the_record_path_writes(
-        rows: list[tuple[Any, str]], max_attempts: int, with_origins: bool,
-        full: bool) -> None:
-    """Whether the caller passes the origins or not, and whether the client's queue takes
-    the fast path's records or not (then the careful path writes them)."""
-    with mock.patch.object(handoff_module.time, "time", lambda: 1_700_000_000.0):
-        _compare(rows, max_attempts, with_origins, full)
+        rows: list[tuple[Any, str, int]], max_attempts: int, with_origins: bool,
+        full: bool, with_size: bool) -> None:
+    """Whether the caller passes the origins (and the batch's size) or not, whether the
+    client's queue takes the fast path's records or not (then the careful path writes
+    them), and whatever the records' sizes against a delay topic's limit."""
+    with mock.patch.object(handoff_module.time, "time", lambda: 1_700_000_000.0), \
+            mock.patch.multiple(handoff_module, **LIMITS):
+        _compare(rows, max_attempts, with_origins, full, with_size)
 
 
-def _compare(rows: list[tuple[Any, str]], max_attempts: int, with_origins: bool = False,
-             full: bool = False) -> None:
+def test_a_failing_record_too_large_for_a_delay_topic_is_a_dead_letter_kept_whole() -> None:
+    """Not retried (a delay topic would refuse it at every try, and the binding would wait
+    behind it): written whole to the dead-letter topic, reason ``too_large``, with the
+    function's error; the small records of the same batch go to the delay topic."""
+    binding = Binding("b", "orders", "tests.funcs.basic:record", retry_ladder_s=(1.0,))
+    messages = [_Msg(0, None), _Msg(1, None, pad=30_000), _Msg(2, [("trace", b"t")], 30_000)]
+    outcomes = [retry(i, "RuntimeError: boom") for i in range(3)]
+    recorder = _Recorder()
+    handoff = Handoff(Settings(), producer=recorder)  # type: ignore[arg-type]
+    with mock.patch.multiple(handoff_module, **LIMITS):
+        counts = handoff.resolve_messages(binding, messages, outcomes,
+                                          batch_bytes=sum(len(m.value()) for m in messages))
+    assert dict(counts) == {"retry": 1, "dead_letter": 2}
+    by_value = {value: (topic, dict(headers)) for topic, value, _, headers in recorder.records}
+    topic, headers = by_value[messages[0].value()]
+    assert topic == Settings().names.delay_topic("1s")
+    for big in messages[1:]:
+        topic, headers = by_value[big.value()]  # the whole value
+        assert topic == Settings().names.dlq_topic("b")
+        assert headers[n.H_REASON] == b"too_large"
+        error = headers[n.H_ERROR].decode()
+        assert error.startswith("RuntimeError: boom (not retried: the record's "), error
+        assert headers[n.H_ATTEMPTS_MADE] == b"1"
+    assert dict(recorder.records[-1][3])["trace"] == b"t"  # its own headers kept
+    assert handoff._dead == {("b", "too_large"): 2}
+
+
+def _compare(rows: list[tuple[Any, str, int]], max_attempts: int, with_origins: bool = False,
+             full: bool = False, with_size: bool = False) -> None:
     binding = Binding("b", "orders", "tests.funcs.basic:record",
                       retry_ladder_s=(1.0, 2.0, 4.0), max_attempts=max_attempts)
-    messages = [_Msg(i, headers) for i, (headers, _) in enumerate(rows)]
-    outcomes = [_outcome(kind, i) for i, (_, kind) in enumerate(rows)]
+    messages = [_Msg(i, headers, pad) for i, (headers, _, pad) in enumerate(rows)]
+    outcomes = [_outcome(kind, i) for i, (_, kind, _) in enumerate(rows)]
 
     batch, single = _Recorder(full), _Recorder()
     by_batch = Handoff(Settings(), producer=batch)  # type: ignore[arg-type]
     by_record = Handoff(Settings(), producer=single)  # type: ignore[arg-type]
     origins = ([f"{m.topic()}/{m.partition()}/{m.offset()}" for m in messages]
                if with_origins else None)
-    counts = by_batch.resolve_messages(binding, messages, outcomes, origins)
+    size = sum(len(m.value()) + len(m.key() or b"") for m in messages) if with_size else None
+    counts = by_batch.resolve_messages(binding, messages, outcomes, origins, size)
     expected: dict[str, int] = {}
     for msg, outcome in zip(messages, outcomes, strict=True):
         got = by_record.resolve(binding, parcel_from_message(msg), outcome)

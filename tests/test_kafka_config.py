@@ -80,3 +80,13 @@ def test_an_operators_assignment_strategy_cannot_break_the_tailers(
     assert conf.get("partition.assignment.strategy") == (
         "cooperative-sticky" if protocol == "classic" else None)
     assert "is not used by the tailers" in caplog.text
+
+
+def test_a_dead_letter_topic_takes_any_record_a_scheduler_can_run() -> None:
+    """A failing record too large for a delay topic goes to the dead-letter topic whole:
+    that topic, and the hand-off producer, take a record as large as one submit call."""
+    from asynctier.delay_streams.topics import MAX_MESSAGE_BYTES, dlq_topic_config
+    from asynctier.platform.rpc import MAX_MESSAGE
+
+    assert int(dlq_topic_config()["max.message.bytes"]) == MAX_MESSAGE > MAX_MESSAGE_BYTES
+    assert PRODUCER_DEFAULTS["message.max.bytes"] > MAX_MESSAGE

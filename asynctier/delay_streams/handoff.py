@@ -22,6 +22,7 @@ from typing import Any, Literal
 from confluent_kafka import KafkaException
 
 from asynctier.delay_streams.ladder import ladder_delay, next_hop
+from asynctier.delay_streams.topics import MAX_MESSAGE_BYTES
 from asynctier.platform import metrics
 from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
@@ -101,6 +102,27 @@ def parcel_from_message(msg: Any, now_ms: int | None = None) -> Parcel:
     )
 
 
+#: A delay topic's max.message.bytes.
+DELAY_MAX_BYTES = MAX_MESSAGE_BYTES
+#: What a delay record may take beyond the record's own key, value and headers: the
+#: platform's headers at their largest (the error text is cut to ERROR_MAX_CHARS
+#: characters, the origin to MAX_ORIGIN_CHARS) and the record batch it travels in.
+DELAY_OVERHEAD_BYTES = ERROR_MAX_CHARS * 4 + MAX_ORIGIN_CHARS + 2048
+#: A record whose value is no larger than this may take the fast path of a retry flood:
+#: its key and headers cannot take it over :data:`DELAY_MAX_BYTES`.
+FAST_MAX_BYTES = DELAY_MAX_BYTES // 2
+#: The dead-letter reason of a failing record too large for a delay topic.
+TOO_LARGE = "too_large"
+
+
+def record_bytes(parcel: Parcel) -> int:
+    """The bytes of ``parcel``'s own key, value and headers."""
+    size = len(parcel.value or b"") + len(parcel.key or b"")
+    for name, value in parcel.headers:
+        size += len(name.encode()) + len(value or b"")
+    return size
+
+
 @dataclass(slots=True)
 class _Plan:
     """The topic and headers shared by a batch's fresh records that fail the same way."""
@@ -158,6 +180,15 @@ class Handoff:
         if spends and parcel.attempt >= binding.max_attempts:
             self.dead_letter(binding, parcel, "attempts_exhausted", error, parcel.attempt)
             return "dead_letter"
+        size = record_bytes(parcel)
+        if size + DELAY_OVERHEAD_BYTES > DELAY_MAX_BYTES:
+            # A delay topic would refuse it at every try, and its batch (so its binding)
+            # would wait behind it forever: it is not retried but kept, whole.
+            self.dead_letter(binding, parcel, TOO_LARGE,
+                             f"{error} (not retried: the record's {size:,} bytes and the "
+                             f"platform's headers do not fit the {DELAY_MAX_BYTES:,} bytes "
+                             "a delay topic takes)", parcel.attempt)
+            return "dead_letter"
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         due_ms = _due_ms(binding, parcel.attempt, outcome["after_s"], now_ms)
         next_attempt = parcel.attempt + 1 if spends else parcel.attempt
@@ -167,10 +198,12 @@ class Handoff:
 
     def resolve_messages(self, binding: Binding, messages: Sequence[Any],
                          outcomes: Sequence[Outcome],
-                         origins: Sequence[str] | None = None) -> Counter[str]:
+                         origins: Sequence[str] | None = None,
+                         batch_bytes: int | None = None) -> Counter[str]:
         """Hand off every outcome of a batch of consumed messages (an outcome's ``id`` is
         its index in ``messages``, and in ``origins``, their ``topic/partition/offset``
-        when the caller has them already); count what became of them.
+        when the caller has them already; ``batch_bytes``: the keys, values and headers of
+        all of them, when known); count what became of them.
 
         Each record gets what :meth:`resolve` would give it, but the common case of a retry
         flood (a record without headers, so on attempt 1 and first seen now, to be retried)
@@ -182,6 +215,7 @@ class Handoff:
         now_ms = int(time.time() * 1000)
         plans: dict[tuple[str | None, float | None, bool], _Plan] = {}
         may_retry = binding.max_attempts > 1  # else attempt 1 is the last: a dead letter
+        sizes = batch_bytes is None or batch_bytes > FAST_MAX_BYTES  # a record may be large
         produce, fast = self.producer.produce, self.producer.client_produce
         for outcome in outcomes:
             status = outcome["status"]
@@ -190,7 +224,9 @@ class Handoff:
                 continue
             msg = messages[outcome["id"]]
             spends = outcome["spends_attempt"]
-            if status != "retry" or msg.headers() or (spends and not may_retry):
+            if (status != "retry" or msg.headers() or (spends and not may_retry)
+                    or (sizes and len(msg.value() or b"") + len(msg.key() or b"")
+                        > FAST_MAX_BYTES)):
                 parcel = parcel_from_message(msg, now_ms)
                 counts[self.resolve(binding, parcel, outcome, now_ms)] += 1
                 continue

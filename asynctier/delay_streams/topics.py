@@ -7,9 +7,12 @@ from collections.abc import Iterable
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import format_duration
-from asynctier.platform.kafka import admin, ensure_topics
+from asynctier.platform.kafka import DLQ_MAX_MESSAGE_BYTES, admin, ensure_topics
 
 DELAY_PARTITIONS = 8
+#: The largest record a delay topic takes. A failing record larger than this (with the
+#: platform's headers) is not retried: it goes to the dead-letter topic at once (reason
+#: ``too_large``), which takes records up to :data:`DLQ_MAX_MESSAGE_BYTES`.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 _WEEK_MS = 7 * 86400 * 1000
 
@@ -24,8 +27,10 @@ def delay_topic_config(interval_s: float) -> dict[str, str]:
 
 
 def dlq_topic_config() -> dict[str, str]:
-    """Config of a dead-letter topic: kept 30 days, large records fit."""
-    return {"retention.ms": str(30 * 86400 * 1000), "max.message.bytes": str(MAX_MESSAGE_BYTES)}
+    """Config of a dead-letter topic: kept 30 days; any record a scheduler can run fits
+    (up to the submit call's size), so that no failing record is left without a place."""
+    return {"retention.ms": str(30 * 86400 * 1000),
+            "max.message.bytes": str(DLQ_MAX_MESSAGE_BYTES)}
 
 
 def ensure_binding_topics(settings: Settings, bindings: Iterable[Binding]) -> list[str]:

@@ -53,6 +53,7 @@ class _Batch:
     outcomes: list[Outcome] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
     origins: list[str] = field(default_factory=list)  # each message's topic/partition/offset
+    size: int | None = None  # bytes of the keys, values and headers of the messages
 
     @property
     def handed_off(self) -> bool:
@@ -225,7 +226,7 @@ class KafkaTailer:
         self._fault.reached("before-rpc")
         self._in_flight.append(_Batch(good, self.client.submit_encoded(cols.encode(),
                                                                         len(good)), high,
-                                      origins=origins))
+                                      origins=origins, size=size))
         self._fault.reached("mid-batch")
         metrics.add_in_flight(COMPONENT, name, len(good))
 
@@ -319,8 +320,9 @@ class KafkaTailer:
         retry until produced or stopping."""
         while True:
             try:  # produce() itself can refuse a record (too large once headers are added)
-                batch.counts = self.handoff.resolve_messages(self.binding, batch.messages,
-                                                             batch.outcomes, batch.origins or None)
+                batch.counts = self.handoff.resolve_messages(
+                    self.binding, batch.messages, batch.outcomes, batch.origins or None,
+                    batch.size)
                 return
             except HandoffError as exc:
                 self._handoff_failed(exc, len(batch.messages))

@@ -1,9 +1,9 @@
 """A hand-off to a delay topic that fails: no commit until it is delivered, a clear error.
 
-Two ways it fails: a record too large once the platform's headers are added (the broker or
-the producer refuses it: the binding stops there, with an error, and nothing past it is
-committed), and a delay topic that is missing (deleted under a running platform): nothing is
-committed until the topic is back, then everything drains and nothing is lost.
+A delay topic that is missing (deleted under a running platform): nothing is committed until
+the topic is back, then everything drains and nothing is lost. And a failing record too
+large for a delay topic once the platform's headers are added, which would fail at every
+try: it is not retried but goes whole to the dead-letter topic, and the binding goes on.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -22,7 +23,7 @@ from asynctier.platform.config import Settings
 from tests.faults.checker import Report, read_ledger, succeeded
 from tests.faults.harness import FUNCTION, FaultPlatform, make_docs, produce, report, wait_resolved
 from tests.helpers import wait_until
-from tests.platform_harness import committed_vs_end
+from tests.platform_harness import committed_vs_end, read_topic
 
 MAX = 8 * 1024 * 1024  # the delay topics' max.message.bytes and the hand-off producer's
 
@@ -35,38 +36,49 @@ def plat(settings: Settings, tmp_path: Path) -> Iterator[FaultPlatform]:
     platform.stop_all()
 
 
-def test_record_too_large_once_headers_are_added_is_never_committed(
+def test_a_failing_record_too_large_for_a_delay_topic_is_a_dead_letter_and_the_rest_flows(
         plat: FaultPlatform, settings: Settings, unique_topic: Callable[..., str],
         fault_results: list[Report]) -> None:
+    """Its value fits a delay topic's 8 MB, but not with the platform's headers: it cannot
+    be retried, so it goes to the dead-letter topic at once, whole, reason ``too_large``,
+    and the binding goes on (before, it stopped at this record for good)."""
     topic = unique_topic(1, {"max.message.bytes": str(2 * MAX)})
     big: dict[str, object] = {"id": 100, "always_fail": True}
     big["pad"] = "x" * (MAX - len(json.dumps(big)) - 64)  # fits; with headers it does not
+    value = json.dumps(big).encode()
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap,
                          "message.max.bytes": 2 * MAX})
     for doc in [*make_docs(100), big, *make_docs(200)[101:]]:
-        producer.produce(topic, json.dumps(doc).encode(), str(doc["id"]).encode())
+        producer.produce(topic, value if doc is big else json.dumps(doc).encode(),
+                         str(doc["id"]).encode())
     assert producer.flush(60) == 0
     plat.bind("orders", topic, "--retry-ladder", "1s,2s")
     plat.start("scheduler")
     plat.start("delay")
     plat.start("tailers")
-    wait_until(lambda: set(succeeded(read_ledger(plat.ledger))) >= set(range(100)), 60,
-               "the records before the big one ran")
-    wait_until(lambda: plat.log_text("tailers").count("was not confirmed") >= 2, 60,
-               "the tailer says, again and again, that the hand-off failed")
-    line = next(x for x in plat.log_text("tailers").splitlines() if "was not confirmed" in x)
-    print("\n" + line[:400])
-    assert "too large" in line.lower() or "MSG_SIZE_TOO_LARGE" in line, line
+    others = set(range(200)) - {100}
+    wait_until(lambda: set(succeeded(read_ledger(plat.ledger))) >= others, 90,
+               "every record but the big one ran")
     group = settings.names.group("orders")
-    committed, end = committed_vs_end(settings, group, topic)
-    assert committed <= 100 < end, (committed, end)  # nothing past the big record
-    assert plat.alive("tailers")
-    assert plat.stop("tailers") == 0
-    assert committed_vs_end(settings, group, topic)[0] <= 100
+    wait_until(lambda: committed_vs_end(settings, group, topic)[0] == 200, 60,
+               "the tailer committed past the big record")
+    letters = read_topic(settings, settings.names.dlq_topic("orders"))
+    assert len(letters) == 1
+    letter: Any = letters[0]
+    headers = dict(letter.headers())
+    assert letter.value() == value and letter.key() == b"100"  # whole
+    assert headers["asynctier.reason"] == b"too_large"
+    error = headers["asynctier.error"].decode()
+    assert "not retried" in error and "8,388,608" in error, error
+    assert headers["asynctier.attempts-made"] == b"1"
+    assert headers["asynctier.origin"] == f"{topic}/0/100".encode()
+    assert "was not confirmed" not in plat.log_text("tailers")
     runs = succeeded(read_ledger(plat.ledger))
-    lost = sorted(set(range(100)) - set(runs))
-    result = Report("hand-off refused (record too large)", 200, len(runs), {}, 200 - 100,
-                    lost, 0, [], 200, notes=["blocked: committed stays at the big record"])
+    assert [i for i in runs if i == 100] == []
+    lost = sorted(others - set(runs))
+    result = Report("failing record too large for a delay topic", 200, len(runs),
+                    {"too_large": 1}, 0, lost, 0, [], 200,
+                    notes=["the big record: a dead letter at once, whole; the rest flowed"])
     fault_results.append(result)
     print(result.summary())
     assert result.ok
