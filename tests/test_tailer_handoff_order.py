@@ -67,7 +67,8 @@ def _tailer(log: list[tuple[Any, ...]], ready: list[_Msg]) -> KafkaTailer:
     class Handoff:
         def resolve_messages(self, binding: Any, messages: list[_Msg],
                              outcomes: list[wire.Outcome],
-                             origins: list[str] | None = None) -> Counter[str]:
+                             origins: list[str] | None = None,
+                             batch_bytes: int | None = None) -> Counter[str]:
             counts: Counter[str] = Counter(o["status"] for o in outcomes)
             if counts["retry"]:
                 log.append(("produce", [m.o for m in messages]))
