@@ -264,6 +264,43 @@ def test_records_claimed_by_a_caller_that_went_away_before_they_queued_are_freed
     assert asyncio.run(scenario()) == RUN * 5
 
 
+def test_records_claimed_by_a_caller_that_went_away_during_the_claim_are_freed(
+        settings: Settings) -> None:
+    """The call is cancelled after the claim landed in Redis but before its answer was
+    read (CI hit this on a slow machine in the test above): the claims are freed all the
+    same, so the copy sent again runs instead of waiting for a run that never happens."""
+    refs = [f"orders/11/{n}" for n in range(5)]
+    landed = asyncio.Event()
+
+    class Unanswered(RedisAdmission):
+        async def claim(self, binding: Binding, items: Sequence[Item]) -> str:
+            codes = await super().claim(binding, items)  # in Redis now
+            landed.set()
+            await asyncio.Event().wait()  # the answer is never read
+            return codes
+
+    async def scenario() -> str:
+        unanswered, other = Unanswered(settings), RedisAdmission(settings)
+        scheduler = local_scheduler([GUARDED], admission=unanswered)
+        scheduler.start()
+        try:
+            call = asyncio.create_task(scheduler.process(make_items(refs)))
+            await asyncio.wait_for(landed.wait(), 10)
+            assert await other.claim(GUARDED, make_items(refs)) == BUSY * 5  # the control
+            call.cancel()
+            deadline = time.monotonic() + 10
+            while (codes := await other.claim(GUARDED, make_items(refs))) != RUN * 5:
+                assert time.monotonic() < deadline, f"still claimed: {codes}"
+                await asyncio.sleep(0.05)
+            return codes
+        finally:
+            await scheduler.stop()
+            await unanswered.close()
+            await other.close()
+
+    assert asyncio.run(scenario()) == RUN * 5
+
+
 def test_two_schedulers_given_the_same_batch_run_each_record_once(settings: Settings) -> None:
     """The copy read again after a tailer crash reaches another scheduler while the first
     is still running the batch: it waits, and is answered ok without running."""

@@ -113,6 +113,12 @@ class Dispatcher:
             codes = await self.admission.claim(binding, items)
             if len(codes) != len(items):
                 raise ValueError(f"{len(codes)} claim codes for {len(items)} items")
+        except asyncio.CancelledError:
+            # The caller went away while the claim was on its way: it may have landed in
+            # Redis all the same, and a claim nobody runs would hold back the copy sent
+            # again (a claim held by another scheduler, or none, is left as it is).
+            self._later(self._finish(binding, items, []))
+            raise
         except Exception:
             log.exception("binding %s: could not claim %d record(s); running them without "
                           "the run-once guard", binding.name, len(items))
