@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import sys
 import threading
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -92,7 +94,15 @@ def running_scheduler(settings: Settings, bindings: list[Binding] | BindingSourc
         client.close()
         stop.set()
         thread.join(60)
-        assert not thread.is_alive(), "the scheduler did not stop within 60 s"
+        assert not thread.is_alive(), ("the scheduler did not stop within 60 s; every "
+                                       "thread's stack:\n" + _stacks())
+
+
+def _stacks() -> str:
+    """Every thread's Python stack (to tell where a scheduler that does not stop waits)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return "\n".join(f"--- {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
+                     for ident, frame in sys._current_frames().items())
 
 
 def local_scheduler(bindings: list[Binding], allow: tuple[str, ...] = ALLOW,
