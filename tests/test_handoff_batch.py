@@ -75,7 +75,7 @@ OUTCOME = st.sampled_from(["ok", "retry", "retry-after", "held", "failed", "retr
 #: platform's headers (12 kB), fits alone but not with them (14 kB), over it (30 kB).
 PAD = st.sampled_from([0, 0, 0, 12_000, 14_000, 30_000])
 #: A delay topic's limit made small (20 kB), so that the records here cross it.
-LIMITS = {"DELAY_MAX_BYTES": 20_000, "FAST_MAX_BYTES": 10_000}
+LIMITS = {"MAX_MESSAGE_BYTES": 20_000, "FAST_MAX_BYTES": 10_000}
 
 
 def _outcome(kind: str, i: int) -> Outcome:

@@ -229,6 +229,14 @@ def test_a_batch_read_again_runs_only_what_did_not_succeed(settings: Settings) -
     assert {runs[r] for r in refs[30:]} == {2}, "a failed record must run again"
 
 
+async def _once_free(other: RedisAdmission, refs: list[str], deadline: float) -> str:
+    """``other``'s claim codes of ``refs``, claimed again until all are RUN (freed)."""
+    while (codes := await other.claim(GUARDED, make_items(refs))) != RUN * len(refs):
+        assert time.monotonic() < deadline, f"still claimed: {codes}"
+        await asyncio.sleep(0.05)
+    return codes
+
+
 def test_records_claimed_by_a_caller_that_went_away_before_they_queued_are_freed(
         settings: Settings) -> None:
     """The tailer's call is cancelled while its batch waits for admission: the records it
@@ -252,10 +260,7 @@ def test_records_claimed_by_a_caller_that_went_away_before_they_queued_are_freed
                 assert time.monotonic() < deadline, "the batch was never claimed"
                 await asyncio.sleep(0.02)
             call.cancel()
-            while (codes := await other.claim(GUARDED, make_items(refs))) != RUN * 5:
-                assert time.monotonic() < deadline, f"still claimed: {codes}"
-                await asyncio.sleep(0.05)
-            return codes
+            return await _once_free(other, refs, deadline)
         finally:
             await scheduler.stop()
             await stuck.close()
@@ -288,11 +293,7 @@ def test_records_claimed_by_a_caller_that_went_away_during_the_claim_are_freed(
             await asyncio.wait_for(landed.wait(), 10)
             assert await other.claim(GUARDED, make_items(refs)) == BUSY * 5  # the control
             call.cancel()
-            deadline = time.monotonic() + 10
-            while (codes := await other.claim(GUARDED, make_items(refs))) != RUN * 5:
-                assert time.monotonic() < deadline, f"still claimed: {codes}"
-                await asyncio.sleep(0.05)
-            return codes
+            return await _once_free(other, refs, time.monotonic() + 10)
         finally:
             await scheduler.stop()
             await unanswered.close()

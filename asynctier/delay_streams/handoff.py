@@ -102,15 +102,13 @@ def parcel_from_message(msg: Any, now_ms: int | None = None) -> Parcel:
     )
 
 
-#: A delay topic's max.message.bytes.
-DELAY_MAX_BYTES = MAX_MESSAGE_BYTES
 #: What a delay record may take beyond the record's own key, value and headers: the
 #: platform's headers at their largest (the error text is cut to ERROR_MAX_CHARS
 #: characters, the origin to MAX_ORIGIN_CHARS) and the record batch it travels in.
 DELAY_OVERHEAD_BYTES = ERROR_MAX_CHARS * 4 + MAX_ORIGIN_CHARS + 2048
 #: A record whose value is no larger than this may take the fast path of a retry flood:
-#: its key and headers cannot take it over :data:`DELAY_MAX_BYTES`.
-FAST_MAX_BYTES = DELAY_MAX_BYTES // 2
+#: its key and headers cannot take it over a delay topic's :data:`MAX_MESSAGE_BYTES`.
+FAST_MAX_BYTES = MAX_MESSAGE_BYTES // 2
 #: The dead-letter reason of a failing record too large for a delay topic.
 TOO_LARGE = "too_large"
 
@@ -181,12 +179,12 @@ class Handoff:
             self.dead_letter(binding, parcel, "attempts_exhausted", error, parcel.attempt)
             return "dead_letter"
         size = record_bytes(parcel)
-        if size + DELAY_OVERHEAD_BYTES > DELAY_MAX_BYTES:
+        if size + DELAY_OVERHEAD_BYTES > MAX_MESSAGE_BYTES:
             # A delay topic would refuse it at every try, and its batch (so its binding)
             # would wait behind it forever: it is not retried but kept, whole.
             self.dead_letter(binding, parcel, TOO_LARGE,
                              f"{error} (not retried: the record's {size:,} bytes and the "
-                             f"platform's headers do not fit the {DELAY_MAX_BYTES:,} bytes "
+                             f"platform's headers do not fit the {MAX_MESSAGE_BYTES:,} bytes "
                              "a delay topic takes)", parcel.attempt)
             return "dead_letter"
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms

@@ -119,7 +119,7 @@ def hand_off(handoff: Handoff, actions: Sequence[Action], stop: threading.Event 
     """
     wait = retry_s
     while True:
-        try:  # produce() itself can refuse a record (too large once headers are added)
+        try:  # produce() itself can refuse a record
             results = [action() for action in actions]
             if not actions:
                 return results

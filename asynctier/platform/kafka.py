@@ -254,17 +254,18 @@ def tailer_consumer_config(settings: Settings, group: str, *, session_timeout_ms
     return conf
 
 
-#: The platform's producer defaults; the operator's ``[kafka]`` table may tune any of them.
 #: The largest record a dead-letter topic takes: as large as one submit call may be (a
 #: record larger than that can never run), so a failing record always has a place there.
 DLQ_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
+#: The platform's producer defaults; the operator's ``[kafka]`` table may tune any of them.
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True,
     "linger.ms": 5,
     "compression.type": "lz4",
-    # the topic's own max.message.bytes is the limit that counts (8 MB for a delay topic,
-    # checked by Handoff before it writes one); the producer lets a dead letter that size by
+    # The topic's own max.message.bytes is the limit that counts (8 MB for a delay topic,
+    # checked by Handoff before it writes one); the producer lets a dead letter that size
+    # through.
     "message.max.bytes": DLQ_MAX_MESSAGE_BYTES + 1024 * 1024,
 }
 

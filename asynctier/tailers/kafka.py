@@ -319,7 +319,7 @@ class KafkaTailer:
         """Produce every non-ok outcome of ``batch`` (confirmed later, by :meth:`_confirm`);
         retry until produced or stopping."""
         while True:
-            try:  # produce() itself can refuse a record (too large once headers are added)
+            try:  # produce() itself can refuse a record
                 batch.counts = self.handoff.resolve_messages(
                     self.binding, batch.messages, batch.outcomes, batch.origins or None,
                     batch.size)

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from asynctier.delay_streams.topics import ensure_binding_topics
+from asynctier.delay_streams.topics import MAX_MESSAGE_BYTES, ensure_binding_topics
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from tests.faults.checker import Report, read_ledger, succeeded
@@ -25,7 +25,7 @@ from tests.faults.harness import FUNCTION, FaultPlatform, make_docs, produce, re
 from tests.helpers import wait_until
 from tests.platform_harness import committed_vs_end, read_topic
 
-MAX = 8 * 1024 * 1024  # the delay topics' max.message.bytes and the hand-off producer's
+MAX = MAX_MESSAGE_BYTES  # a delay topic's max.message.bytes
 
 
 @pytest.fixture
