@@ -25,6 +25,7 @@ from collections import deque
 from redis.asyncio import Redis
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.limits.outage import REDIS_DOWN
 from asynctier.platform.limits.scripts import ACQUIRE_LEASE, RENEW_LEASES
 from asynctier.platform.names import Names
@@ -131,8 +132,9 @@ class LeasePool:
             if await self._acquire(keys=[self.key(binding.name)], args=args):
                 return waited
             waited = True
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(freed.wait(), delay * random.uniform(0.5, 1.0))
+            with contextlib.suppress(TimeoutError):  # not wait_for: it can lose a cancel
+                async with asyncio.timeout(delay * random.uniform(0.5, 1.0)):
+                    await freed.wait()
             delay = min(delay * 2, POLL_MAX_S)
 
     async def release(self, binding: str, lease: str) -> None:
@@ -146,9 +148,7 @@ class LeasePool:
     async def close(self) -> None:
         """Stop the heartbeat and give back every lease still held."""
         if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
+            await cancel_and_wait(self._heartbeat)
         for binding, leases in self._held.items():
             if leases:
                 with contextlib.suppress(*REDIS_DOWN):

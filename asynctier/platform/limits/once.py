@@ -41,6 +41,7 @@ from typing import Final
 from redis.asyncio import Redis
 
 from asynctier.platform.admission import BUSY, RUN, TAKEN_OVER
+from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.config import DEFAULT_RUN_ONCE_WINDOW_S
 from asynctier.platform.limits.outage import REDIS_DOWN
 from asynctier.platform.limits.quota import as_text, join_refs
@@ -506,9 +507,7 @@ class RunOnce:
     async def close(self) -> None:
         """Stop the heartbeat and drop the holder key: claims left here are free at once."""
         if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
+            await cancel_and_wait(self._heartbeat)
         with contextlib.suppress(*REDIS_DOWN):
             await self._client.delete(self._holders + self.holder)
 

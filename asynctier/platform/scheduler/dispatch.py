@@ -31,6 +31,7 @@ from typing import Any
 from asynctier.platform import metrics
 from asynctier.platform.admission import BUSY, DONE, RUN, TAKEN_OVER, Admission
 from asynctier.platform.binding import Binding
+from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.errors import FunctionNotFound, ModuleNotAllowed
 from asynctier.platform.limits.bucket import burst_of
 from asynctier.platform.scheduler.bounded import BoundedQueue, Chunk
@@ -77,9 +78,7 @@ class Dispatcher:
 
     async def stop(self) -> None:
         """Stop the workers (chunks still queued are not run)."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(*self._tasks)
         self._tasks = []
 
     # -- intake ---------------------------------------------------------------------------

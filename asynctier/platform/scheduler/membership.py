@@ -25,6 +25,7 @@ import redis
 import redis.asyncio
 
 from asynctier.platform import metrics
+from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
 
@@ -205,8 +206,7 @@ class Heartbeat:
     async def stop(self, leave: bool = True) -> None:
         """Stop beating; with ``leave``, drop out of the membership at once."""
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
             self._task = None
         if leave:
             try:
