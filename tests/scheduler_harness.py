@@ -72,11 +72,16 @@ def running_scheduler(settings: Settings, bindings: list[Binding] | BindingSourc
     stop = threading.Event()
     ready: queue.Queue[str | BaseException] = queue.Queue()
     source = StaticBindings(bindings) if isinstance(bindings, list) else bindings
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    def on_ready(address: str) -> None:  # called on the scheduler's loop
+        loops.append(asyncio.get_running_loop())
+        ready.put(address)
 
     def run() -> None:
         try:
             run_scheduler(settings, listen="127.0.0.1:0", allow_modules=allow,
-                          admission=admission, stop=stop, ready_callback=ready.put,
+                          admission=admission, stop=stop, ready_callback=on_ready,
                           options=options, bindings=source)
         except BaseException as exc:
             ready.put(exc)
@@ -95,14 +100,32 @@ def running_scheduler(settings: Settings, bindings: list[Binding] | BindingSourc
         stop.set()
         thread.join(60)
         assert not thread.is_alive(), ("the scheduler did not stop within 60 s; every "
-                                       "thread's stack:\n" + _stacks())
+                                       "thread's and task's stack:\n" + _stacks(loops))
 
 
-def _stacks() -> str:
-    """Every thread's Python stack (to tell where a scheduler that does not stop waits)."""
+def _stacks(loops: list[asyncio.AbstractEventLoop]) -> str:
+    """Every thread's Python stack, and every task's of the scheduler's loop (to tell where
+    a scheduler that does not stop waits)."""
     names = {t.ident: t.name for t in threading.enumerate()}
-    return "\n".join(f"--- {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
-                     for ident, frame in sys._current_frames().items())
+    threads = [f"--- thread {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
+               for ident, frame in sys._current_frames().items()]
+    tasks = []
+    for task in (t for loop in loops for t in asyncio.all_tasks(loop)):
+        tasks.append(f"--- task {task.get_name()}\n" + "".join(
+            f"  {f.f_code.co_filename}:{f.f_lineno}, in {f.f_code.co_name}\n"
+            for f in _awaiting(task.get_coro())))
+    return "\n".join(threads + tasks)
+
+
+def _awaiting(coro: Any) -> Iterator[Any]:
+    """The frames of a suspended coroutine and of the ones it awaits, outermost first
+    (``Task.get_stack`` gives the outermost alone, and ``print_stack`` fails on grpc's
+    Cython frames, which have no line number)."""
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            yield frame
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
 
 
 def local_scheduler(bindings: list[Binding], allow: tuple[str, ...] = ALLOW,
