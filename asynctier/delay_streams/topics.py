@@ -7,7 +7,12 @@ from collections.abc import Iterable
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import format_duration
-from asynctier.platform.kafka import DLQ_MAX_MESSAGE_BYTES, admin, ensure_topics
+from asynctier.platform.kafka import (
+    DLQ_MAX_MESSAGE_BYTES,
+    admin,
+    ensure_topics,
+    raise_topic_minimums,
+)
 
 DELAY_PARTITIONS = 8
 #: The largest record a delay topic takes. A failing record larger than this (with the
@@ -34,12 +39,24 @@ def dlq_topic_config() -> dict[str, str]:
 
 
 def ensure_binding_topics(settings: Settings, bindings: Iterable[Binding]) -> list[str]:
-    """Create the delay topics of every ladder step and the dead-letter topic of each binding."""
+    """Create the delay topics of every ladder step and the dead-letter topic of each
+    binding; return the ones created. A dead-letter topic that was already there (made by a
+    version that gave it 8 MB) gets its ``max.message.bytes`` raised to
+    :data:`DLQ_MAX_MESSAGE_BYTES`: else a record too large for a delay topic would find no
+    place there either, and its binding would wait behind it."""
     names = settings.names
     wanted: dict[str, tuple[int, dict[str, str]]] = {}
+    dlqs = []
     for binding in bindings:
         for step in binding.retry_ladder_s:
             wanted[names.delay_topic(format_duration(step))] = (
                 DELAY_PARTITIONS, delay_topic_config(step))
-        wanted[names.dlq_topic(binding.name)] = (1, dlq_topic_config())
-    return ensure_topics(admin(settings), wanted) if wanted else []
+        dlqs.append(names.dlq_topic(binding.name))
+        wanted[dlqs[-1]] = (1, dlq_topic_config())
+    if not wanted:
+        return []
+    client = admin(settings)
+    created = ensure_topics(client, wanted)
+    raise_topic_minimums(client, {topic: {"max.message.bytes": DLQ_MAX_MESSAGE_BYTES}
+                                  for topic in dlqs if topic not in created})
+    return created

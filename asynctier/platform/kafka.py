@@ -12,7 +12,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # public, re-exported
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 from confluent_kafka.cimpl import NewTopic
 
 from asynctier.platform.config import Settings
@@ -204,6 +210,51 @@ def ensure_topics(client: AdminClient, topics: Mapping[str, tuple[int, Mapping[s
                 raise AsynctierError(f"could not create topic {name}: {exc.args[0].str()}") from exc
     _wait_visible(client, [t.topic for t in wanted], VISIBLE_S)
     return created
+
+
+def raise_topic_minimums(client: AdminClient, minimums: Mapping[str, Mapping[str, int]],
+                         timeout_s: float = 30.0) -> list[str]:
+    """Raise each numeric config below its least value (topic -> {config: least value});
+    return what changed, as ``topic config old->new``.
+
+    For topics the platform made before it wanted more of them: a dead-letter topic created
+    with 8 MB of ``max.message.bytes`` where one now takes any record a scheduler can run.
+    A higher value is kept. A topic whose configs cannot be read or changed (no ACL for it,
+    say) is used as it is, with a warning that gives the command to run.
+    """
+    wanted = {topic: least for topic, least in minimums.items() if least}
+    if not wanted:
+        return []
+    changed: list[str] = []
+    resources = [ConfigResource(ResourceType.TOPIC, topic) for topic in wanted]
+    for resource, future in client.describe_configs(resources,
+                                                    request_timeout=timeout_s).items():
+        topic = resource.name
+        try:
+            entries = future.result()
+            low = [(name, int(entries[name].value), least)
+                   for name, least in wanted[topic].items()
+                   if name in entries and int(entries[name].value) < least]
+            if not low:
+                continue
+            alter = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+                ConfigEntry(name, str(least), incremental_operation=AlterConfigOpType.SET)
+                for name, _, least in low])
+            for done in client.incremental_alter_configs(
+                    [alter], request_timeout=timeout_s).values():
+                done.result()
+        except (KafkaException, ValueError, TypeError) as exc:
+            detail = exc.args[0].str() if isinstance(exc, KafkaException) else str(exc)
+            settings = ",".join(f"{n}={v}" for n, v in wanted[topic].items())
+            log.warning("topic %s: could not check or raise %s (%s); it is used as it is. "
+                        "Raise it yourself: kafka-configs.sh --alter --entity-type topics "
+                        "--entity-name %s --add-config %s", topic, settings, detail, topic,
+                        settings)
+            continue
+        for name, old, least in low:
+            log.info("topic %s: raised %s from %d to %d", topic, name, old, least)
+            changed.append(f"{topic} {name} {old}->{least}")
+    return changed
 
 
 #: What at-least-once rests on: never overridden by the ``[kafka]`` table.
