@@ -222,7 +222,7 @@ def raise_topic_minimums(client: AdminClient, minimums: Mapping[str, Mapping[str
     A higher value is kept. A topic whose configs cannot be read or changed (no ACL for it,
     say) is used as it is, with a warning that gives the command to run.
     """
-    wanted = {topic: least for topic, least in minimums.items() if least}
+    wanted = {topic: configs for topic, configs in minimums.items() if configs}
     if not wanted:
         return []
     changed: list[str] = []
@@ -245,11 +245,11 @@ def raise_topic_minimums(client: AdminClient, minimums: Mapping[str, Mapping[str
                 done.result()
         except (KafkaException, ValueError, TypeError) as exc:
             detail = exc.args[0].str() if isinstance(exc, KafkaException) else str(exc)
-            settings = ",".join(f"{n}={v}" for n, v in wanted[topic].items())
+            configs = ",".join(f"{n}={v}" for n, v in wanted[topic].items())
             log.warning("topic %s: could not check or raise %s (%s); it is used as it is. "
                         "Raise it yourself: kafka-configs.sh --alter --entity-type topics "
-                        "--entity-name %s --add-config %s", topic, settings, detail, topic,
-                        settings)
+                        "--entity-name %s --add-config %s", topic, configs, detail, topic,
+                        configs)
             continue
         for name, old, least in low:
             log.info("topic %s: raised %s from %d to %d", topic, name, old, least)
