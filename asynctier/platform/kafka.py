@@ -222,18 +222,17 @@ def raise_topic_minimums(client: AdminClient, minimums: Mapping[str, Mapping[str
     A higher value is kept. A topic whose configs cannot be read or changed (no ACL for it,
     say) is used as it is, with a warning that gives the command to run.
     """
-    wanted = {topic: configs for topic, configs in minimums.items() if configs}
-    if not wanted:
+    if not minimums:
         return []
     changed: list[str] = []
-    resources = [ConfigResource(ResourceType.TOPIC, topic) for topic in wanted]
+    resources = [ConfigResource(ResourceType.TOPIC, topic) for topic in minimums]
     for resource, future in client.describe_configs(resources,
                                                     request_timeout=timeout_s).items():
         topic = resource.name
         try:
             entries = future.result()
             low = [(name, int(entries[name].value), least)
-                   for name, least in wanted[topic].items()
+                   for name, least in minimums[topic].items()
                    if name in entries and int(entries[name].value) < least]
             if not low:
                 continue
@@ -245,7 +244,7 @@ def raise_topic_minimums(client: AdminClient, minimums: Mapping[str, Mapping[str
                 done.result()
         except (KafkaException, ValueError, TypeError) as exc:
             detail = exc.args[0].str() if isinstance(exc, KafkaException) else str(exc)
-            configs = ",".join(f"{n}={v}" for n, v in wanted[topic].items())
+            configs = ",".join(f"{n}={v}" for n, v in minimums[topic].items())
             log.warning("topic %s: could not check or raise %s (%s); it is used as it is. "
                         "Raise it yourself: kafka-configs.sh --alter --entity-type topics "
                         "--entity-name %s --add-config %s", topic, configs, detail, topic,

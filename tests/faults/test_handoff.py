@@ -25,8 +25,6 @@ from tests.faults.harness import FUNCTION, FaultPlatform, make_docs, produce, re
 from tests.helpers import wait_until
 from tests.platform_harness import committed_vs_end, read_topic
 
-MAX = MAX_MESSAGE_BYTES  # a delay topic's max.message.bytes
-
 
 @pytest.fixture
 def plat(settings: Settings, tmp_path: Path) -> Iterator[FaultPlatform]:
@@ -42,12 +40,13 @@ def test_a_failing_record_too_large_for_a_delay_topic_is_a_dead_letter_and_the_r
     """Its value fits a delay topic's 8 MB, but not with the platform's headers: it cannot
     be retried, so it goes to the dead-letter topic at once, whole, reason ``too_large``,
     and the binding goes on (before, it stopped at this record for good)."""
-    topic = unique_topic(1, {"max.message.bytes": str(2 * MAX)})
+    topic = unique_topic(1, {"max.message.bytes": str(2 * MAX_MESSAGE_BYTES)})
     big: dict[str, object] = {"id": 100, "always_fail": True}
-    big["pad"] = "x" * (MAX - len(json.dumps(big)) - 64)  # fits; with headers it does not
+    # fits a delay topic alone; with the platform's headers it does not
+    big["pad"] = "x" * (MAX_MESSAGE_BYTES - len(json.dumps(big)) - 64)
     value = json.dumps(big).encode()
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap,
-                         "message.max.bytes": 2 * MAX})
+                         "message.max.bytes": 2 * MAX_MESSAGE_BYTES})
     for doc in [*make_docs(100), big, *make_docs(200)[101:]]:
         producer.produce(topic, value if doc is big else json.dumps(doc).encode(),
                          str(doc["id"]).encode())
