@@ -75,7 +75,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         "ones, so that the broker's JIT has compiled both paths [1; quick 0]")
     p.add_argument("--run-args", default="",
                    help="extra options of every `asynctier run` (for example "
-                        "\"--max-in-flight 4\"), to compare a setting against the default")
+                        "\"--max-in-flight 2\"), to compare a setting against the default")
     p.add_argument("--out", type=Path, help="results file [bench/RESULTS.md; quick: none]")
     args = p.parse_args(argv)
     quick = args.quick

@@ -170,10 +170,12 @@ def _wait(child: subprocess.Popen[bytes], timeout_s: float, name: str) -> None:
               help="Serve /metrics (0: a free port, printed at start).")
 @click.option("--batch-size", type=click.IntRange(1, 100_000), default=1000,
               show_default=True, help="Records a tailer reads and submits at once.")
-@click.option("--max-in-flight", type=click.IntRange(1, 8), default=2, show_default=True,
-              help="Batches a tailer has at the scheduler at once: more drains a backlog "
-                   "faster and holds records longer under load (and a killed tailer's "
-                   "uncommitted window grows by one batch each).")
+@click.option("--max-in-flight", type=click.IntRange(1, 8), default=4, show_default=True,
+              help="Batches a tailer has at the scheduler at once: more keep records "
+                   "from waiting in the tailer while earlier batches are claimed, run and "
+                   "written down (lower latency under load), and a killed tailer's "
+                   "uncommitted window grows by one batch each (what a binding bound "
+                   "--idempotent may run twice).")
 @click.pass_context
 def run(ctx: click.Context, component: str | None, allow: tuple[str, ...], listen: str | None,
         metrics_port: int | None, batch_size: int, max_in_flight: int) -> None:

@@ -11,7 +11,7 @@ class TailerOptions:
     """Knobs of a Kafka tailer."""
 
     batch_size: int = 1000
-    max_in_flight: int = 2
+    max_in_flight: int = 4
     idle_poll_s: float = 0.5
     linger_s: float = 0.005
     handoff_retry_s: float = 1.0

@@ -31,7 +31,7 @@ LADDER = (1.0, 2.0)
 ARGS = ("--retry-ladder", "1s,2s", "--max-attempts", "3")
 BATCH = 500
 # Duplicates allowed per crash: one batch. Without the run-once guard (a binding bound
-# --idempotent) a killed tailer redoes its whole uncommitted window, max_in_flight (2) + 3
+# --idempotent) a killed tailer redoes its whole uncommitted window, max_in_flight (4) + 3
 # batches; with it (the default, used here) what ran to success is not run again, and
 # only successes a killed scheduler had not yet written down run twice.
 PER_CRASH = BATCH
