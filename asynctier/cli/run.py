@@ -159,6 +159,10 @@ def _wait(child: subprocess.Popen[bytes], timeout_s: float, name: str) -> None:
         child.wait()
 
 
+#: The tailers' knobs as the command line leaves them.
+DEFAULTS = TailerOptions()
+
+
 @click.command()
 @click.argument("component", required=False, type=click.Choice(COMPONENTS))
 @click.option("--allow-module", "allow", multiple=True, metavar="PREFIX",
@@ -168,9 +172,10 @@ def _wait(child: subprocess.Popen[bytes], timeout_s: float, name: str) -> None:
               help="host:port the scheduler serves on [default: 127.0.0.1:50051].")
 @click.option("--metrics-port", type=int, envvar="ASYNCTIER_METRICS_PORT",
               help="Serve /metrics (0: a free port, printed at start).")
-@click.option("--batch-size", type=click.IntRange(1, 100_000), default=1000,
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=DEFAULTS.batch_size,
               show_default=True, help="Records a tailer reads and submits at once.")
-@click.option("--max-in-flight", type=click.IntRange(1, 8), default=4, show_default=True,
+@click.option("--max-in-flight", type=click.IntRange(1, 8), default=DEFAULTS.max_in_flight,
+              show_default=True,
               help="Batches a tailer has at the scheduler at once: more keep records "
                    "from waiting in the tailer while earlier batches are claimed, run and "
                    "written down (lower latency under load), and a killed tailer's "

@@ -51,8 +51,9 @@ def ensure_binding_topics(settings: Settings, bindings: Iterable[Binding]) -> li
         for step in binding.retry_ladder_s:
             wanted[names.delay_topic(format_duration(step))] = (
                 DELAY_PARTITIONS, delay_topic_config(step))
-        dlqs.append(names.dlq_topic(binding.name))
-        wanted[dlqs[-1]] = (1, dlq_topic_config())
+        dlq = names.dlq_topic(binding.name)
+        dlqs.append(dlq)
+        wanted[dlq] = (1, dlq_topic_config())
     if not wanted:
         return []
     client = admin(settings)
