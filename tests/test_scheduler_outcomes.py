@@ -193,3 +193,14 @@ def test_error_text_is_the_exception_text_whether_remembered_or_not() -> None:
         assert error_text(_Custom(2)) == "_Custom: custom 2"
         long = error_text(RuntimeError("x" * 2000))
         assert len(long) == MAX_ERROR and long.endswith("...")
+
+
+def test_a_plain_exception_is_a_retry_along_the_ladder_with_its_text() -> None:
+    from asynctier.platform import wire
+    from asynctier.platform.scheduler.outcomes import of_exception
+
+    for _ in range(2):  # remembered the second time
+        assert of_exception(7, RuntimeError("boom")) == wire.retry(7, "RuntimeError: boom")
+        assert of_exception(8, KeyError("k", "v")) == wire.retry(8, "KeyError: ('k', 'v')")
+        assert of_exception(9, ValueError()) == wire.retry(9, "ValueError: ")
+        assert of_exception(3, _Custom(3)) == wire.retry(3, "_Custom: custom 3")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
@@ -364,12 +365,12 @@ class Dispatcher:
         return results
 
     def _report(self, binding: Binding, outcomes: list[Outcome]) -> None:
-        good = bad = 0
-        for outcome in outcomes:
-            if outcome["status"] == "ok":
-                good += 1
-            elif not (outcome["error"] or "").startswith("undecodable:"):
-                bad += 1  # bad input says nothing about the downstream's health
+        # the failures counted by error text: a failing function mostly fails one way
+        errors = Counter([o["error"] for o in outcomes if o["status"] != "ok"])
+        good = len(outcomes) - errors.total()
+        # bad input says nothing about the downstream's health
+        bad = sum(count for error, count in errors.items()
+                  if not (error or "").startswith("undecodable:"))
         try:
             self.admission.report(binding, good, bad)
         except Exception:

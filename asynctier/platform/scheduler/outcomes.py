@@ -13,16 +13,20 @@ MAX_ERROR = 500
 
 
 _TEXTS: dict[tuple[type[BaseException], tuple[object, ...]], str] = {}
+_BASE_STR = BaseException.__str__
 
 
 def error_text(exc: BaseException) -> str:
     """``ExcType: message``, cut to :data:`MAX_ERROR` characters.
 
     Remembered for exceptions whose text comes from string arguments alone (no ``__str__``
-    of their own): a failing function tends to fail the same way for every item."""
+    of their own): a failing function tends to fail the same way for every item, and in a
+    retry flood this runs once per record on the scheduler's busiest thread."""
     kind = type(exc)
     args = exc.args
-    plain = kind.__str__ is BaseException.__str__ and all(type(a) is str for a in args)
+    # one argument, the common case, is checked without a generator
+    plain = (type(args[0]) is str if len(args) == 1 else all(type(a) is str for a in args)
+             ) and kind.__str__ is _BASE_STR
     if plain:
         text = _TEXTS.get((kind, args))
         if text is not None:
@@ -46,7 +50,9 @@ def of_exception(item_id: int, exc: BaseException) -> Outcome:
         return retry(item_id, exc.reason[:MAX_ERROR], after_s=after)
     if isinstance(exc, Reject):
         return failed(item_id, exc.reason[:MAX_ERROR])
-    return retry(item_id, error_text(exc))
+    # wire.retry(item_id, error_text(exc)), written out: once per record in a retry flood
+    return {"id": item_id, "status": "retry", "after_s": None, "error": error_text(exc),
+            "spends_attempt": True}
 
 
 def timed_out(item_id: int, timeout_s: float) -> Outcome:
