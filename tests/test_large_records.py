@@ -28,7 +28,7 @@ from asynctier.tailers.kafka import KafkaTailer, TailerOptions
 from tests.faults.checker import read_ledger, succeeded
 from tests.faults.harness import FaultPlatform, produce
 from tests.helpers import wait_until
-from tests.platform_harness import committed_vs_end
+from tests.platform_harness import committed_vs_end, read_topic
 
 CAP = 50_000
 PAD = 9_000  # each record's JSON is a little over 9 kB: 5 fit under the cap
@@ -134,3 +134,80 @@ def test_a_delay_or_replay_batch_of_large_records_goes_in_several_calls(
     assert [o["id"] for o in outcomes] == list(range(23))
     assert sum(calls) == 23 and len(calls) >= 5 and max(calls) <= CAP // PAD, calls
     assert sorted(succeeded(read_ledger(plat.ledger))) == list(range(23))
+
+
+def test_a_record_too_large_for_any_call_is_a_dead_letter_kept_whole_and_the_rest_flows(
+        settings: Settings, tmp_path: Path, unique_topic: Callable[..., str]) -> None:
+    """A topic configured past 64 MB holds a record no submit call can carry (gRPC refused
+    it at every try, and its binding waited behind it for ever): it is not sent, it goes to
+    the dead-letter topic whole (reason ``too_large``; the topic's limit raised to fit), and
+    the records around it run and are committed."""
+    big_bytes = 70 * 1024 * 1024
+    topic = unique_topic(1, config={"max.message.bytes": str(90 * 1024 * 1024)})
+    big = b'{"id": 1, "pad": "%s"}' % (b"x" * big_bytes)
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap,
+                         "message.max.bytes": 95 * 1024 * 1024})
+    n = 10
+    for i in range(n):
+        value = big if i == 1 else json.dumps({"id": i}).encode()
+        producer.produce(topic, value, f"k{i}".encode())
+    assert producer.flush(60) == 0
+    del producer
+    plat = FaultPlatform(settings, tmp_path)
+    stop = threading.Event()
+    thread = None
+    try:
+        plat.bind("huge", topic)
+        plat.start("scheduler")
+        binding = BindingRegistry(settings).load()["huge"]
+        client = SchedulerClient(lambda: [f"127.0.0.1:{plat.ports['scheduler']}"])
+        tailer = KafkaTailer(settings, binding, client, TailerOptions())
+        thread = threading.Thread(target=tailer.run, args=(stop,), daemon=True)
+        thread.start()
+        wait_until(lambda: committed_vs_end(settings, settings.names.group("huge"), topic)
+                   == (n, n), 90, "every record committed, the large one included")
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(60)
+        plat.stop_all()
+    runs = succeeded(read_ledger(plat.ledger))
+    assert sorted(runs) == [i for i in range(n) if i != 1] and set(runs.values()) == {1}
+    letters: list[Any] = read_topic(settings, settings.names.dlq_topic("huge"), 30.0)
+    assert len(letters) == 1
+    letter = letters[0]
+    headers = dict(letter.headers() or [])
+    assert letter.value() == big and letter.key() == b"k1"
+    assert headers["asynctier.reason"] == b"too_large"
+    assert headers["asynctier.error"].startswith(b"too_large: the record")
+    assert headers["asynctier.origin"] == f"{topic}/0/1".encode()
+
+
+def test_a_call_too_large_to_send_is_answered_at_once_every_item_failed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from asynctier.delay_streams.handoff import TOO_LARGE, Handoff
+    from asynctier.platform import rpc
+
+    monkeypatch.setattr(rpc, "MAX_REQUEST_BYTES", 5000)
+    client = SchedulerClient(lambda: ["127.0.0.1:9"])
+
+    def never(payload: bytes) -> Any:
+        raise AssertionError("a call too large to send was sent")
+
+    monkeypatch.setattr(client, "_send", never)
+    item: Any = {"id": 7, "binding": "big", "payload": b"x" * 6000, "key": None,
+                 "headers": [], "attempt": 1, "source_ref": "big/0/7", "record_time_ms": 0}
+    [outcome] = client.submit([item]).result()
+    assert outcome["id"] == 7 and outcome["status"] == "failed"
+    assert (outcome["error"] or "").startswith(rpc.TOO_LARGE_ERROR)
+    written: list[tuple[str, list[tuple[str, bytes | None]]]] = []
+
+    class Producer_:
+        def produce(self, topic: str, value: bytes | None, key: bytes | None,
+                    headers: list[tuple[str, bytes | None]]) -> None:
+            written.append((topic, headers))
+
+    handoff = Handoff(Settings(), Producer_())  # type: ignore[arg-type]
+    parcel = Parcel(b"x" * 6000, None, [], "big/0/7", 1, 0)
+    assert handoff.resolve(Binding("big", "big", "m:f"), parcel, outcome) == "dead_letter"
+    assert dict(written[0][1])["asynctier.reason"] == TOO_LARGE.encode()

@@ -29,7 +29,13 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import format_duration
 from asynctier.platform.errors import MAX_RETRY_AFTER_S
-from asynctier.platform.kafka import ConfirmingProducer
+from asynctier.platform.kafka import (
+    DLQ_MAX_MESSAGE_BYTES,
+    ConfirmingProducer,
+    admin,
+    raise_topic_minimums,
+)
+from asynctier.platform.rpc import TOO_LARGE_ERROR
 from asynctier.platform.wire import Outcome
 
 log = logging.getLogger(__name__)
@@ -157,6 +163,7 @@ class Handoff:
     """Writes delay and dead-letter records through one confirming producer."""
 
     def __init__(self, settings: Settings, producer: ConfirmingProducer | None = None) -> None:
+        self.settings = settings
         self.names = settings.names
         self.producer = producer or ConfirmingProducer(settings)
         self._retries: Counter[tuple[str, str]] = Counter()
@@ -171,7 +178,8 @@ class Handoff:
             return "ok"
         error = outcome["error"] or status
         if status == "failed":
-            reason = "undecodable" if error.startswith("undecodable") else "rejected"
+            reason = ("undecodable" if error.startswith("undecodable") else
+                      TOO_LARGE if error.startswith(TOO_LARGE_ERROR) else "rejected")
             self.dead_letter(binding, parcel, reason, error, parcel.attempt)
             return "dead_letter"
         spends = outcome["spends_attempt"]
@@ -282,9 +290,32 @@ class Handoff:
         headers.append((n.H_REASON, reason.encode()))
         if parcel.due_ms:
             headers.append((n.H_DUE, str(parcel.due_ms).encode()))
-        self.producer.produce(topic, parcel.value, parcel.key, headers)
+        need = record_bytes(parcel) + DELAY_OVERHEAD_BYTES
+        if need > DLQ_MAX_MESSAGE_BYTES:
+            self._dead_letter_oversized(topic, parcel, headers, need)
+        else:
+            self.producer.produce(topic, parcel.value, parcel.key, headers)
         self._dead[(name, reason)] += 1
         return topic
+
+    def _dead_letter_oversized(self, topic: str, parcel: Parcel,
+                               headers: list[tuple[str, bytes | None]], need: int) -> None:
+        """Write a record larger than a dead-letter topic takes (only a source topic
+        configured past :data:`DLQ_MAX_MESSAGE_BYTES` holds one) at once, whole: the topic's
+        ``max.message.bytes`` is raised to fit it and a producer of its own, allowed that
+        size, writes it and waits for its delivery. Raises HandoffError if it was not
+        delivered (the caller tries again, as with any hand-off)."""
+        log.warning("a dead letter of %s bytes for %s, more than the %s a dead-letter topic "
+                    "takes by default: raising %s's max.message.bytes to fit it",
+                    f"{need:,}", topic, f"{DLQ_MAX_MESSAGE_BYTES:,}", topic)
+        raise_topic_minimums(admin(self.settings), {topic: {"max.message.bytes": need}})
+        producer = ConfirmingProducer(self.settings,
+                                      **{"message.max.bytes": need + 1024 * 1024})
+        try:
+            producer.produce(topic, parcel.value, parcel.key, headers)
+            producer.confirm(60.0)
+        finally:
+            producer.close(0)
 
     def _headers(self, binding: Binding | str, parcel: Parcel, attempt: int,
                  error: str) -> list[tuple[str, bytes | None]]:

@@ -34,6 +34,8 @@ from asynctier.platform.wire import (
     decode_items,
     decode_outcomes,
     encode_items,
+    encode_outcomes,
+    failed,
     retry,
     wire_version,
 )
@@ -61,6 +63,12 @@ MAX_MESSAGE = 64 * 1024 * 1024
 #: :data:`MAX_MESSAGE` (which a call over it would fail at every try). Only a single record
 #: larger than that travels alone.
 MAX_CALL_BYTES = 16 * 1024 * 1024
+#: The largest submit request sent: one record larger than this (only a topic configured
+#: past :data:`MAX_MESSAGE` holds one) can never reach a scheduler, so its call is answered
+#: at once, ``failed`` with a reason starting with :data:`TOO_LARGE_ERROR`, and the record
+#: goes to the dead-letter topic whole instead of holding its binding back for ever.
+MAX_REQUEST_BYTES = MAX_MESSAGE - 64 * 1024
+TOO_LARGE_ERROR = "too_large:"
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE),
     ("grpc.max_receive_message_length", MAX_MESSAGE),
@@ -174,7 +182,10 @@ class PendingCall:
         self.count = len(items) if items is not None else (count or 0)
         self.payload = payload
         self.crashes = 0
-        self.address, self.future = client._send(payload)
+        if len(payload) > MAX_REQUEST_BYTES:
+            self.address, self.future = "", self._too_large()
+        else:
+            self.address, self.future = client._send(payload)
 
     @property
     def items(self) -> list[Item]:
@@ -218,6 +229,20 @@ class PendingCall:
                 return self._isolate(stop)
             self.client._wait_for_one(stop)
             self.address, self.future = self.client._send(self.payload)
+
+    def _too_large(self) -> Future[bytes]:
+        """The answer to a call too large to send: every item failed (a dead letter)."""
+        log.error("a batch of %d item(s) takes %s bytes, more than the %s a submit call "
+                  "carries: not sent; each item goes to its binding's dead-letter topic "
+                  "(reason too_large)", self.count, f"{len(self.payload):,}",
+                  f"{MAX_REQUEST_BYTES:,}")
+        answer: Future[bytes] = Future()
+        answer.set_result(encode_outcomes([
+            failed(i["id"], f"{TOO_LARGE_ERROR} the record and its batch take "
+                            f"{len(self.payload):,} bytes, more than the {MAX_REQUEST_BYTES:,} "
+                            "a call to the scheduler carries: it was not run")
+            for i in self.items]))
+        return answer
 
     def _refused(self, exc: grpc.RpcError) -> list[Outcome]:
         """The scheduler could not read the batch: sending it again would not help, so
