@@ -59,9 +59,9 @@ def test_parts_keep_every_entry_in_order_each_under_the_cap_or_alone(
         assert total <= CAP or len(part) == 1
 
 
-def _calls(client: SchedulerClient, method: str) -> list[int]:
-    """Wrap ``client.<method>``: the number of items of each call."""
-    counts: list[int] = []
+def _calls(client: SchedulerClient, method: str, counts: list[int] | None = None) -> list[int]:
+    """Wrap ``client.<method>``: the number of items of each call (added to ``counts``)."""
+    counts = [] if counts is None else counts
     real = getattr(client, method)
 
     def counted(*args: Any) -> Any:
@@ -70,6 +70,36 @@ def _calls(client: SchedulerClient, method: str) -> list[int]:
 
     setattr(client, method, counted)
     return counts
+
+
+def _tail_until_committed(settings: Settings, tmp_path: Path, name: str, topic: str, n: int,
+                          options: TailerOptions, timeout_s: float,
+                          wrap: Callable[[SchedulerClient], object] | None = None
+                          ) -> FaultPlatform:
+    """Bind ``name`` to ``topic``, start a scheduler process, and run a tailer in this
+    process until the ``n`` records of ``topic`` are committed; ``wrap`` sees the client
+    first. Returns the platform, stopped."""
+    plat = FaultPlatform(settings, tmp_path)
+    stop = threading.Event()
+    thread = None
+    try:
+        plat.bind(name, topic)
+        plat.start("scheduler")
+        binding = BindingRegistry(settings).load()[name]
+        client = SchedulerClient(lambda: [f"127.0.0.1:{plat.ports['scheduler']}"])
+        if wrap is not None:
+            wrap(client)
+        tailer = KafkaTailer(settings, binding, client, options)
+        thread = threading.Thread(target=tailer.run, args=(stop,), daemon=True)
+        thread.start()
+        wait_until(lambda: committed_vs_end(settings, settings.names.group(name), topic)
+                   == (n, n), timeout_s, "every record committed")
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(60)
+        plat.stop_all()
+    return plat
 
 
 @pytest.mark.parametrize("large", ["values", "headers"])
@@ -88,25 +118,10 @@ def test_a_tailer_cuts_a_batch_of_large_records_into_calls_under_the_cap(
             producer.produce(topic, json.dumps({"id": i}).encode(), str(i).encode(),
                              headers=[("trace", b"t" * (PAD // 2)), ("span", b"s" * (PAD // 2))])
         assert producer.flush(30) == 0
-    plat = FaultPlatform(settings, tmp_path)
-    stop = threading.Event()
-    thread = None
-    try:
-        plat.bind("big", topic)
-        plat.start("scheduler")
-        binding = BindingRegistry(settings).load()["big"]
-        client = SchedulerClient(lambda: [f"127.0.0.1:{plat.ports['scheduler']}"])
-        calls = _calls(client, "submit_encoded")
-        tailer = KafkaTailer(settings, binding, client, TailerOptions(batch_size=1000))
-        thread = threading.Thread(target=tailer.run, args=(stop,), daemon=True)
-        thread.start()
-        wait_until(lambda: committed_vs_end(settings, settings.names.group("big"), topic)
-                   == (n, n), 60, "every record committed")
-    finally:
-        stop.set()
-        if thread is not None:
-            thread.join(60)
-        plat.stop_all()
+    calls: list[int] = []
+    plat = _tail_until_committed(settings, tmp_path, "big", topic, n,
+                                 TailerOptions(batch_size=1000), 60,
+                                 lambda client: _calls(client, "submit_encoded", calls))
     assert sum(calls) == n and max(calls) <= CAP // PAD, calls
     runs = succeeded(read_ledger(plat.ledger))
     assert sorted(runs) == list(range(n)) and set(runs.values()) == {1}
@@ -153,24 +168,7 @@ def test_a_record_too_large_for_any_call_is_a_dead_letter_kept_whole_and_the_res
         producer.produce(topic, value, f"k{i}".encode())
     assert producer.flush(60) == 0
     del producer
-    plat = FaultPlatform(settings, tmp_path)
-    stop = threading.Event()
-    thread = None
-    try:
-        plat.bind("huge", topic)
-        plat.start("scheduler")
-        binding = BindingRegistry(settings).load()["huge"]
-        client = SchedulerClient(lambda: [f"127.0.0.1:{plat.ports['scheduler']}"])
-        tailer = KafkaTailer(settings, binding, client, TailerOptions())
-        thread = threading.Thread(target=tailer.run, args=(stop,), daemon=True)
-        thread.start()
-        wait_until(lambda: committed_vs_end(settings, settings.names.group("huge"), topic)
-                   == (n, n), 90, "every record committed, the large one included")
-    finally:
-        stop.set()
-        if thread is not None:
-            thread.join(60)
-        plat.stop_all()
+    plat = _tail_until_committed(settings, tmp_path, "huge", topic, n, TailerOptions(), 90)
     runs = succeeded(read_ledger(plat.ledger))
     assert sorted(runs) == [i for i in range(n) if i != 1] and set(runs.values()) == {1}
     letters: list[Any] = read_topic(settings, settings.names.dlq_topic("huge"), 30.0)
