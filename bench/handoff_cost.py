@@ -16,10 +16,12 @@ librdkafka's own included) from the first produce to the confirmed delivery of t
 - **bare produce, no headers**: the same records without headers (what the client costs
   without the platform's headers).
 
-Prints the median of the rounds per way, in µs of CPU per record. The retry flood of
-``bench/run.py`` pays the hand-off for every record on top of what the success run pays;
-the Kafka broker's own share of a delay record is in its ``CPU-s / 1k (Kafka + Redis)``
-column. Kafka and Redis: ``ASYNCTIER_KAFKA_BOOTSTRAP`` / ``ASYNCTIER_REDIS_URL`` when set,
+Prints the median of the rounds per way, in µs of CPU per record, of this process and
+(when its process is known: started by the run, or found listening on its port) of the
+Kafka broker. The retry flood of ``bench/run.py`` pays the hand-off for every record on
+top of what the success run pays. Producer settings can be changed for a comparison with
+the ``[kafka]`` table of a config file (``ASYNCTIER_CONFIG``), as for the platform. Kafka
+and Redis: ``ASYNCTIER_KAFKA_BOOTSTRAP`` / ``ASYNCTIER_REDIS_URL`` when set,
 else started for the run (see :mod:`bench.stack`).
 """
 
@@ -33,6 +35,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 from confluent_kafka import Consumer
 
 from asynctier.delay_streams.handoff import Handoff
@@ -64,10 +67,20 @@ def read_back(bootstrap: str, topic: str, n: int, timeout_s: float = 60.0) -> li
     return got
 
 
-def _cpu_us_per_record(n: int, work: Callable[[], None]) -> float:
-    started = time.process_time()
+def _broker_cpu_s(broker: psutil.Process | None) -> float:
+    if broker is None:
+        return 0.0
+    times = broker.cpu_times()
+    return float(times.user + times.system)
+
+
+def _cpu_us_per_record(n: int, work: Callable[[], None],
+                       broker: psutil.Process | None) -> tuple[float, float]:
+    """This process's and the broker's CPU µs per record while ``work`` ran."""
+    started, broker_started = time.process_time(), _broker_cpu_s(broker)
     work()
-    return (time.process_time() - started) / n * 1e6
+    return ((time.process_time() - started) / n * 1e6,
+            (_broker_cpu_s(broker) - broker_started) / n * 1e6)
 
 
 def main() -> None:
@@ -124,16 +137,22 @@ def main() -> None:
             "hand-off (resolve_messages + confirm)": hand_off,
             "bare produce, the same six headers": produce(True),
             "bare produce, no headers": produce(False)}
-        got: dict[str, list[float]] = {name: [] for name in ways}
+        got: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
+        broker = psutil.Process(svc.kafka_pid) if svc.kafka_pid else None
         produce(False)()  # warm-up: connections, the topic's metadata
         for _ in range(args.rounds):
             for name, work in ways.items():
-                got[name].append(_cpu_us_per_record(n, work))
+                got[name].append(_cpu_us_per_record(n, work, broker))
         bare.close()
         handoff.producer.close()
     for name, rounds in got.items():
-        print(f"{name}: {statistics.median(rounds):.2f} us CPU/record (rounds: "
-              f"{', '.join(f'{r:.2f}' for r in rounds)}; {n:,} records each)")
+        mine, theirs = [r[0] for r in rounds], [r[1] for r in rounds]
+        line = (f"{name}: {statistics.median(mine):.2f} us CPU/record in this process "
+                f"(rounds: {', '.join(f'{r:.2f}' for r in mine)})")
+        if broker is not None:
+            line += (f", the broker {statistics.median(theirs):.2f} "
+                     f"(rounds: {', '.join(f'{r:.2f}' for r in theirs)})")
+        print(f"{line}; {n:,} records each")
 
 
 if __name__ == "__main__":
