@@ -33,54 +33,29 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
-
-import psutil
-from confluent_kafka import Consumer
 
 from asynctier.delay_streams.handoff import Handoff
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.kafka import ConfirmingProducer
+from asynctier.platform.names import H_ATTEMPT, H_BINDING, H_DUE, H_ERROR, H_FIRST_SEEN, H_ORIGIN
 from asynctier.platform.wire import Outcome, retry
-from bench.records import preload
+from bench.measure import Meter, single
+from bench.records import preload, read_messages
 from bench.stack import services
 
 ERROR = "RuntimeError: bench: this function always fails"
 
 
-def read_back(bootstrap: str, topic: str, n: int, timeout_s: float = 60.0) -> list[Any]:
-    """The ``n`` records of ``topic``, as confluent-kafka Messages."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"cost-{uuid.uuid4()}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe([topic])
-    got: list[Any] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(got) < n:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"read {len(got):,} of {n:,} records of {topic}")
-            got += [m for m in consumer.consume(1000, 1.0) if m.error() is None]
-    finally:
-        consumer.close()
-    return got
-
-
-def _broker_cpu_s(broker: psutil.Process | None) -> float:
-    if broker is None:
-        return 0.0
-    times = broker.cpu_times()
-    return float(times.user + times.system)
-
-
-def _cpu_us_per_record(n: int, work: Callable[[], None],
-                       broker: psutil.Process | None) -> tuple[float, float]:
+def _cpu_us_per_record(n: int, work: Callable[[], None], broker: Meter) -> tuple[float, float]:
     """This process's and the broker's CPU µs per record while ``work`` ran."""
-    started, broker_started = time.process_time(), _broker_cpu_s(broker)
+    broker.sample()
+    started, broker_started = time.process_time(), broker.cpu()["broker"]
     work()
+    broker.sample()
     return ((time.process_time() - started) / n * 1e6,
-            (_broker_cpu_s(broker) - broker_started) / n * 1e6)
+            (broker.cpu()["broker"] - broker_started) / n * 1e6)
 
 
 def main() -> None:
@@ -95,29 +70,27 @@ def main() -> None:
         settings = Settings.load(None)
         source = f"{settings.prefix}.src"
         preload(svc.kafka_bootstrap, source, n)
-        messages = read_back(svc.kafka_bootstrap, source, n)
+        messages = read_messages(svc.kafka_bootstrap, source, n)
         binding = Binding("cost", source, "bench.noop:fail")
         ensure_binding_topics(settings, [binding])
         handoff = Handoff(settings)
         topic = settings.names.delay_topic("30s")
         outcomes: list[Outcome] = [retry(i, ERROR) for i in range(n)]
         origins = [f"{m.topic()}/{m.partition()}/{m.offset()}" for m in messages]
-        size = sum(len(m.value() or b"") for m in messages)
         now = str(int(time.time() * 1000)).encode()
         bare = ConfirmingProducer(settings)
-        fixed: list[tuple[str, bytes | None]] = [("asynctier.binding", b"cost"),
-                                                 ("asynctier.attempt", b"2")]
+        fixed: list[tuple[str, bytes | None]] = [(H_BINDING, b"cost"), (H_ATTEMPT, b"2")]
         tail: list[tuple[str, bytes | None]] = [
-            ("asynctier.error", ERROR.encode()), ("asynctier.first-seen", now),
-            ("asynctier.due", now)]
-        with_headers = [[*fixed, ("asynctier.origin", o.encode()), *tail] for o in origins]
+            (H_ERROR, ERROR.encode()), (H_FIRST_SEEN, now), (H_DUE, now)]
+        with_headers = [[*fixed, (H_ORIGIN, o.encode()), *tail] for o in origins]
 
         def hand_off() -> None:
             for at in range(0, n, 1000):
-                counts = handoff.resolve_messages(binding, messages[at:at + 1000],
-                                                  outcomes[:min(1000, n - at)],
-                                                  origins[at:at + 1000], size)
-                if counts["retry"] != min(1000, n - at):
+                batch = messages[at:at + 1000]  # as a tailer reads them, with their bytes
+                counts = handoff.resolve_messages(binding, batch, outcomes[:len(batch)],
+                                                  origins[at:at + 1000],
+                                                  sum(len(m.value() or b"") for m in batch))
+                if counts["retry"] != len(batch):
                     raise RuntimeError(f"expected every record retried, got {counts}")
             handoff.confirm()
 
@@ -138,7 +111,7 @@ def main() -> None:
             "bare produce, the same six headers": produce(True),
             "bare produce, no headers": produce(False)}
         got: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
-        broker = psutil.Process(svc.kafka_pid) if svc.kafka_pid else None
+        broker = Meter({"broker": single(svc.kafka_pid)})
         produce(False)()  # warm-up: connections, the topic's metadata
         for _ in range(args.rounds):
             for name, work in ways.items():
@@ -149,7 +122,7 @@ def main() -> None:
         mine, theirs = [r[0] for r in rounds], [r[1] for r in rounds]
         line = (f"{name}: {statistics.median(mine):.2f} us CPU/record in this process "
                 f"(rounds: {', '.join(f'{r:.2f}' for r in mine)})")
-        if broker is not None:
+        if svc.kafka_pid is not None:
             line += (f", the broker {statistics.median(theirs):.2f} "
                      f"(rounds: {', '.join(f'{r:.2f}' for r in theirs)})")
         print(f"{line}; {n:,} records each")

@@ -137,20 +137,25 @@ class GroupProgress:
         self._consumer.close()
 
 
-def read_values(bootstrap: str, topic: str, n: int, timeout_s: float = 60.0) -> list[bytes]:
-    """The first ``n`` record values of ``topic`` (all partitions), for the peers' feeders."""
+def read_messages(bootstrap: str, topic: str, n: int,
+                  timeout_s: float = 60.0) -> list[Any]:
+    """The first ``n`` records of ``topic`` (all partitions), as confluent-kafka Messages."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-feed-{time.time()}",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     consumer.subscribe([topic])
-    values: list[bytes] = []
+    messages: list[Any] = []
     deadline = time.monotonic() + timeout_s
     try:
-        while len(values) < n and time.monotonic() < deadline:
-            for msg in consumer.consume(min(1000, n - len(values)), 0.5):
-                if msg.error() is None:
-                    values.append(msg.value() or b"")
+        while len(messages) < n and time.monotonic() < deadline:
+            messages += [msg for msg in consumer.consume(min(1000, n - len(messages)), 0.5)
+                         if msg.error() is None]
     finally:
         consumer.close()
-    if len(values) < n:
-        raise RuntimeError(f"read only {len(values)} of {n} records from {topic}")
-    return values
+    if len(messages) < n:
+        raise RuntimeError(f"read only {len(messages)} of {n} records from {topic}")
+    return messages
+
+
+def read_values(bootstrap: str, topic: str, n: int, timeout_s: float = 60.0) -> list[bytes]:
+    """The first ``n`` record values of ``topic`` (all partitions), for the peers' feeders."""
+    return [msg.value() or b"" for msg in read_messages(bootstrap, topic, n, timeout_s)]

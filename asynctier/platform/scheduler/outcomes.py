@@ -50,9 +50,7 @@ def of_exception(item_id: int, exc: BaseException) -> Outcome:
         return retry(item_id, exc.reason[:MAX_ERROR], after_s=after)
     if isinstance(exc, Reject):
         return failed(item_id, exc.reason[:MAX_ERROR])
-    # wire.retry(item_id, error_text(exc)), written out: once per record in a retry flood
-    return {"id": item_id, "status": "retry", "after_s": None, "error": error_text(exc),
-            "spends_attempt": True}
+    return retry(item_id, error_text(exc))
 
 
 def timed_out(item_id: int, timeout_s: float) -> Outcome:
