@@ -32,8 +32,12 @@ class _Recorder:
         self.careful += 1
         self.records.append((topic, value, key, list(headers or [])))
 
-    def client_produce(self, topic: str, value: bytes | None, key: bytes | None = None,
-                       headers: list[Any] | None = None) -> None:
+    def client_produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                       partition: int = -1, callback: Any = None, on_delivery: Any = None,
+                       timestamp: int = 0, headers: list[Any] | None = None) -> None:
+        """confluent_kafka.Producer.produce's arguments, in its order: a record is left to
+        the partitioner, the producer's own delivery callback and the time now."""
+        assert (partition, callback, on_delivery, timestamp) == (-1, None, None, 0)
         if self.full:
             raise BufferError("Local: Queue full")
         self.records.append((topic, value, key, list(headers or [])))

@@ -243,8 +243,9 @@ class Handoff:
             origin = (origins[outcome["id"]] if origins is not None
                       else f"{msg.topic()}/{msg.partition()}/{msg.offset()}").encode()
             headers = [*plan.head, (n.H_ORIGIN, origin), *plan.tail]
-            try:
-                fast(plan.topic, msg.value(), msg.key(), headers=headers)  # type: ignore[arg-type]
+            try:  # by position: see PRODUCE_ANY_PARTITION
+                fast(plan.topic, msg.value(), msg.key(), -1, None, None, 0,
+                     headers)  # type: ignore[arg-type]
             except (BufferError, KafkaException):
                 produce(plan.topic, msg.value(), msg.key(), headers)
             plan.count += 1

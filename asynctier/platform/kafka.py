@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (  # type: ignore[attr-defined]  # public, re-exported
@@ -330,6 +330,17 @@ def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
     return conf
 
 
+#: ``Producer.produce``'s positional arguments between ``key`` and ``timestamp``: any
+#: partition (librdkafka's RD_KAFKA_PARTITION_UA), the default delivery callback (twice:
+#: ``callback`` and its alias ``on_delivery``). Hot loops pass ``timestamp`` and ``headers``
+#: by position after these. The client parses keyword arguments by looking up each of its
+#: keywords by name, so ``headers=`` as a keyword cost 0.6-1.2 us a call in the producing
+#: thread (100,000 produces of a delay record's six headers, 2026-11-30: 3.0-3.5 us by
+#: position against 3.9-4.2 by keyword), as much as the six headers themselves.
+PRODUCE_ANY_PARTITION: Final = -1
+_NO_PARTITION_NOR_CALLBACK: Final = (PRODUCE_ANY_PARTITION, None, None)
+
+
 class ConfirmingProducer:
     """A producer whose :meth:`confirm` says whether everything produced since was delivered.
 
@@ -357,12 +368,9 @@ class ConfirmingProducer:
         """Queue one record; its delivery is checked by the next :meth:`confirm`."""
         while True:
             try:
-                if headers:
-                    self._producer.produce(topic, value, key,
-                                           headers=headers,  # type: ignore[arg-type]
-                                           timestamp=timestamp_ms)
-                else:
-                    self._producer.produce(topic, value, key, timestamp=timestamp_ms)
+                self._producer.produce(topic, value, key, *_NO_PARTITION_NOR_CALLBACK,
+                                       timestamp_ms,
+                                       headers or None)  # type: ignore[arg-type]
                 return
             except BufferError:
                 self._producer.poll(0.05)
