@@ -89,6 +89,29 @@ def test_list_and_show(settings: Settings) -> None:
 
     missing = cli(settings, None, "dlq", "show", "orders", "7")
     assert missing.exit_code == 2 and "offsets 0 to 1 exist" in missing.output
+    raw = cli(settings, None, "dlq", "show", "orders", "1", "--raw")
+    assert raw.exit_code == 0 and raw.stdout_bytes == b"\xff\x00binary"
+    both = cli(settings, None, "dlq", "show", "orders", "1", "--raw", "--json")
+    assert both.exit_code == 2 and "give one of them" in both.output
+
+
+def test_show_cuts_a_long_value_and_raw_prints_it_whole(settings: Settings) -> None:
+    """A dead letter may be 64 MB: ``dlq show`` prints the start of a long value and says
+    how to get the rest; ``--raw`` and ``--json`` give it whole."""
+    from asynctier.cli.dlq import SHOW_VALUE_CHARS
+
+    value = ("".join(f"{i:07d}," for i in range(5_000))).encode()  # 40,000 bytes
+    dead_letters(settings, "orders", [value])
+    text = cli(settings, None, "dlq", "show", "orders", "0")
+    assert text.exit_code == 0, text.output
+    assert "value (utf-8, 40,000 bytes):" in text.output
+    assert value[:SHOW_VALUE_CHARS].decode() in text.output
+    assert value[SHOW_VALUE_CHARS:SHOW_VALUE_CHARS + 8].decode() not in text.output
+    assert f"the first {SHOW_VALUE_CHARS:,} of 40,000 characters" in text.output
+    assert "dlq show orders 0 --raw" in text.output
+    assert cli(settings, None, "dlq", "show", "orders", "0", "--raw").stdout_bytes == value
+    shown = json.loads(cli(settings, None, "dlq", "show", "orders", "0", "--json").output)
+    assert shown["value"] == value.decode()
     unknown = cli(settings, None, "dlq", "list", "nobody")
     assert unknown.exit_code == 2 and "no dead-letter topic" in unknown.output
 

@@ -53,14 +53,28 @@ def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+#: ``dlq show`` prints at most this much of a value as text (``--raw`` and ``--json`` give it
+#: whole): a dead letter may be up to 64 MB.
+SHOW_VALUE_CHARS = 4096
+
+
 @dlq.command()
 @click.argument("binding")
 @click.argument("offset", type=int)
-@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, the value whole.")
+@click.option("--raw", is_flag=True,
+              help="Only the value's bytes, as they are (for example `--raw > record.bin`).")
 @click.pass_context
-def show(ctx: click.Context, binding: str, offset: int, as_json: bool) -> None:
-    """Every header and the value of one dead letter (text when UTF-8, else base64)."""
-    doc = show_dead_letter(settings_of(ctx), binding, offset).detail()
+def show(ctx: click.Context, binding: str, offset: int, as_json: bool, raw: bool) -> None:
+    """Every header and the value of one dead letter (text when UTF-8, else base64; the
+    first 4,096 characters of a longer value)."""
+    if as_json and raw:
+        raise click.UsageError("--json and --raw are two ways to print it: give one of them")
+    letter = show_dead_letter(settings_of(ctx), binding, offset)
+    if raw:
+        click.echo(letter.value or b"", nl=False)
+        return
+    doc = letter.detail()
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
@@ -70,8 +84,18 @@ def show(ctx: click.Context, binding: str, offset: int, as_json: bool) -> None:
     click.echo("headers:")
     for header in doc["headers"]:
         click.echo(f"  {header['name']}: {header['value']}")
-    click.echo(f"value ({doc['value_encoding']}):")
-    click.echo(doc["value"] if doc["value"] is not None else "(null)")
+    value = doc["value"]
+    size = len(letter.value or b"")
+    click.echo(f"value ({doc['value_encoding']}, {size:,} bytes):")
+    if value is None:
+        click.echo("(null)")
+    elif len(value) <= SHOW_VALUE_CHARS:
+        click.echo(value)
+    else:
+        click.echo(value[:SHOW_VALUE_CHARS])
+        click.echo(f"... the first {SHOW_VALUE_CHARS:,} of {len(value):,} characters: "
+                   f"`asynctier dlq show {binding} {offset} --raw` prints the value whole "
+                   "(or --json)")
 
 
 @dlq.command("replay")
