@@ -87,6 +87,10 @@ def test_missing_delay_topic_blocks_commits_until_it_is_back(
         plat: FaultPlatform, settings: Settings, unique_topic: Callable[..., str],
         fault_results: list[Report]) -> None:
     topic = unique_topic(2)
+    # A record for a topic the broker does not have fails once the client has waited this
+    # long for the topic to appear (librdkafka's default: 30 s, most of this test's time)
+    with plat.config_file().open("a") as config:
+        config.write('"topic.metadata.propagation.max.ms" = "3000"\n')
     plat.bind("orders", topic, "--retry-ladder", "1s,2s")
     plat.start("scheduler")
     plat.start("delay")
