@@ -14,9 +14,15 @@ librdkafka's own included) from the first produce to the confirmed delivery of t
 - **bare produce, same headers**: ``Producer.produce`` of the same records with six
   headers of the same sizes built beforehand (the client's share of the hand-off);
 - **bare produce, no headers**: the same records without headers (what the client costs
-  without the platform's headers).
+  without the platform's headers);
+- **client produce, six headers by keyword / by position**: the Kafka client's own
+  ``produce`` with the same headers passed as ``headers=...``, and by position as the
+  hand-off passes them (the client looks each keyword up by name: see
+  ``asynctier.platform.kafka.PRODUCE_ANY_PARTITION``).
 
-Prints the median of the rounds per way, in µs of CPU per record, of this process and
+Prints the median of the rounds per way, in µs of CPU per record, of this process, of the
+thread that produces (the calls and the wait for delivery, without librdkafka's threads),
+and
 (when its process is known: started by the run, or found listening on its port) of the
 Kafka broker. The retry flood of ``bench/run.py`` pays the hand-off for every record on
 top of what the success run pays. Producer settings can be changed for a comparison with
@@ -48,13 +54,17 @@ from bench.stack import services
 ERROR = "RuntimeError: bench: this function always fails"
 
 
-def _cpu_us_per_record(n: int, work: Callable[[], None], broker: Meter) -> tuple[float, float]:
-    """This process's and the broker's CPU µs per record while ``work`` ran."""
+def _cpu_us_per_record(n: int, work: Callable[[], None],
+                       broker: Meter) -> tuple[float, float, float]:
+    """This process's, this thread's and the broker's CPU µs per record while ``work``
+    ran."""
     broker.sample()
-    started, broker_started = time.process_time(), broker.cpu()["broker"]
+    started, thread_started = time.process_time(), time.thread_time()
+    broker_started = broker.cpu()["broker"]
     work()
+    thread = time.thread_time() - thread_started
     broker.sample()
-    return ((time.process_time() - started) / n * 1e6,
+    return ((time.process_time() - started) / n * 1e6, thread / n * 1e6,
             (broker.cpu()["broker"] - broker_started) / n * 1e6)
 
 
@@ -106,11 +116,28 @@ def main() -> None:
                 bare.confirm()
             return go
 
+        def client(by_keyword: bool) -> Callable[[], None]:
+            fast = bare.client_produce
+
+            def go() -> None:
+                for i, msg in enumerate(messages):
+                    if by_keyword:
+                        fast(topic, msg.value(), None, headers=with_headers[i])  # type: ignore[arg-type]
+                    else:
+                        fast(topic, msg.value(), None, -1, None, None, 0,
+                             with_headers[i])  # type: ignore[arg-type]
+                    if i % 1000 == 999:
+                        bare.poll(0)
+                bare.confirm()
+            return go
+
         ways: dict[str, Callable[[], None]] = {
             "hand-off (resolve_messages + confirm)": hand_off,
             "bare produce, the same six headers": produce(True),
-            "bare produce, no headers": produce(False)}
-        got: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
+            "bare produce, no headers": produce(False),
+            "client produce, six headers by keyword": client(True),
+            "client produce, six headers by position": client(False)}
+        got: dict[str, list[tuple[float, float, float]]] = {name: [] for name in ways}
         broker = Meter({"broker": single(svc.kafka_pid)})
         produce(False)()  # warm-up: connections, the topic's metadata
         for _ in range(args.rounds):
@@ -119,9 +146,11 @@ def main() -> None:
         bare.close()
         handoff.producer.close()
     for name, rounds in got.items():
-        mine, theirs = [r[0] for r in rounds], [r[1] for r in rounds]
+        mine, thread, theirs = ([r[0] for r in rounds], [r[1] for r in rounds],
+                                [r[2] for r in rounds])
         line = (f"{name}: {statistics.median(mine):.2f} us CPU/record in this process "
-                f"(rounds: {', '.join(f'{r:.2f}' for r in mine)})")
+                f"(rounds: {', '.join(f'{r:.2f}' for r in mine)}), "
+                f"{statistics.median(thread):.2f} in the producing thread")
         if svc.kafka_pid is not None:
             line += (f", the broker {statistics.median(theirs):.2f} "
                      f"(rounds: {', '.join(f'{r:.2f}' for r in theirs)})")

@@ -334,9 +334,10 @@ def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
 #: partition (librdkafka's RD_KAFKA_PARTITION_UA), the default delivery callback (twice:
 #: ``callback`` and its alias ``on_delivery``). Hot loops pass ``timestamp`` and ``headers``
 #: by position after these. The client parses keyword arguments by looking up each of its
-#: keywords by name, so ``headers=`` as a keyword cost 0.6-1.2 us a call in the producing
-#: thread (100,000 produces of a delay record's six headers, 2026-11-30: 3.0-3.5 us by
-#: position against 3.9-4.2 by keyword), as much as the six headers themselves.
+#: keywords by name, so ``headers=`` as a keyword cost 0.2-1.2 us a call in the producing
+#: thread, 10-30% of the call (``python -m bench.handoff_cost``, 2026-11-30: 1.91-2.00 us
+#: a delay record by position against 2.21-2.22 by keyword in a fast hour; 3.0-3.5
+#: against 3.9-4.2 in a slower one).
 PRODUCE_ANY_PARTITION: Final = -1
 _NO_PARTITION_NOR_CALLBACK: Final = (PRODUCE_ANY_PARTITION, None, None)
 
