@@ -444,7 +444,9 @@ class KafkaNode:
     controller_port: int = DEFAULT_CONTROLLER_PORT
     jars: KafkaJars = field(default_factory=KafkaJars)
     path: str | None = None  # PATH used to look for java (None: the process's own)
-    heap: str = "512m"
+    #: Kafka's own default (kafka-server-start.sh). With 512 MB the broker ran out of heap
+    #: taking a 70 MB record (a dead letter may be 64 MB) after a few suites' worth of work.
+    heap: str = "1g"
     name: str = "kafka"
     #: user -> password: the client listener speaks SASL_PLAINTEXT with PLAIN (the first
     #: user is also the broker's own); None: PLAINTEXT without authentication.
