@@ -1,11 +1,14 @@
 """What a retry costs the tailer process: one delay record, against a bare produce.
 
-    python -m bench.handoff_cost [--records 100000] [--rounds 3]
+    python -m bench.handoff_cost [--records 100000] [--rounds 3] [--keys]
 
-Reads ``--records`` preloaded records back (about 100 bytes each, no key, no headers, as
-the retry flood's), then, in each round, writes all of them to a delay topic three ways
-with the platform's producer settings, and measures this process's CPU (every thread:
-librdkafka's own included) from the first produce to the confirmed delivery of the last:
+Reads ``--records`` preloaded records back (about 100 bytes each, no headers, no key as
+the retry flood's unless ``--keys``), then, in each round, writes all of them to a delay
+topic five ways with the platform's producer settings, and measures this process's CPU
+(every thread: librdkafka's own included) from the first produce to the confirmed delivery
+of the last. The hand-off writes each batch of 1,000 to one partition (see
+:class:`Handoff`); the other ways leave the partition to the client, which spreads records
+with keys over every partition by their keys:
 
 - **hand-off**: what a tailer does in a retry flood: :meth:`Handoff.resolve_messages`
   (every record a retry) and :meth:`Handoff.confirm`; each record goes to the first delay
@@ -72,6 +75,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--records", type=int, default=100_000)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--keys", action="store_true",
+                   help="records with keys (50,000 customers), as most topics hold")
     args = p.parse_args()
     n = args.records
     with services() as svc:
@@ -79,7 +84,7 @@ def main() -> None:
         os.environ["ASYNCTIER_PREFIX"] = f"bench-cost-{uuid.uuid4().hex[:6]}"
         settings = Settings.load(None)
         source = f"{settings.prefix}.src"
-        preload(svc.kafka_bootstrap, source, n)
+        preload(svc.kafka_bootstrap, source, n, keyed=args.keys)
         messages = read_messages(svc.kafka_bootstrap, source, n)
         binding = Binding("cost", source, "bench.noop:fail")
         ensure_binding_topics(settings, [binding])
@@ -108,9 +113,9 @@ def main() -> None:
             def go() -> None:
                 for i, msg in enumerate(messages):
                     if headers:
-                        bare.produce(topic, msg.value(), None, with_headers[i])
+                        bare.produce(topic, msg.value(), msg.key(), with_headers[i])
                     else:
-                        bare.produce(topic, msg.value(), None)
+                        bare.produce(topic, msg.value(), msg.key())
                     if i % 1000 == 999:
                         bare.poll(0)
                 bare.confirm()
@@ -122,9 +127,10 @@ def main() -> None:
             def go() -> None:
                 for i, msg in enumerate(messages):
                     if by_keyword:
-                        fast(topic, msg.value(), None, headers=with_headers[i])  # type: ignore[arg-type]
+                        fast(topic, msg.value(), msg.key(),
+                             headers=with_headers[i])  # type: ignore[arg-type]
                     else:
-                        fast(topic, msg.value(), None, -1, None, None, 0,
+                        fast(topic, msg.value(), msg.key(), -1, None, None, 0,
                              with_headers[i])  # type: ignore[arg-type]
                     if i % 1000 == 999:
                         bare.poll(0)

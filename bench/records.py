@@ -42,25 +42,32 @@ def _producer(bootstrap: str, **extra: Any) -> Producer:
     return Producer({"bootstrap.servers": bootstrap, **extra})
 
 
-def _produce(producer: Producer, topic: str, value: bytes, partition: int) -> None:
+def key_of(i: int) -> bytes:
+    """The key of record ``i`` of a keyed preload: 50,000 customers, in no order."""
+    return b"customer-%d" % (i * 7919 % 50_000)
+
+
+def _produce(producer: Producer, topic: str, value: bytes, partition: int,
+             key: bytes | None = None) -> None:
     while True:
         try:
-            producer.produce(topic, value, partition=partition)
+            producer.produce(topic, value, key, partition=partition)
             return
         except BufferError:
             producer.poll(0.05)
 
 
 def preload(bootstrap: str, topic: str, n: int, partitions: int = PARTITIONS,
-            **extra: object) -> float:
-    """Create ``topic`` and write ``n`` records (with ``extra`` fields) into it; returns
-    the seconds it took."""
+            keyed: bool = False, **extra: object) -> float:
+    """Create ``topic`` and write ``n`` records (with ``extra`` fields; with a key each,
+    :func:`key_of`, when ``keyed``) into it; returns the seconds it took."""
     create_topic(bootstrap, topic, partitions)
     started = time.monotonic()
     producer = _producer(bootstrap, **{"linger.ms": 50, "batch.size": 1_000_000,
                                        "compression.type": "none"})
     for i in range(n):
-        _produce(producer, topic, record(i, time.time(), **extra), i % partitions)
+        _produce(producer, topic, record(i, time.time(), **extra), i % partitions,
+                 key_of(i) if keyed else None)
         if i % 10_000 == 0:
             producer.poll(0)
     if producer.flush(120) != 0:

@@ -4,6 +4,7 @@ producer is a recorder; the real hand-off is proven by the delay and fault suite
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 from unittest import mock
 
@@ -15,32 +16,50 @@ from asynctier.delay_streams.handoff import Handoff, parcel_from_message
 from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
+from asynctier.platform.errors import HandoffError
 from asynctier.platform.wire import Outcome, failed, ok, retry
 
 
 class _Recorder:
     """Stands for ConfirmingProducer: ``produce`` is its careful path, ``client_produce``
-    the Kafka client's own call, which refuses when ``full`` (a full queue)."""
+    the Kafka client's own call, which refuses when ``full`` (a full queue); every topic
+    has ``partitions`` partitions (None: the broker could not tell)."""
 
-    def __init__(self, full: bool = False) -> None:
+    def __init__(self, full: bool = False, partitions: int | None = 8) -> None:
         self.records: list[tuple[str, bytes | None, bytes | None, list[Any]]] = []
         self.full = full
         self.careful = 0
+        self.partitions = partitions
+        self.lookups = 0
+        self.used: list[tuple[str, int]] = []  # (topic, partition) of each record
+        self.fail_next_confirm = False
 
     def produce(self, topic: str, value: bytes | None, key: bytes | None = None,
-                headers: list[Any] | None = None, timestamp_ms: int = 0) -> None:
+                headers: list[Any] | None = None, timestamp_ms: int = 0,
+                partition: int = -1) -> None:
         self.careful += 1
         self.records.append((topic, value, key, list(headers or [])))
+        self.used.append((topic, partition))
 
     def client_produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
                        partition: int = -1, callback: Any = None, on_delivery: Any = None,
                        timestamp: int = 0, headers: list[Any] | None = None) -> None:
-        """confluent_kafka.Producer.produce's arguments, in its order: a record is left to
-        the partitioner, the producer's own delivery callback and the time now."""
-        assert (partition, callback, on_delivery, timestamp) == (-1, None, None, 0)
+        """confluent_kafka.Producer.produce's arguments, in its order: the producer's own
+        delivery callback and the time now."""
+        assert (callback, on_delivery, timestamp) == (None, None, 0)
         if self.full:
             raise BufferError("Local: Queue full")
         self.records.append((topic, value, key, list(headers or [])))
+        self.used.append((topic, partition))
+
+    def partition_count(self, topic: str, timeout_s: float = 2.0) -> int | None:
+        self.lookups += 1
+        return self.partitions
+
+    def confirm(self, timeout_s: float = 30.0) -> None:
+        if self.fail_next_confirm:
+            self.fail_next_confirm = False
+            raise HandoffError("1 delivery failure(s): Local: Unknown partition")
 
 
 class _Msg:
@@ -155,8 +174,72 @@ def _compare(rows: list[tuple[Any, str, int]], max_attempts: int, with_origins: 
         expected[got] = expected.get(got, 0) + 1
 
     assert sorted(batch.records, key=repr) == sorted(single.records, key=repr)
+    for recorder in (batch, single):  # one partition per delay topic (a cycle), any for DLQs
+        delay_topics = {t for t, _ in recorder.used if ".delay." in t}
+        for topic in delay_topics:
+            assert len({p for t, p in recorder.used if t == topic}) == 1
+        assert all(0 <= p < 8 if ".delay." in t else p == -1 for t, p in recorder.used)
     assert dict(counts) == expected
     if full:  # every record the fast path tried went the careful way instead
         assert batch.careful == len(batch.records)
     assert by_batch._retries == by_record._retries
     assert by_batch._dead == by_record._dead
+
+
+def test_a_cycle_writes_a_delay_topic_to_one_partition_and_the_next_cycle_to_the_next() -> None:
+    """Records with keys or without, on the fast path or the careful one (a record with
+    headers), up to confirm() go to one partition of the delay topic; the next cycle to
+    the next one, round the partitions; the broker is asked the count once."""
+    recorder = _Recorder(partitions=3)
+    handoff = Handoff(Settings(), producer=recorder)  # type: ignore[arg-type]
+    binding = Binding("b", "orders", "tests.funcs.basic:record", retry_ladder_s=(1.0,))
+    messages = [_Msg(i, None) for i in range(10)]  # every other one with a key
+    seen = []
+    for _ in range(4):
+        recorder.used.clear()
+        counts = handoff.resolve_messages(binding, messages,
+                                          [retry(i, "E: x") for i in range(10)])
+        assert counts["retry"] == 10
+        slow = parcel_from_message(_Msg(20, [("trace", b"t")]))
+        assert handoff.resolve(binding, slow, retry(0, "E: x")) == "retry"
+        parts = {p for _, p in recorder.used}
+        assert len(recorder.used) == 11 and len(parts) == 1
+        seen.append(parts.pop())
+        handoff.confirm()
+    assert [(b - a) % 3 for a, b in itertools.pairwise(seen)] == [1, 1, 1]
+    assert recorder.lookups == 1
+    assert {key for _, _, key, _ in recorder.records} == {None, b"k0", b"k2", b"k4", b"k6",
+                                                           b"k8", b"k20"}  # keys kept
+
+
+def test_a_count_the_broker_cannot_tell_leaves_records_to_the_client() -> None:
+    recorder = _Recorder(partitions=None)
+    handoff = Handoff(Settings(), producer=recorder)  # type: ignore[arg-type]
+    binding = Binding("b", "orders", "tests.funcs.basic:record", retry_ladder_s=(1.0,))
+    for _ in range(3):
+        handoff.resolve_messages(binding, [_Msg(i, None) for i in range(5)],
+                                 [retry(i, "E: x") for i in range(5)])
+        handoff.confirm()
+    assert {p for _, p in recorder.used} == {-1}
+    assert recorder.lookups == 1  # not asked again before PARTITIONS_RETRY_S
+
+
+def test_a_failed_confirm_asks_the_broker_again() -> None:
+    """A topic may have been made again with fewer partitions: after a hand-off that was
+    not delivered, the count is asked again before the records are produced again."""
+    recorder = _Recorder(partitions=8)
+    handoff = Handoff(Settings(), producer=recorder)  # type: ignore[arg-type]
+    binding = Binding("b", "orders", "tests.funcs.basic:record", retry_ladder_s=(1.0,))
+    handoff.resolve_messages(binding, [_Msg(0, None)], [retry(0, "E: x")])
+    recorder.fail_next_confirm = True
+    try:
+        handoff.confirm()
+    except HandoffError:
+        pass
+    else:
+        raise AssertionError("confirm() should have raised")
+    recorder.partitions = 2
+    recorder.used.clear()
+    handoff.resolve_messages(binding, [_Msg(0, None)], [retry(0, "E: x")])
+    handoff.confirm()
+    assert recorder.lookups == 2 and recorder.used[0][1] in (0, 1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import random
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -28,9 +29,10 @@ from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import format_duration
-from asynctier.platform.errors import MAX_RETRY_AFTER_S
+from asynctier.platform.errors import MAX_RETRY_AFTER_S, HandoffError
 from asynctier.platform.kafka import (
     DLQ_MAX_MESSAGE_BYTES,
+    PRODUCE_ANY_PARTITION,
     ConfirmingProducer,
     admin,
     raise_topic_minimums,
@@ -135,6 +137,7 @@ class _Plan:
     head: list[tuple[str, bytes | None]]
     tail: list[tuple[str, bytes | None]]
     step: str
+    partition: int = PRODUCE_ANY_PARTITION
     count: int = 0
 
 
@@ -159,8 +162,25 @@ def first_hop(remaining_ms: int, ladder: tuple[float, ...]) -> str:
     return format_duration(min(ladder) if hop is None else hop)
 
 
+#: How long a delay topic's partition count is trusted before the broker is asked again,
+#: and how long "could not tell" is (the records then go where the client puts them).
+PARTITIONS_TTL_S = 300.0
+PARTITIONS_RETRY_S = 30.0
+
+
 class Handoff:
-    """Writes delay and dead-letter records through one confirming producer."""
+    """Writes delay and dead-letter records through one confirming producer.
+
+    The delay records of one hand-off cycle (everything produced until the next
+    :meth:`confirm`: a tailer's batch, or a few) go to one partition of each delay topic,
+    the next partition at the next cycle. Left to the client's partitioner, the records of
+    a batch with keys were spread over every partition by their keys (a key means nothing
+    in a delay topic: a record's own key and partition are in its origin), and each
+    partition got a small request of its own. 100,000 keyed delay records (2026-11-30,
+    ``python -m bench.handoff_cost --keys``, two runs each way): the broker spent 0.5-1.1 µs
+    per record a partition per batch, against 1.8-3.0 spread by key; the tailer process
+    5.6-6.6 against 6.1-7.6, within the rounds' spread.
+    """
 
     def __init__(self, settings: Settings, producer: ConfirmingProducer | None = None) -> None:
         self.settings = settings
@@ -169,6 +189,11 @@ class Handoff:
         self._retries: Counter[tuple[str, str]] = Counter()
         self._texts: dict[str, bytes] = {}
         self._dead: Counter[tuple[str, str]] = Counter()
+        # per delay topic: this cycle's partition, the last cycle's, and its partition
+        # count with the time (monotonic) to ask for it again
+        self._cycle: dict[str, int] = {}
+        self._turns: dict[str, int] = {}
+        self._counts: dict[str, tuple[int | None, float]] = {}
 
     def resolve(self, binding: Binding, parcel: Parcel, outcome: Outcome,
                 now_ms: int | None = None) -> Resolution:
@@ -244,10 +269,10 @@ class Handoff:
                       else f"{msg.topic()}/{msg.partition()}/{msg.offset()}").encode()
             headers = [*plan.head, (n.H_ORIGIN, origin), *plan.tail]
             try:  # by position: see PRODUCE_ANY_PARTITION
-                fast(plan.topic, msg.value(), msg.key(), -1, None, None, 0,
+                fast(plan.topic, msg.value(), msg.key(), plan.partition, None, None, 0,
                      headers)  # type: ignore[arg-type]
             except (BufferError, KafkaException):
-                produce(plan.topic, msg.value(), msg.key(), headers)
+                produce(plan.topic, msg.value(), msg.key(), headers, partition=plan.partition)
             plan.count += 1
         for plan in plans.values():
             self._retries[(binding.name, plan.step)] += plan.count
@@ -263,15 +288,41 @@ class Handoff:
         topic, headers = self._delay_record(binding, fresh, due_ms, 2 if spends else 1,
                                             outcome["error"] or outcome["status"], now_ms)
         at = next(i for i, (name, _) in enumerate(headers) if name == n.H_ORIGIN)
-        return _Plan(topic, headers[:at], headers[at + 1:], _retry_step(1, spends))
+        return _Plan(topic, headers[:at], headers[at + 1:], _retry_step(1, spends),
+                     self.partition(topic))
 
     def delay(self, binding: Binding, parcel: Parcel, due_ms: int, attempt: int,
               error: str, now_ms: int | None = None) -> str:
         """Write the record to the delay topic of its first hop towards ``due_ms``."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         topic, headers = self._delay_record(binding, parcel, due_ms, attempt, error, now_ms)
-        self.producer.produce(topic, parcel.value, parcel.key, headers)
+        self.producer.produce(topic, parcel.value, parcel.key, headers,
+                              partition=self.partition(topic))
         return topic
+
+    def partition(self, topic: str) -> int:
+        """The partition of ``topic`` this hand-off cycle writes to (see the class); any
+        (:data:`PRODUCE_ANY_PARTITION`) when the broker could not tell how many it has."""
+        part = self._cycle.get(topic)
+        if part is None:
+            count = self._partition_count(topic)
+            if count is None:
+                part = PRODUCE_ANY_PARTITION
+            else:  # a random first one: tailers started together spread at once
+                last = self._turns.get(topic)
+                part = random.randrange(count) if last is None else (last + 1) % count
+                self._turns[topic] = part
+            self._cycle[topic] = part
+        return part
+
+    def _partition_count(self, topic: str) -> int | None:
+        now = time.monotonic()
+        known = self._counts.get(topic)
+        if known is not None and now < known[1]:
+            return known[0]
+        count = self.producer.partition_count(topic)
+        self._counts[topic] = (count, now + (PARTITIONS_TTL_S if count else PARTITIONS_RETRY_S))
+        return count
 
     def _delay_record(self, binding: Binding, parcel: Parcel, due_ms: int, attempt: int,
                       error: str, now_ms: int) -> tuple[str, list[tuple[str, bytes | None]]]:
@@ -346,7 +397,12 @@ class Handoff:
         the metrics once they are delivered."""
         retries, dead = self._retries, self._dead
         self._retries, self._dead = Counter(), Counter()
-        self.producer.confirm(timeout_s)
+        self._cycle.clear()  # the next cycle writes to the next partitions
+        try:
+            self.producer.confirm(timeout_s)
+        except HandoffError:
+            self._counts.clear()  # a topic may have been made again, with fewer partitions
+            raise
         try:
             for (binding, step), count in retries.items():
                 metrics.record_retries(binding, {step: count})

@@ -339,7 +339,6 @@ def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
 #: a delay record by position against 2.21-2.22 by keyword in a fast hour; 3.0-3.5
 #: against 3.9-4.2 in a slower one).
 PRODUCE_ANY_PARTITION: Final = -1
-_NO_PARTITION_NOR_CALLBACK: Final = (PRODUCE_ANY_PARTITION, None, None)
 
 
 class ConfirmingProducer:
@@ -365,18 +364,36 @@ class ConfirmingProducer:
 
     def produce(self, topic: str, value: bytes | None, key: bytes | None = None,
                 headers: list[tuple[str, bytes | None]] | None = None,
-                timestamp_ms: int = 0) -> None:
-        """Queue one record; its delivery is checked by the next :meth:`confirm`."""
+                timestamp_ms: int = 0, partition: int = PRODUCE_ANY_PARTITION) -> None:
+        """Queue one record (to ``partition``, else where the client's partitioner puts
+        it); its delivery is checked by the next :meth:`confirm`."""
         while True:
             try:
-                self._producer.produce(topic, value, key, *_NO_PARTITION_NOR_CALLBACK,
+                self._producer.produce(topic, value, key, partition, None, None,
                                        timestamp_ms,
                                        headers or None)  # type: ignore[arg-type]
                 return
             except BufferError:
                 self._producer.poll(0.05)
             except KafkaException as exc:
-                raise HandoffError(f"could not produce to {topic}: {exc.args[0].str()}") from exc
+                err = exc.args[0]
+                if (partition != PRODUCE_ANY_PARTITION
+                        and err.code() == KafkaError._UNKNOWN_PARTITION):
+                    partition = PRODUCE_ANY_PARTITION  # the topic has fewer partitions now
+                    continue
+                raise HandoffError(f"could not produce to {topic}: {err.str()}") from exc
+
+    def partition_count(self, topic: str, timeout_s: float = 2.0) -> int | None:
+        """How many partitions ``topic`` has, from the broker; None when it could not
+        tell (no such topic, or no answer in ``timeout_s``)."""
+        try:
+            meta = self._producer.list_topics(topic, timeout=timeout_s)
+        except KafkaException:
+            return None
+        found = meta.topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            return None
+        return len(found.partitions)
 
     def poll(self, timeout_s: float = 0.0) -> None:
         """Serve delivery reports."""
