@@ -25,8 +25,7 @@ with keys over every partition by their keys:
 
 Prints the median of the rounds per way, in µs of CPU per record, of this process, of the
 thread that produces (the calls and the wait for delivery, without librdkafka's threads),
-and
-(when its process is known: started by the run, or found listening on its port) of the
+and (when its process is known: started by the run, or found listening on its port) of the
 Kafka broker. The retry flood of ``bench/run.py`` pays the hand-off for every record on
 top of what the success run pays. Producer settings can be changed for a comparison with
 the ``[kafka]`` table of a config file (``ASYNCTIER_CONFIG``), as for the platform. Kafka
@@ -42,12 +41,13 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from asynctier.delay_streams.handoff import Handoff
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
-from asynctier.platform.kafka import ConfirmingProducer
+from asynctier.platform.kafka import PRODUCE_ANY_PARTITION, ConfirmingProducer
 from asynctier.platform.names import H_ATTEMPT, H_BINDING, H_DUE, H_ERROR, H_FIRST_SEEN, H_ORIGIN
 from asynctier.platform.wire import Outcome, retry
 from bench.measure import Meter, single
@@ -109,43 +109,32 @@ def main() -> None:
                     raise RuntimeError(f"expected every record retried, got {counts}")
             handoff.confirm()
 
-        def produce(headers: bool) -> Callable[[], None]:
+        def each(send: Callable[[int, Any], None]) -> Callable[[], None]:
+            """Every record through ``send(i, message)``, polled, then confirmed."""
             def go() -> None:
                 for i, msg in enumerate(messages):
-                    if headers:
-                        bare.produce(topic, msg.value(), msg.key(), with_headers[i])
-                    else:
-                        bare.produce(topic, msg.value(), msg.key())
+                    send(i, msg)
                     if i % 1000 == 999:
                         bare.poll(0)
                 bare.confirm()
             return go
 
-        def client(by_keyword: bool) -> Callable[[], None]:
-            fast = bare.client_produce
-
-            def go() -> None:
-                for i, msg in enumerate(messages):
-                    if by_keyword:
-                        fast(topic, msg.value(), msg.key(),
-                             headers=with_headers[i])  # type: ignore[arg-type]
-                    else:
-                        fast(topic, msg.value(), msg.key(), -1, None, None, 0,
-                             with_headers[i])  # type: ignore[arg-type]
-                    if i % 1000 == 999:
-                        bare.poll(0)
-                bare.confirm()
-            return go
-
+        fast = bare.client_produce
         ways: dict[str, Callable[[], None]] = {
             "hand-off (resolve_messages + confirm)": hand_off,
-            "bare produce, the same six headers": produce(True),
-            "bare produce, no headers": produce(False),
-            "client produce, six headers by keyword": client(True),
-            "client produce, six headers by position": client(False)}
+            "bare produce, the same six headers": each(
+                lambda i, m: bare.produce(topic, m.value(), m.key(), with_headers[i])),
+            "bare produce, no headers": each(
+                lambda i, m: bare.produce(topic, m.value(), m.key())),
+            "client produce, six headers by keyword": each(
+                lambda i, m: fast(topic, m.value(), m.key(),
+                                  headers=with_headers[i])),  # type: ignore[arg-type]
+            "client produce, six headers by position": each(
+                lambda i, m: fast(topic, m.value(), m.key(), PRODUCE_ANY_PARTITION, None, None,
+                                  0, with_headers[i]))}  # type: ignore[arg-type]
         got: dict[str, list[tuple[float, float, float]]] = {name: [] for name in ways}
         broker = Meter({"broker": single(svc.kafka_pid)})
-        produce(False)()  # warm-up: connections, the topic's metadata
+        ways["bare produce, no headers"]()  # warm-up: connections, the topic's metadata
         for _ in range(args.rounds):
             for name, work in ways.items():
                 got[name].append(_cpu_us_per_record(n, work, broker))

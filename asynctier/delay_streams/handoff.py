@@ -189,11 +189,10 @@ class Handoff:
         self._retries: Counter[tuple[str, str]] = Counter()
         self._texts: dict[str, bytes] = {}
         self._dead: Counter[tuple[str, str]] = Counter()
-        # per delay topic: this cycle's partition, the last cycle's, and its partition
-        # count with the time (monotonic) to ask for it again
-        self._cycle: dict[str, int] = {}
-        self._turns: dict[str, int] = {}
-        self._counts: dict[str, tuple[int | None, float]] = {}
+        self._cycles = 0  # confirm() calls so far: each cycle writes the next partition
+        # per delay topic: its partition count, when (monotonic) to ask for it again, and
+        # the partition of cycle 0 (random: tailers started together spread at once)
+        self._topics: dict[str, tuple[int | None, float, int]] = {}
 
     def resolve(self, binding: Binding, parcel: Parcel, outcome: Outcome,
                 now_ms: int | None = None) -> Resolution:
@@ -303,26 +302,15 @@ class Handoff:
     def partition(self, topic: str) -> int:
         """The partition of ``topic`` this hand-off cycle writes to (see the class); any
         (:data:`PRODUCE_ANY_PARTITION`) when the broker could not tell how many it has."""
-        part = self._cycle.get(topic)
-        if part is None:
-            count = self._partition_count(topic)
-            if count is None:
-                part = PRODUCE_ANY_PARTITION
-            else:  # a random first one: tailers started together spread at once
-                last = self._turns.get(topic)
-                part = random.randrange(count) if last is None else (last + 1) % count
-                self._turns[topic] = part
-            self._cycle[topic] = part
-        return part
-
-    def _partition_count(self, topic: str) -> int | None:
         now = time.monotonic()
-        known = self._counts.get(topic)
-        if known is not None and now < known[1]:
-            return known[0]
-        count = self.producer.partition_count(topic)
-        self._counts[topic] = (count, now + (PARTITIONS_TTL_S if count else PARTITIONS_RETRY_S))
-        return count
+        known = self._topics.get(topic)
+        if known is None or now >= known[1]:
+            count = self.producer.partition_count(topic)
+            first = known[2] if known is not None else random.randrange(1 << 30)
+            known = self._topics[topic] = (
+                count, now + (PARTITIONS_TTL_S if count else PARTITIONS_RETRY_S), first)
+        count = known[0]
+        return PRODUCE_ANY_PARTITION if count is None else (known[2] + self._cycles) % count
 
     def _delay_record(self, binding: Binding, parcel: Parcel, due_ms: int, attempt: int,
                       error: str, now_ms: int) -> tuple[str, list[tuple[str, bytes | None]]]:
@@ -397,11 +385,11 @@ class Handoff:
         the metrics once they are delivered."""
         retries, dead = self._retries, self._dead
         self._retries, self._dead = Counter(), Counter()
-        self._cycle.clear()  # the next cycle writes to the next partitions
+        self._cycles += 1  # the next cycle writes to the next partitions
         try:
             self.producer.confirm(timeout_s)
         except HandoffError:
-            self._counts.clear()  # a topic may have been made again, with fewer partitions
+            self._topics.clear()  # a topic may have been made again, with fewer partitions
             raise
         try:
             for (binding, step), count in retries.items():
