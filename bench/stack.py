@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from asynctier.platform import devstack
+from asynctier import dev as devstack
 
 
 @dataclass(frozen=True)

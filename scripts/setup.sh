@@ -76,5 +76,5 @@ install_venv() {
 install_packages
 check_python
 install_venv
-"$VENV/bin/python" -m asynctier.platform.devstack fetch >&2
+"$VENV/bin/python" -m asynctier.dev fetch >&2
 say "ready"

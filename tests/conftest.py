@@ -20,7 +20,7 @@ import pytest
 import redis
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from asynctier.platform import devstack
+from asynctier import dev as devstack
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
 from tests.helpers import wait_until

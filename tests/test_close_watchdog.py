@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from asynctier.platform.faults import FaultHook
+from asynctier.dev.faults import FaultHook
 from asynctier.platform.kafka import close_consumer
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from asynctier.platform import devstack
+from asynctier import dev as devstack
 from asynctier.platform.config import DEFAULT_SCHEDULER, Settings
 
 ROOT = Path(__file__).resolve().parents[1]

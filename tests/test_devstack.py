@@ -20,8 +20,8 @@ from click.testing import CliRunner, Result
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from asynctier import dev as devstack
 from asynctier.cli import main
-from asynctier.platform import devstack
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
 from tests.helpers import wait_until

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from asynctier.platform import devstack
+from asynctier import dev as devstack
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError

@@ -16,8 +16,8 @@ import pytest
 import redis
 from confluent_kafka import Producer
 
+from asynctier import dev as devstack
 from asynctier.delay_streams.topics import ensure_binding_topics
-from asynctier.platform import devstack
 from asynctier.platform.allowlist import check_function_allowed
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings

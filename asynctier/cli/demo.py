@@ -8,7 +8,7 @@ import sys
 import click
 
 from asynctier.cli import settings_of
-from asynctier.platform.devstack import DevStack, kafka_answers
+from asynctier.dev import DevStack, kafka_answers
 
 
 @click.command()

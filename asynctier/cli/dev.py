@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from asynctier.cli import settings_of
-from asynctier.platform.devstack import DevStack, KafkaJars, redis_answers, round_trip
+from asynctier.dev import DevStack, KafkaJars, redis_answers, round_trip
 
 
 def _stack_options(fn: Callable[..., Any]) -> Callable[..., Any]:

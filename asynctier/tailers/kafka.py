@@ -29,11 +29,11 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from asynctier.delay_streams.handoff import Handoff
+from asynctier.dev.faults import FaultHook
 from asynctier.platform import metrics, wire
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import HandoffError, SchedulerUnavailable
-from asynctier.platform.faults import FaultHook
 from asynctier.platform.kafka import close_consumer, leave_group, tailer_consumer_config, take_over
 from asynctier.platform.rpc import MAX_CALL_BYTES, PendingCall, SchedulerClient, header_bytes
 from asynctier.platform.wire import Outcome

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asynctier.platform import devstack
+from asynctier import dev as devstack
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
 from asynctier.platform.kafka import admin, ensure_topics

@@ -1,0 +1,32 @@
+"""``python -m asynctier.dev fetch``: prefetch Kafka's jars (scripts/setup.sh)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+from asynctier.dev.kafka import KafkaJars
+from asynctier.platform.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+
+
+
+def _main(argv: Sequence[str]) -> int:
+    """``python -m asynctier.dev fetch``: prefetch Kafka's jars."""
+    if list(argv) != ["fetch"]:
+        print("usage: python -m asynctier.dev fetch", file=sys.stderr)
+        return 2
+    try:
+        libs = KafkaJars().ensure()
+    except ServiceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"Kafka jars ready in {libs}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,348 @@
+"""One Apache Kafka 4.x node (KRaft, broker and controller in one process) from Maven
+Central jars, cached under ``~/.cache/asynctier/kafka-<version>/libs``."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import logging
+import re
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from asynctier.dev.process import (
+    DEFAULT_CONTROLLER_PORT,
+    DEFAULT_KAFKA_PORT,
+    FETCH_S,
+    HOST,
+    KAFKA_READY_S,
+    STOP_S,
+    Daemon,
+    default_cache_dir,
+    default_pom,
+    ensure_ports_free,
+    port_answers,
+    require_binary,
+    sha256_of,
+    wait_ready,
+)
+from asynctier.platform.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+
+
+
+# --------------------------------------------------------------------------- Kafka jars
+
+
+def pom_kafka_version(pom: Path) -> str:
+    """The ``kafka.version`` property of the broker's pom.xml."""
+    match = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", pom.read_text())
+    if match is None:
+        raise ServiceError(f"{pom} has no <kafka.version> property")
+    return match.group(1).strip()
+
+
+@dataclass(frozen=True)
+class KafkaJars:
+    """The Kafka broker's jars, resolved by Maven once and cached."""
+
+    pom: Path = field(default_factory=default_pom)
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    path: str | None = None  # PATH used to look for mvn (None: the process's own)
+
+    @property
+    def home(self) -> Path:
+        """``<cache>/kafka-<version>``."""
+        return self.cache_dir / f"kafka-{pom_kafka_version(self.pom)}"
+
+    @property
+    def libs(self) -> Path:
+        """The folder that holds every runtime jar."""
+        return self.home / "libs"
+
+    @property
+    def classpath(self) -> str:
+        """The JVM classpath (a wildcard the JVM expands)."""
+        return f"{self.libs}/*"
+
+    def _marker(self) -> Path:
+        return self.home / ".fetched"
+
+    def is_fetched(self) -> bool:
+        """True when the cache holds the jars of exactly this pom."""
+        marker = self._marker()
+        return marker.is_file() and marker.read_text().strip() == sha256_of(self.pom)
+
+    def ensure(self) -> Path:
+        """Fetch the jars when they are not cached yet; returns the libs folder."""
+        if not self.pom.is_file():
+            raise ServiceError(f"the Kafka broker's pom.xml is missing: {self.pom}")
+        if self.is_fetched():
+            return self.libs
+        self.home.mkdir(parents=True, exist_ok=True)
+        with _file_lock(self.home / ".lock"):
+            if not self.is_fetched():
+                self._fetch()
+        return self.libs
+
+    def _fetch(self) -> None:
+        mvn = require_binary("mvn", self.path)
+        staging = Path(tempfile.mkdtemp(prefix="libs-", dir=self.home))
+        argv = [mvn, "-q", "-B", "-f", str(self.pom), "dependency:copy-dependencies",
+                f"-DoutputDirectory={staging}"]
+        log.info("fetching Kafka's jars with Maven into %s", self.libs)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=FETCH_S,
+                                  stdin=subprocess.DEVNULL, check=False)
+        except subprocess.TimeoutExpired as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise ServiceError(f"Maven did not fetch Kafka's jars within {FETCH_S:.0f} s") from exc
+        if done.returncode != 0 or not any(staging.glob("kafka_2.13-*.jar")):
+            shutil.rmtree(staging, ignore_errors=True)
+            output = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
+            raise ServiceError(f"Maven could not fetch Kafka's jars ({' '.join(argv)}):\n{output}")
+        shutil.rmtree(self.libs, ignore_errors=True)
+        staging.rename(self.libs)
+        self._marker().write_text(sha256_of(self.pom) + "\n")
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def kafka_cluster_id() -> str:
+    """A new cluster id in Kafka's format (16 random bytes, URL-safe base64, no padding)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
+def kafka_answers(bootstrap: str, timeout_s: float = 3.0,
+                  config: Mapping[str, str] | None = None) -> bool:
+    """True when a Kafka metadata request to ``bootstrap`` returns at least one broker.
+
+    ``config``: more client properties (``security.protocol``, ``sasl.*`` ...)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0,
+                         "socket.connection.setup.timeout.ms": 2000, **(config or {})})
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+    except Exception:  # KafkaException and friends: not ready
+        return False
+    return bool(metadata.brokers)
+
+
+_LOG4J2 = """\
+status = warn
+shutdownHook = disable
+appender.file.type = File
+appender.file.name = FILE
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.file.ref = FILE
+logger.started.name = kafka.server.KafkaRaftServer
+logger.started.level = INFO
+"""
+
+
+@dataclass
+class KafkaNode:
+    """One Kafka 4.x node in KRaft combined mode (broker and controller), data kept in
+    ``data_dir``."""
+
+    data_dir: Path
+    port: int = DEFAULT_KAFKA_PORT
+    controller_port: int = DEFAULT_CONTROLLER_PORT
+    jars: KafkaJars = field(default_factory=KafkaJars)
+    path: str | None = None  # PATH used to look for java (None: the process's own)
+    #: Kafka's own default (kafka-server-start.sh). With 512 MB the broker ran out of heap
+    #: taking a 70 MB record (a dead letter may be 64 MB) after a few suites' worth of work.
+    heap: str = "1g"
+    name: str = "kafka"
+    #: user -> password: the client listener speaks SASL_PLAINTEXT with PLAIN (the first
+    #: user is also the broker's own); None: PLAINTEXT without authentication.
+    sasl_plain_users: dict[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        self.data_dir = self.data_dir.absolute()  # the broker runs with cwd=data_dir
+
+    def client_config(self, user: str | None = None) -> dict[str, str]:
+        """The librdkafka properties a client needs here (SASL ones with a SASL listener)."""
+        if not self.sasl_plain_users:
+            return {"bootstrap.servers": self.bootstrap}
+        user = user or next(iter(self.sasl_plain_users))
+        return {"bootstrap.servers": self.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "PLAIN", "sasl.username": user,
+                "sasl.password": self.sasl_plain_users[user]}
+
+    @property
+    def address(self) -> str:
+        """The bootstrap servers string."""
+        return f"{HOST}:{self.port}"
+
+    @property
+    def bootstrap(self) -> str:
+        """The bootstrap servers string (same as :attr:`address`)."""
+        return self.address
+
+    @property
+    def daemon(self) -> Daemon:
+        """The broker's process."""
+        return Daemon("Kafka", self.data_dir / "kafka.pid", self.data_dir / "kafka.out",
+                      "kafka.Kafka")
+
+    @property
+    def server_log(self) -> Path:
+        """The broker's own log (log4j2, WARN and up)."""
+        return self.data_dir / "server.log"
+
+    @property
+    def properties_file(self) -> Path:
+        """The generated ``server.properties``."""
+        return self.data_dir / "server.properties"
+
+    @property
+    def log_dir(self) -> Path:
+        """Where the broker keeps topic data and ``meta.properties``."""
+        return self.data_dir / "data"
+
+    def running(self) -> bool:
+        """True when the broker's process runs."""
+        return self.daemon.pid() is not None
+
+    def healthy(self) -> bool:
+        """True when the broker answers a metadata request."""
+        return port_answers(self.port) and kafka_answers(self.bootstrap,
+                                                         config=self.client_config())
+
+    def start(self) -> bool:
+        """Fetch jars if needed, format once, start the broker and wait until it answers.
+
+        Returns False (and does nothing) when it already runs.
+        """
+        if self.running():
+            wait_ready("Kafka", self.healthy, self.daemon, KAFKA_READY_S, self.server_log)
+            return False
+        java = require_binary("java", self.path)
+        ensure_ports_free({"Kafka": self.port, "Kafka controller": self.controller_port})
+        self.jars.ensure()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._write_config()
+        self._format(java)
+        self.daemon.start(self._java_argv(java, "kafka.Kafka", str(self.properties_file)),
+                          cwd=self.data_dir)
+        wait_ready("Kafka", self.healthy, self.daemon, KAFKA_READY_S, self.server_log)
+        return True
+
+    def stop(self, timeout_s: float = STOP_S) -> bool:
+        """Controlled shutdown (SIGTERM, wait, SIGKILL last); data is kept."""
+        return self.daemon.stop(timeout_s)
+
+    def kill(self) -> bool:
+        """SIGKILL the broker (a crash); data is kept."""
+        return self.daemon.kill()
+
+    def restart(self) -> None:
+        """Stop and start again on the same ports with the same data."""
+        self.stop()
+        self.start()
+
+    def _java_argv(self, java: str, *main: str) -> list[str]:
+        return [java, f"-Xmx{self.heap}", "-Xms256m", "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+                "-cp", self.jars.classpath, *main]
+
+    def _write_config(self) -> None:
+        self.properties_file.write_text(self._properties())
+        (self.data_dir / "log4j2.properties").write_text(_LOG4J2.format(log=self.server_log))
+
+    def _properties(self) -> str:
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "listeners": f"PLAINTEXT://{HOST}:{self.port},CONTROLLER://{HOST}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{HOST}:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "controller.quorum.bootstrap.servers": f"{HOST}:{self.controller_port}",
+            "log.dirs": str(self.log_dir),
+            "num.partitions": "1",
+            "auto.create.topics.enable": "false",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "10",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "log.retention.hours": "168",
+            # Groups on KIP-848's protocol (group.protocol=consumer) get their session
+            # and heartbeat from the broker: the short ones the tests' classic groups
+            # ask for themselves (6 s, 1 s), so a killed tailer's partitions move on soon.
+            "group.consumer.min.session.timeout.ms": "6000",
+            "group.consumer.session.timeout.ms": "6000",
+            "group.consumer.min.heartbeat.interval.ms": "500",
+            "group.consumer.heartbeat.interval.ms": "1000",
+        }
+        if self.sasl_plain_users:
+            props.update(self._sasl_properties())
+        return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    def _sasl_properties(self) -> dict[str, str]:
+        users = self.sasl_plain_users or {}
+        admin_user, admin_password = next(iter(users.items()))
+        jaas = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
+                f'username="{admin_user}" password="{admin_password}" '
+                + " ".join(f'user_{u}="{p}"' for u, p in users.items()) + ";")
+        return {
+            "listeners": f"SASL_PLAINTEXT://{HOST}:{self.port},"
+                         f"CONTROLLER://{HOST}:{self.controller_port}",
+            "advertised.listeners": f"SASL_PLAINTEXT://{HOST}:{self.port}",
+            "listener.security.protocol.map": "SASL_PLAINTEXT:SASL_PLAINTEXT,"
+                                              "CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "SASL_PLAINTEXT",
+            "sasl.enabled.mechanisms": "PLAIN",
+            "sasl.mechanism.inter.broker.protocol": "PLAIN",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas,
+        }
+
+    def _format(self, java: str) -> None:
+        """Format the log folder once (skipped when ``meta.properties`` exists)."""
+        if (self.log_dir / "meta.properties").exists():
+            self._check_controller_port()
+            return
+        argv = self._java_argv(java, "kafka.tools.StorageTool", "format", "--standalone",
+                               "-t", kafka_cluster_id(), "-c", str(self.properties_file))
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL, check=False)
+        if done.returncode != 0:
+            raise ServiceError(f"formatting Kafka's storage failed:\n{done.stdout}{done.stderr}")
+        (self.data_dir / "controller.port").write_text(f"{self.controller_port}\n")
+
+    def _check_controller_port(self) -> None:
+        saved = self.data_dir / "controller.port"
+        if saved.is_file() and saved.read_text().strip() != str(self.controller_port):
+            raise ServiceError(
+                f"the Kafka data in {self.data_dir} was formatted for controller port "
+                f"{saved.read_text().strip()}, not {self.controller_port}: use that port or "
+                f"reset the data"
+            )

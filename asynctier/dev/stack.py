@@ -1,0 +1,202 @@
+"""The local stack of real services: one Apache Kafka node (KRaft) and one Redis.
+
+``asynctier dev up`` and the test harness both use this module. Kafka's jars come from
+Maven Central through ``deploy/kafka/pom.xml`` and are cached under
+``~/.cache/asynctier/kafka-<version>/libs`` after the first fetch; each service keeps its
+data, its configuration, its log and its pid file in a data folder (``.asynctier/`` by
+default), so a restart keeps topics, offsets and keys.
+
+Processes are started detached (their own session) and found again through their pid
+file, so ``up`` in one shell and ``down`` in another work on the same services.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from asynctier.dev.kafka import KafkaJars, KafkaNode
+from asynctier.dev.process import (
+    DEFAULT_CONTROLLER_PORT,
+    DEFAULT_KAFKA_PORT,
+    DEFAULT_REDIS_PORT,
+    INSTALL_COMMANDS,
+    STOP_S,
+    Service,
+    default_cache_dir,
+)
+from asynctier.dev.redis import RedisNode
+from asynctier.platform.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+_STATE_FILE = "stack.json"
+
+
+
+
+# --------------------------------------------------------------------------- the stack
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """One service's state, as ``up`` and ``status`` report it."""
+
+    name: str
+    address: str
+    running: bool
+    healthy: bool
+    started_now: bool = False
+
+    def describe(self) -> str:
+        """One line for people."""
+        if self.started_now:
+            state = "started"
+        elif self.healthy:
+            state = "already up" if self.running else "up"
+        else:
+            state = "running but not answering" if self.running else "down"
+        return f"{self.name:<6} {self.address:<22} {state}"
+
+
+@dataclass
+class DevStack:
+    """Kafka and Redis for development, in one data folder."""
+
+    data_dir: Path = Path(".asynctier")
+    kafka_port: int = DEFAULT_KAFKA_PORT
+    controller_port: int = DEFAULT_CONTROLLER_PORT
+    redis_port: int = DEFAULT_REDIS_PORT
+    redis_password: str | None = None
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    path: str | None = None  # PATH to look for java, mvn, redis-server (None: $PATH)
+
+    @classmethod
+    def resolve(cls, data_dir: Path, kafka_port: int | None = None,
+                controller_port: int | None = None,
+                redis_port: int | None = None) -> DevStack:
+        """A stack whose unset ports come from the last ``up`` in ``data_dir``, then the
+        defaults."""
+        saved = _load_state(data_dir)
+        return cls(
+            data_dir=data_dir,
+            kafka_port=kafka_port or saved.get("kafka_port", DEFAULT_KAFKA_PORT),
+            controller_port=controller_port
+            or saved.get("controller_port", DEFAULT_CONTROLLER_PORT),
+            redis_port=redis_port or saved.get("redis_port", DEFAULT_REDIS_PORT),
+        )
+
+    @property
+    def kafka(self) -> KafkaNode:
+        """The Kafka node."""
+        jars = KafkaJars(cache_dir=self.cache_dir, path=self.path)
+        return KafkaNode(self.data_dir / "kafka", self.kafka_port, self.controller_port,
+                         jars=jars, path=self.path)
+
+    @property
+    def redis(self) -> RedisNode:
+        """The Redis server."""
+        return RedisNode(self.data_dir / "redis", self.redis_port, self.redis_password,
+                         path=self.path)
+
+    def services(self) -> tuple[Service, ...]:
+        """Kafka and Redis."""
+        return (self.kafka, self.redis)
+
+    def up(self) -> list[ServiceStatus]:
+        """Start both (those not running yet) and return once both answer."""
+        self._check_binaries()
+        result = []
+        for service in self.services():
+            started = service.start()
+            self._save_state()
+            result.append(ServiceStatus(service.name, service.address, True, True, started))
+        return result
+
+    def down(self, timeout_s: float = STOP_S) -> list[tuple[str, bool]]:
+        """Stop both; returns (name, was it running) for each."""
+        return [(s.name, s.stop(timeout_s)) for s in reversed(self.services())]
+
+    def status(self) -> list[ServiceStatus]:
+        """Whether each runs and answers."""
+        return [ServiceStatus(s.name, s.address, s.running(), s.healthy())
+                for s in self.services()]
+
+    def reset(self) -> None:
+        """Stop both and wipe the data folder."""
+        self.down()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def env_lines(self) -> list[str]:
+        """Shell lines that point asynctier (and its tests) at this stack."""
+        return [f"export ASYNCTIER_KAFKA_BOOTSTRAP={self.kafka.bootstrap}",
+                f"export ASYNCTIER_REDIS_URL={self.redis.url}"]
+
+    def _check_binaries(self) -> None:
+        """Every missing binary at once, before anything starts."""
+        needed = ["java", "redis-server"]
+        if not self.kafka.jars.is_fetched():
+            needed.append("mvn")
+        missing = [n for n in needed if shutil.which(n, path=self.path) is None]
+        if missing:
+            commands = "; ".join(f"{n}: `{INSTALL_COMMANDS[n]}`" for n in missing)
+            raise ServiceError(
+                f"missing {', '.join(missing)} on PATH. Install with (as root) {commands}; "
+                f"or run scripts/setup.sh"
+            )
+
+    def _save_state(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        state = {"kafka_port": self.kafka_port, "controller_port": self.controller_port,
+                 "redis_port": self.redis_port}
+        (self.data_dir / _STATE_FILE).write_text(json.dumps(state) + "\n")
+
+
+def _load_state(data_dir: Path) -> dict[str, int]:
+    try:
+        raw = json.loads((data_dir / _STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: int(v) for k, v in raw.items() if isinstance(v, int)}
+
+
+def round_trip(bootstrap: str, topic: str = "asynctier.devcheck",
+               timeout_s: float = 30.0) -> int:
+    """Produce one record to ``topic`` (created when missing) and read it back.
+
+    Returns the record's offset; raises ServiceError when either side fails.
+    """
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    if topic not in admin.list_topics(timeout=timeout_s).topics:
+        with contextlib.suppress(KafkaException):  # created meanwhile: fine
+            admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout_s)
+    value = uuid.uuid4().bytes
+    offsets: list[int | None] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    producer.produce(topic, value=value, partition=0,
+                     on_delivery=lambda err, msg: offsets.append(-1 if err else msg.offset()))
+    if producer.flush(timeout_s) != 0 or not offsets or offsets[0] is None or offsets[0] < 0:
+        raise ServiceError(f"Kafka at {bootstrap} did not confirm a record to {topic}")
+    offset = offsets[0]
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "asynctier.devcheck",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, offset)])
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None and msg.value() == value:
+                return offset
+    finally:
+        consumer.close()
+    raise ServiceError(f"the record produced to {topic} did not come back within {timeout_s} s")
