@@ -46,7 +46,8 @@ async def _run(url: str, settings: Settings, n: int, succeed: bool,
             items: list[Item] = [
                 {"id": i, "binding": binding, "payload": b"{}", "key": None, "headers": [],
                  "attempt": 1, "source_ref": f"{binding}/{(start + i) % 4}/{(start + i) // 4}",
-                 "record_time_ms": 0} for i in range(size)]
+                 "record_time_ms": 0, "priority": 0, "deadline_ms": None}
+                for i in range(size)]
             codes = await once.claim(binding, items)
             if codes != RUN * size:
                 raise RuntimeError(f"fresh records were not all claimed: {codes[:20]}...")

@@ -35,7 +35,8 @@ def item(binding: str, item_id: int, payload: bytes | None = b"{}", attempt: int
     """One item for ``binding``."""
     return {"id": item_id, "binding": binding, "payload": payload, "key": key,
             "headers": headers or [], "attempt": attempt, "source_ref": f"topic/0/{item_id}",
-            "record_time_ms": 1_700_000_000_000 + item_id}
+            "record_time_ms": 1_700_000_000_000 + item_id, "priority": 0,
+            "deadline_ms": None}
 
 
 def items(binding: str, count: int, start: int = 0, payload: bytes = b"{}") -> list[Item]:

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from asynctier.delay_streams.handoff import parcel_from_message
-from asynctier.delay_streams.tailer import _due_ms, _header
 from asynctier.platform import names as n
+from asynctier.tailers.delay import _due_ms, _header
 
 NOW_MS = 1_796_000_000_000
 

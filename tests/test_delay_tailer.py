@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from asynctier.delay_streams.handoff import Handoff, Parcel
-from asynctier.delay_streams.tailer import DelayOptions, run_delay_tailers
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform import names as n
 from asynctier.platform import wire
@@ -26,6 +25,7 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.registry import BindingRegistry
 from asynctier.platform.rpc import SchedulerClient
+from asynctier.tailers.delay import DelayOptions, run_delay_tailers
 from tests import ledger
 from tests.delayfuncs import LocalScheduler
 from tests.helpers import wait_until
@@ -193,7 +193,7 @@ def test_exhausted_attempts_land_in_the_dead_letter_topic_with_the_original_reco
             assert msg.value() == json.dumps(docs[doc["id"]]).encode()  # type: ignore[attr-defined]
             assert msg.key() == str(doc["id"]).encode()  # type: ignore[attr-defined]
             assert headers[n.H_ATTEMPTS_MADE] == b"3"
-            assert headers[n.H_REASON] == b"attempts_exhausted"
+            assert headers[n.H_REASON] == b"max_attempts"
             assert b"always fails" in headers[n.H_ERROR]
             assert headers["trace"].startswith(b"t-")
     finally:

@@ -63,7 +63,7 @@ def dead_letters(settings: Settings, name: str, docs: list[Any],
         value = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
         parcel = Parcel(value=value, key=f"k{i}".encode(), headers=[("trace", b"x")],
                         origin=f"{binding.topic}/0/{i}", attempt=3, first_seen_ms=1_700_000_000_000)
-        handoff.dead_letter(binding, parcel, "attempts_exhausted", f"boom {i}", 3)
+        handoff.dead_letter(binding, parcel, "max_attempts", f"boom {i}", 3)
     handoff.confirm()
     return binding
 
@@ -74,8 +74,8 @@ def test_list_and_show(settings: Settings) -> None:
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)
     assert [(r["offset"], r["key"], r["attempts"], r["reason"], r["error"]) for r in rows] == [
-        (0, "k0", 3, "attempts_exhausted", "boom 0"),
-        (1, "k1", 3, "attempts_exhausted", "boom 1")]
+        (0, "k0", 3, "max_attempts", "boom 0"),
+        (1, "k1", 3, "max_attempts", "boom 1")]
     assert rows[0]["first_seen"] == "2023-11-14T22:13:20.000Z"
     text = cli(settings, None, "dlq", "list", "orders")
     assert "boom 1" in text.output and "2 dead letter(s)" in text.output

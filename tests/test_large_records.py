@@ -177,14 +177,15 @@ def test_a_record_too_large_for_any_call_is_a_dead_letter_kept_whole_and_the_res
     headers = dict(letter.headers() or [])
     assert letter.value() == big and letter.key() == b"k1"
     assert headers["asynctier.reason"] == b"too_large"
-    assert headers["asynctier.error"].startswith(b"too_large: the record")
+    assert headers["asynctier.error"].startswith(b"the record and its batch take")
     assert headers["asynctier.origin"] == f"{topic}/0/1".encode()
 
 
 def test_a_call_too_large_to_send_is_answered_at_once_every_item_failed(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from asynctier.delay_streams.handoff import TOO_LARGE, Handoff
+    from asynctier.delay_streams.handoff import Handoff
     from asynctier.platform import rpc
+    from asynctier.platform.wire import TOO_LARGE
 
     monkeypatch.setattr(rpc, "MAX_REQUEST_BYTES", 5000)
     client = SchedulerClient(lambda: ["127.0.0.1:9"])
@@ -194,10 +195,11 @@ def test_a_call_too_large_to_send_is_answered_at_once_every_item_failed(
 
     monkeypatch.setattr(client, "_send", never)
     item: Any = {"id": 7, "binding": "big", "payload": b"x" * 6000, "key": None,
-                 "headers": [], "attempt": 1, "source_ref": "big/0/7", "record_time_ms": 0}
+                 "headers": [], "attempt": 1, "source_ref": "big/0/7", "record_time_ms": 0,
+             "priority": 0, "deadline_ms": None}
     [outcome] = client.submit([item]).result()
     assert outcome["id"] == 7 and outcome["status"] == "failed"
-    assert (outcome["error"] or "").startswith(rpc.TOO_LARGE_ERROR)
+    assert outcome["reason"] == TOO_LARGE and "not run" in (outcome["error"] or "")
     written: list[tuple[str, list[tuple[str, bytes | None]]]] = []
 
     class Producer_:

@@ -35,7 +35,8 @@ class CountingRedis(Redis):
 
 def chunk_of(binding: Binding, n: int) -> list[Item]:
     return [{"id": i, "binding": binding.name, "payload": b"{}", "key": None, "headers": [],
-             "attempt": 1, "source_ref": f"{binding.name}/{n}/{i}", "record_time_ms": 0}
+             "attempt": 1, "source_ref": f"{binding.name}/{n}/{i}", "record_time_ms": 0,
+             "priority": 0, "deadline_ms": None}
             for i in range(CHUNK)]
 
 

@@ -46,7 +46,8 @@ def own_redis(tmp_path: Path) -> Iterator[devstack.RedisNode]:
 
 def items(tag: str, n: int) -> list[Item]:
     return [{"id": i, "binding": BASE.name, "payload": b"{}", "key": None, "headers": [],
-             "attempt": 1, "source_ref": f"{tag}/{i}", "record_time_ms": 0}
+             "attempt": 1, "source_ref": f"{tag}/{i}", "record_time_ms": 0,
+             "priority": 0, "deadline_ms": None}
             for i in range(n)]
 
 

@@ -32,7 +32,8 @@ BASE = Binding(name="orders", topic="orders", function="app.jobs:handle", tenant
 def make_items(refs: Sequence[str], start_id: int = 0) -> list[Item]:
     """Items whose source_ref are ``refs``."""
     return [{"id": start_id + i, "binding": BASE.name, "payload": b"{}", "key": None,
-             "headers": [], "attempt": 1, "source_ref": ref, "record_time_ms": 0}
+             "headers": [], "attempt": 1, "source_ref": ref, "record_time_ms": 0,
+             "priority": 0, "deadline_ms": None}
             for i, ref in enumerate(refs)]
 
 

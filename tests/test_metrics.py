@@ -101,7 +101,7 @@ def test_histograms_take_a_batch_of_observations() -> None:
 def test_retries_dead_letters_and_limits() -> None:
     binding = _fresh("b")
     metrics.record_retries(binding, {"30s": 4, 1: 2})
-    metrics.record_dead_letters(binding, {"attempts_exhausted": 2, "undecodable": 1})
+    metrics.record_dead_letters(binding, {"max_attempts": 2, "undecodable": 1})
     metrics.count_throttled(binding, 5)
     metrics.count_quota_delayed(binding, "acme", 6)
     metrics.count_concurrency_waits(binding, 7)
@@ -110,7 +110,7 @@ def test_retries_dead_letters_and_limits() -> None:
     assert _value("asynctier_retries_total", binding=binding, step="30s") == 4
     assert _value("asynctier_retries_total", binding=binding, step="1") == 2
     assert _value("asynctier_dead_letters_total", binding=binding,
-                  reason="attempts_exhausted") == 2
+                  reason="max_attempts") == 2
     assert _value("asynctier_throttled_total", binding=binding) == 5
     assert _value("asynctier_quota_delayed_total", binding=binding, tenant="acme") == 6
     assert _value("asynctier_concurrency_waits_total", binding=binding) == 7

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from asynctier.delay_streams.tailer import DelayTailer
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.kafka import leave_group
+from asynctier.tailers.delay import DelayTailer
 from asynctier.tailers.kafka import KafkaTailer
 
 SETTINGS = Settings(kafka={"bootstrap.servers": "127.0.0.1:9", "log_level": 0})

@@ -33,7 +33,8 @@ def make_items(refs: list[str], payload: dict[str, object] | None = None,
                binding: str = "orders") -> list[Item]:
     body = json.dumps(payload or {}).encode()
     return [{"id": n, "binding": binding, "payload": body, "key": None, "headers": [],
-             "attempt": 1, "source_ref": ref, "record_time_ms": 0}
+             "attempt": 1, "source_ref": ref, "record_time_ms": 0,
+             "priority": 0, "deadline_ms": None}
             for n, ref in enumerate(refs)]
 
 

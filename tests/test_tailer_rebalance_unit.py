@@ -169,7 +169,7 @@ def test_a_delay_tailer_releases_and_commits_only_partitions_it_still_owns() -> 
     from that partition is not released (its new owner releases it) and its offset is not
     committed (that would move the new owner's position)."""
     from asynctier.delay_streams.pauses import PauseBook
-    from asynctier.delay_streams.tailer import DelayOptions, DelayTailer
+    from asynctier.tailers.delay import DelayOptions, DelayTailer
 
     tailer = DelayTailer.__new__(DelayTailer)
     tailer.topic, tailer.interval, tailer.interval_ms = "t", "1s", 1000
@@ -220,7 +220,7 @@ def test_a_late_callback_of_an_abandoned_consumer_leaves_the_new_session_alone()
     ``close()`` returns at last it serves a revoke: that must not unassign or unpause the
     partitions of the new session's consumer."""
     from asynctier.delay_streams.pauses import PauseBook
-    from asynctier.delay_streams.tailer import DelayTailer
+    from asynctier.tailers.delay import DelayTailer
 
     tailer = DelayTailer.__new__(DelayTailer)
     tailer.interval = "1s"

@@ -27,6 +27,8 @@ def _items(draw: st.DrawFn) -> list[wire.Item]:
         "attempt": draw(st.integers(1, 100)),
         "source_ref": draw(_ref),
         "record_time_ms": draw(st.integers(0, 2**62)),
+        "priority": draw(st.sampled_from([0, 0, 5, -3, 1000])),
+        "deadline_ms": draw(st.one_of(st.none(), st.integers(0, 2**62))),
     } for ident in ids]
 
 
@@ -38,9 +40,11 @@ def test_items_round_trip(items: list[wire.Item]) -> None:
 
 _outcome = st.one_of(
     st.builds(wire.ok, st.integers(0, 2**40)),
-    st.builds(wire.failed, st.integers(0, 2**40), st.text(_text, max_size=30)),
+    st.builds(wire.failed, st.integers(0, 2**40), st.text(_text, max_size=30),
+              st.sampled_from([wire.REJECTED, wire.UNDECODABLE, wire.TOO_LARGE])),
     st.builds(wire.retry, st.integers(0, 2**40), st.text(_text, max_size=30),
-              st.one_of(st.none(), st.floats(0, 1e6)), st.booleans()),
+              st.one_of(st.none(), st.floats(0, 1e6)), st.booleans(),
+              st.sampled_from([None, wire.TIMEOUT])),
 )
 
 

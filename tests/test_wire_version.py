@@ -20,7 +20,7 @@ from asynctier.platform.config import Settings
 from asynctier.platform.errors import SchedulerUnavailable
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.schemas import schema_json
-from asynctier.platform.wire import decode_outcomes, encode_items, fingerprint, wire_version
+from asynctier.platform.wire import encode_items, fingerprint, wire_version
 from tests.funcs import basic
 from tests.scheduler_harness import items, running_scheduler
 
@@ -41,18 +41,17 @@ def test_the_version_follows_the_schemas_docs_included() -> None:
     assert rpc.SUBMIT.endswith(wire_version())
 
 
-def test_a_tailer_of_a_release_without_wire_versions_is_served_while_the_wire_is_the_same(
+def test_a_call_of_the_bare_submit_name_is_refused_saying_which_version_is_spoken(
         settings: Settings) -> None:
-    """Such a tailer calls the bare ``Submit``; these schemas are the ones it used."""
-    assert wire_version() == rpc.UNVERSIONED_WIRE
-    # (else: a new wire, and the bare name is refused: see the next test)
+    """A caller that names no wire version cannot be read safely: it is refused."""
     with running_scheduler(settings, [NOOP]) as sched, \
             grpc.insecure_channel(sched.address) as channel:
         bare = channel.unary_unary(rpc.SUBMIT_PREFIX, request_serializer=None,
                                    response_deserializer=None)
-        outcomes = decode_outcomes(bare(encode_items(items("noop", 3)), timeout=30))
-    assert sorted((o["id"], o["status"]) for o in outcomes) == [(0, "ok"), (1, "ok"),
-                                                                 (2, "ok")]
+        with pytest.raises(grpc.RpcError) as refused:
+            bare(encode_items(items("noop", 3)), timeout=30)
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert wire_version() in refused.value.details()
 
 
 def test_a_scheduler_refuses_a_batch_in_another_wire_version(

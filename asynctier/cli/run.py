@@ -45,12 +45,13 @@ def run_tailers(settings: Settings, stop: threading.Event, options: TailerOption
     """Run one tailer per binding until ``stop``; then finish, commit and return.
 
     With ``export_lag`` the process also exports its bindings' consumer lag."""
+    from asynctier.dev.faults import FaultHook
     from asynctier.platform.lag import LagCollector
     from asynctier.tailers.manager import TailerManager
 
     quiet_gc()
     client = SchedulerClient(scheduler_addresses(settings))
-    manager = TailerManager(settings, client, options)
+    manager = TailerManager(settings, client, options, hook=FaultHook.from_env().reached)
     manager.start()
     log.info("tailers running for %d binding(s): %s", len(manager.bindings),
              ", ".join(manager.bindings) or "none yet (waiting for `asynctier bind`)")
@@ -93,8 +94,8 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
 
 def run_delay(settings: Settings, stop: threading.Event, export_lag: bool = False) -> None:
     """Run the delay tailers until ``stop`` (and export the delay topics' lag)."""
-    from asynctier.delay_streams.tailer import run_delay_tailers
     from asynctier.platform.lag import LagCollector
+    from asynctier.tailers.delay import run_delay_tailers
 
     quiet_gc()
     lag = LagCollector(settings, dict, include_bindings=False, delay=True, interval_s=5.0)

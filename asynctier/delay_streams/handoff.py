@@ -35,10 +35,10 @@ from asynctier.platform.kafka import (
     PRODUCE_ANY_PARTITION,
     ConfirmingProducer,
     admin,
+    produce_by_position,
     raise_topic_minimums,
 )
-from asynctier.platform.rpc import TOO_LARGE_ERROR
-from asynctier.platform.wire import Outcome
+from asynctier.platform.wire import MAX_ATTEMPTS, REJECTED, TOO_LARGE, Outcome
 
 log = logging.getLogger(__name__)
 ERROR_MAX_CHARS = 1000
@@ -117,8 +117,6 @@ DELAY_OVERHEAD_BYTES = ERROR_MAX_CHARS * 4 + MAX_ORIGIN_CHARS + 2048
 #: A record whose value is no larger than this may take the fast path of a retry flood:
 #: its key and headers cannot take it over a delay topic's :data:`MAX_MESSAGE_BYTES`.
 FAST_MAX_BYTES = MAX_MESSAGE_BYTES // 2
-#: The dead-letter reason of a failing record too large for a delay topic.
-TOO_LARGE = "too_large"
 
 
 def record_bytes(parcel: Parcel) -> int:
@@ -187,7 +185,6 @@ class Handoff:
         self.names = settings.names
         self.producer = producer or ConfirmingProducer(settings)
         self._retries: Counter[tuple[str, str]] = Counter()
-        self._texts: dict[str, bytes] = {}
         self._dead: Counter[tuple[str, str]] = Counter()
         self._cycles = 0  # confirm() calls so far: each cycle writes the next partition
         # per delay topic: its partition count, when (monotonic) to ask for it again, and
@@ -202,13 +199,12 @@ class Handoff:
             return "ok"
         error = outcome["error"] or status
         if status == "failed":
-            reason = ("undecodable" if error.startswith("undecodable") else
-                      TOO_LARGE if error.startswith(TOO_LARGE_ERROR) else "rejected")
-            self.dead_letter(binding, parcel, reason, error, parcel.attempt)
+            self.dead_letter(binding, parcel, outcome["reason"] or REJECTED, error,
+                             parcel.attempt)
             return "dead_letter"
         spends = outcome["spends_attempt"]
         if spends and parcel.attempt >= binding.max_attempts:
-            self.dead_letter(binding, parcel, "attempts_exhausted", error, parcel.attempt)
+            self.dead_letter(binding, parcel, MAX_ATTEMPTS, error, parcel.attempt)
             return "dead_letter"
         size = record_bytes(parcel)
         if size + DELAY_OVERHEAD_BYTES > MAX_MESSAGE_BYTES:
@@ -267,9 +263,9 @@ class Handoff:
             origin = (origins[outcome["id"]] if origins is not None
                       else f"{msg.topic()}/{msg.partition()}/{msg.offset()}").encode()
             headers = [*plan.head, (n.H_ORIGIN, origin), *plan.tail]
-            try:  # by position: see PRODUCE_ANY_PARTITION
-                fast(plan.topic, msg.value(), msg.key(), plan.partition, None, None, 0,
-                     headers)  # type: ignore[arg-type]
+            try:
+                produce_by_position(fast, plan.topic, msg.value(), msg.key(), plan.partition,
+                                    0, headers)
             except (BufferError, KafkaException):
                 produce(plan.topic, msg.value(), msg.key(), headers, partition=plan.partition)
             plan.count += 1
@@ -362,21 +358,12 @@ class Handoff:
         name = binding if isinstance(binding, str) else binding.name
         return [
             *parcel.headers,
-            (n.H_BINDING, self._text(name)),
+            (n.H_BINDING, name.encode()),
             (n.H_ATTEMPT, str(attempt).encode()),
             (n.H_ORIGIN, parcel.origin.encode()),
-            (n.H_ERROR, self._text(error[:ERROR_MAX_CHARS])),
+            (n.H_ERROR, error[:ERROR_MAX_CHARS].encode("utf-8", "replace")),
             (n.H_FIRST_SEEN, str(parcel.first_seen_ms).encode()),
         ]
-
-    def _text(self, text: str) -> bytes:
-        """``text`` as UTF-8, remembered: a failing function fails the same way many times."""
-        data = self._texts.get(text)
-        if data is None:
-            if len(self._texts) > 1000:
-                self._texts.clear()
-            data = self._texts[text] = text.encode("utf-8", "replace")
-        return data
 
     def confirm(self, timeout_s: float = 30.0) -> None:
         """Raise HandoffError unless every record handed off so far is delivered.

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from asynctier.delay_streams.handoff import Handoff, Parcel
 from asynctier.platform import wire
 from asynctier.platform.binding import Binding
+from asynctier.platform.calls import CallBuilder, complete
 from asynctier.platform.errors import HandoffError
-from asynctier.platform.rpc import MAX_CALL_BYTES, SchedulerClient, header_bytes
+from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.wire import Item, Outcome
 
 log = logging.getLogger(__name__)
@@ -49,47 +50,39 @@ def make_entry(index: int, binding: Binding, parcel: Parcel, source_ref: str,
         "attempt": parcel.attempt,
         "source_ref": source_ref,
         "record_time_ms": parcel.first_seen_ms,
+        "priority": 0,
+        "deadline_ms": None,
     }
     return Entry(binding, parcel, item)
 
 
 def submit(client: SchedulerClient, entries: Sequence[Entry],
            stop: threading.Event | None) -> list[Outcome]:
-    """The outcome of every entry, in entry order (one batch, one call).
+    """The outcome of every entry, in entry order (calls cut by size as the pipeline cuts
+    them: :class:`CallBuilder`).
 
     An entry the scheduler said nothing about gets a ``retry`` outcome: unknown is never
     taken as done. Raises SchedulerUnavailable when ``stop`` is set while no scheduler
     answers.
     """
-    if not entries:
-        return []
-    calls = [client.submit([e.item for e in part]) for part in _parts(entries)]
-    answered = [o for call in calls for o in call.result(stop)]
-    by_id = {o["id"]: o for o in answered}
-    missing = [i for i in range(len(entries)) if i not in by_id]
-    if missing:
-        log.error("a scheduler answered %d outcome(s) for %d item(s); retrying %d unknown",
-                  len(answered), len(entries), len(missing))
-    return [by_id.get(i) or wire.retry(i, "the scheduler returned no outcome for this item")
-            for i in range(len(entries))]
-
-
-def _parts(entries: Sequence[Entry], cap: int | None = None) -> list[Sequence[Entry]]:
-    """``entries`` cut into calls of at most ``cap`` (:data:`MAX_CALL_BYTES`) of record
-    bytes (values, keys, headers) each (a single larger record goes alone); usually one."""
-    cap = MAX_CALL_BYTES if cap is None else cap
-    parts: list[Sequence[Entry]] = []
-    start, size = 0, 0
-    for at, entry in enumerate(entries):
-        item = entry.item
-        record = (len(item["payload"] or b"") + len(item["key"] or b"")
-                  + header_bytes((h["name"], h["value"]) for h in item["headers"]))
-        if size + record > cap and at > start:
-            parts.append(entries[start:at])
-            start, size = at, 0
-        size += record
-    parts.append(entries[start:])
-    return parts
+    outcomes: list[Outcome] = []
+    start = 0
+    while start < len(entries):
+        call = CallBuilder()
+        end = start
+        for entry in entries[start:]:
+            item = entry.item
+            if not call.add(item["binding"], item["payload"], item["key"],
+                            [(h["name"], h["value"]) for h in item["headers"]],
+                            item["attempt"], item["source_ref"], item["record_time_ms"]):
+                break
+            end += 1
+        answer = complete(client.submit_encoded(call.encode(), end - start).result(stop),
+                          end - start)
+        by_id = {o["id"]: o for o in answer}
+        outcomes += [{**by_id[i - start], "id": i} for i in range(start, end)]
+        start = end
+    return outcomes
 
 
 def resolutions(handoff: Handoff, entries: Sequence[Entry],

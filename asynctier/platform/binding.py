@@ -28,6 +28,8 @@ PRIORITIES: tuple[Priority, ...] = ("urgent", "normal", "batch")
 FORMATS: tuple[PayloadFormat, ...] = ("json", "avro", "bytes")
 REDIS_POLICIES: tuple[RedisPolicy, ...] = ("fail_open", "fail_closed")
 DEFAULT_LADDER_S: tuple[float, ...] = (30.0, 60.0, 300.0, 1800.0)
+#: The kinds of source a binding may name (each has a tailer: asynctier.tailers.registry).
+SOURCE_KINDS: tuple[str, ...] = ("kafka",)
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
@@ -95,8 +97,9 @@ class Binding:
         _check(_NAME_RE.fullmatch(self.name) is not None, "name",
                f"{self.name!r} is not a valid binding name: use 1-63 lower-case letters, "
                "digits, '-' or '_', starting with a letter or digit")
-        _check(self.source_kind == "kafka", "source",
-               f"source kind {self.source_kind!r} is not supported: use kafka")
+        _check(self.source_kind in SOURCE_KINDS, "source",
+               f"source kind {self.source_kind!r} is not supported: use "
+               f"{' or '.join(SOURCE_KINDS)}")
         _check(_TOPIC_RE.fullmatch(self.topic) is not None and self.topic not in (".", ".."),
                "topic", f"{self.topic!r} is not a valid Kafka topic name")
         _check(_FUNCTION_RE.fullmatch(self.function) is not None, "function",

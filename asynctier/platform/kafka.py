@@ -330,15 +330,18 @@ def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
     return conf
 
 
-#: ``Producer.produce``'s positional arguments between ``key`` and ``timestamp``: any
-#: partition (librdkafka's RD_KAFKA_PARTITION_UA), the default delivery callback (twice:
-#: ``callback`` and its alias ``on_delivery``). Hot loops pass ``timestamp`` and ``headers``
-#: by position after these. The client parses keyword arguments by looking up each of its
-#: keywords by name, so ``headers=`` as a keyword cost 0.2-1.2 us a call in the producing
-#: thread, 10-30% of the call (``python -m bench.handoff_cost``, 2026-11-30: 1.91-2.00 us
-#: a delay record by position against 2.21-2.22 by keyword in a fast hour; 3.0-3.5
-#: against 3.9-4.2 in a slower one).
+#: Any partition (librdkafka's RD_KAFKA_PARTITION_UA): the client's partitioner chooses.
 PRODUCE_ANY_PARTITION: Final = -1
+
+
+def produce_by_position(produce: Callable[..., None], topic: str, value: bytes | None,
+                        key: bytes | None, partition: int, timestamp_ms: int,
+                        headers: list[tuple[str, bytes | None]] | None) -> None:
+    """``produce(topic, value, key, partition=, timestamp=, headers=)`` with every argument
+    by position, in the client's own order (``callback`` and ``on_delivery`` left to the
+    default). The client looks each keyword up by name: ``headers=`` cost 10-30% of a
+    delay record's call in the producing thread (``python -m bench.handoff_cost``)."""
+    produce(topic, value, key, partition, None, None, timestamp_ms, headers)
 
 
 class ConfirmingProducer:
@@ -369,9 +372,8 @@ class ConfirmingProducer:
         it); its delivery is checked by the next :meth:`confirm`."""
         while True:
             try:
-                self._producer.produce(topic, value, key, partition, None, None,
-                                       timestamp_ms,
-                                       headers or None)  # type: ignore[arg-type]
+                produce_by_position(self._producer.produce, topic, value, key, partition,
+                                    timestamp_ms, headers or None)
                 return
             except BufferError:
                 self._producer.poll(0.05)

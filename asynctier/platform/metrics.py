@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 OUTCOMES: Final = frozenset({"ok", "retry", "failed", "dead_letter", "undecodable"})
 #: The ``reason`` label of :data:`DEAD_LETTERS`.
 DEAD_LETTER_REASONS: Final = frozenset(
-    {"undecodable", "rejected", "attempts_exhausted", "function_error", "binding_removed",
+    {"undecodable", "rejected", "max_attempts", "function_error", "binding_removed",
      "too_large"}
 )
 #: Suggested ``component`` label values.

@@ -29,6 +29,7 @@ import grpc
 
 from asynctier.platform.errors import SchedulerUnavailable
 from asynctier.platform.wire import (
+    TOO_LARGE,
     Item,
     Outcome,
     decode_items,
@@ -50,10 +51,6 @@ SERVICE = "asynctier.Scheduler"
 WIRE_VERSION = wire_version()
 SUBMIT_PREFIX = f"/{SERVICE}/Submit"
 SUBMIT = f"{SUBMIT_PREFIX}V{WIRE_VERSION}"
-#: Releases before the version was named called the bare ``Submit`` with this wire: it is
-#: served as long as the schemas are unchanged, so tailers of such a release keep working
-#: while they are upgraded.
-UNVERSIONED_WIRE = "1dd4e2309015"
 #: How long a scheduler that speaks another wire is left alone, and how often it is logged.
 WRONG_WIRE_BACKOFF_S = 10.0
 WRONG_WIRE_LOG_EVERY_S = 30.0
@@ -65,10 +62,9 @@ MAX_MESSAGE = 64 * 1024 * 1024
 MAX_CALL_BYTES = 16 * 1024 * 1024
 #: The largest submit request sent: one record larger than this (only a topic configured
 #: past :data:`MAX_MESSAGE` holds one) can never reach a scheduler, so its call is answered
-#: at once, ``failed`` with a reason starting with :data:`TOO_LARGE_ERROR`, and the record
+#: at once, ``failed`` with reason :data:`~asynctier.platform.wire.TOO_LARGE`, and the record
 #: goes to the dead-letter topic whole instead of holding its binding back for ever.
 MAX_REQUEST_BYTES = MAX_MESSAGE - 64 * 1024
-TOO_LARGE_ERROR = "too_large:"
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE),
     ("grpc.max_receive_message_length", MAX_MESSAGE),
@@ -138,7 +134,7 @@ class _SubmitHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     def service(self, handler_call_details: Any) -> Any:
         method = handler_call_details.method
-        if method == SUBMIT or (method == SUBMIT_PREFIX and WIRE_VERSION == UNVERSIONED_WIRE):
+        if method == SUBMIT:
             return self._submit
         if method.startswith(SUBMIT_PREFIX):
             theirs = _version_of(method)
@@ -238,9 +234,9 @@ class PendingCall:
                   f"{MAX_REQUEST_BYTES:,}")
         answer: Future[bytes] = Future()
         answer.set_result(encode_outcomes([
-            failed(i["id"], f"{TOO_LARGE_ERROR} the record and its batch take "
-                            f"{len(self.payload):,} bytes, more than the {MAX_REQUEST_BYTES:,} "
-                            "a call to the scheduler carries: it was not run")
+            failed(i["id"], f"the record and its batch take {len(self.payload):,} bytes, more "
+                            f"than the {MAX_REQUEST_BYTES:,} a call to the scheduler carries: "
+                            "it was not run", TOO_LARGE)
             for i in self.items]))
         return answer
 

@@ -22,6 +22,16 @@ from asynctier.platform.schemas import load_schema, schema_json
 
 Status = Literal["ok", "retry", "failed"]
 
+#: Why an item did not succeed, when the scheduler or the source knows (``Outcome.reason``,
+#: and the ``asynctier.reason`` header of a dead letter). A field, never parsed out of text.
+UNDECODABLE = "undecodable"  # the payload does not decode with the binding's format
+TOO_LARGE = "too_large"  # the record is too large for a call, or for a delay topic
+REJECTED = "rejected"  # the function raised Reject
+FUNCTION_ERROR = "function_error"  # the function is not found or its module not allowed
+TIMEOUT = "timeout"  # the function ran past the binding's timeout
+MAX_ATTEMPTS = "max_attempts"  # the binding's max attempts are spent
+BINDING_REMOVED = "binding_removed"  # the binding went away while the record waited
+
 
 class Header(TypedDict):
     """A record header."""
@@ -41,13 +51,16 @@ class Item(TypedDict):
     attempt: int
     source_ref: str
     record_time_ms: int
+    priority: int  # higher runs first within a binding (a queue item's; 0 for a topic's)
+    deadline_ms: int | None  # epoch ms by which it should start, when the source says
 
 
 class Outcome(TypedDict):
     """What became of one item: ``ok``, ``retry`` (after ``after_s``) or ``failed``.
 
     ``spends_attempt`` is false for a retry the scheduler chose (over quota, held back by
-    downstream protection): the record comes back with the same attempt number.
+    downstream protection): the record comes back with the same attempt number. ``reason``
+    says why, when known (:data:`UNDECODABLE`, :data:`TIMEOUT` ...).
     """
 
     id: int
@@ -55,25 +68,26 @@ class Outcome(TypedDict):
     after_s: float | None
     error: str | None
     spends_attempt: bool
+    reason: str | None
 
 
 def ok(item_id: int) -> Outcome:
     """A success."""
     return {"id": item_id, "status": "ok", "after_s": None, "error": None,
-            "spends_attempt": True}
+            "spends_attempt": True, "reason": None}
 
 
 def retry(item_id: int, error: str, after_s: float | None = None,
-          spends_attempt: bool = True) -> Outcome:
+          spends_attempt: bool = True, reason: str | None = None) -> Outcome:
     """Run again later; ``after_s=None`` follows the binding's ladder."""
     return {"id": item_id, "status": "retry", "after_s": after_s, "error": error,
-            "spends_attempt": spends_attempt}
+            "spends_attempt": spends_attempt, "reason": reason}
 
 
-def failed(item_id: int, error: str) -> Outcome:
-    """Failed for good: a dead letter."""
+def failed(item_id: int, error: str, reason: str = REJECTED) -> Outcome:
+    """Failed for good: a dead letter, for ``reason``."""
     return {"id": item_id, "status": "failed", "after_s": None, "error": error,
-            "spends_attempt": True}
+            "spends_attempt": True, "reason": reason}
 
 
 _LITTLE = sys.byteorder == "little"
@@ -116,8 +130,9 @@ class Columns:
     items' positions (0, 1, 2 ...) unless given to :meth:`encode`.
     """
 
-    __slots__ = ("attempts", "binding_of", "bindings", "headers", "key_lens", "keys",
-                 "payload_lens", "payloads", "record_times_ms", "source_refs")
+    __slots__ = ("attempts", "binding_of", "bindings", "deadlines_ms", "headers", "key_lens",
+                 "keys", "payload_lens", "payloads", "priorities", "record_times_ms",
+                 "source_refs")
 
     def __init__(self) -> None:
         self.bindings: dict[str, int] = {}
@@ -130,13 +145,16 @@ class Columns:
         self.source_refs: list[str] = []
         self.record_times_ms: list[int] = []
         self.headers: list[dict[str, Any]] = []
+        self.priorities: list[int] | None = None  # None while every item has 0
+        self.deadlines_ms: list[int] | None = None  # None while no item has one (-1: none)
 
     def __len__(self) -> int:
         return len(self.payload_lens)
 
     def add(self, binding: str, payload: bytes | None, key: bytes | None,
             headers: Sequence[tuple[str, bytes | None]] | None, attempt: int,
-            source_ref: str, record_time_ms: int) -> None:
+            source_ref: str, record_time_ms: int, priority: int = 0,
+            deadline_ms: int | None = None) -> None:
         """Append one item."""
         i = len(self.payload_lens)
         b = self.bindings.get(binding)
@@ -158,6 +176,14 @@ class Columns:
         self.record_times_ms.append(record_time_ms)
         if headers:
             self.headers += [{"item": i, "name": k, "value": v} for k, v in headers]
+        if priority or self.priorities is not None:
+            if self.priorities is None:
+                self.priorities = [0] * i
+            self.priorities.append(priority)
+        if deadline_ms is not None or self.deadlines_ms is not None:
+            if self.deadlines_ms is None:
+                self.deadlines_ms = [-1] * i
+            self.deadlines_ms.append(-1 if deadline_ms is None else deadline_ms)
 
     def encode(self, ids: list[int] | None = None) -> bytes:
         """The submit request's bytes (ids default to the positions)."""
@@ -182,6 +208,8 @@ class Columns:
             "source_refs": refs,
             "record_times_ms": _pack("q", self.record_times_ms),
             "headers": self.headers,
+            "priorities": b"" if self.priorities is None else _pack("i", self.priorities),
+            "deadlines_ms": b"" if self.deadlines_ms is None else _pack("q", self.deadlines_ms),
         }
         buf = io.BytesIO()
         fastavro.schemaless_writer(buf, load_schema("submit"), doc)
@@ -194,7 +222,8 @@ def encode_items(items: list[Item]) -> bytes:
     for item in items:
         cols.add(item["binding"], item["payload"], item["key"],
                  [(h["name"], h["value"]) for h in item["headers"]], item["attempt"],
-                 item["source_ref"], item["record_time_ms"])
+                 item["source_ref"], item["record_time_ms"], item["priority"],
+                 item["deadline_ms"])
     return cols.encode([item["id"] for item in items])
 
 
@@ -212,25 +241,24 @@ def decode_items(data: bytes) -> list[Item]:
     keys = _cut(doc["keys"], _unpack("i", doc["key_lens"]))
     refs = doc["source_refs"].split("\n") if count else []
     times = _unpack("q", doc["record_times_ms"])
+    priorities = _unpack("i", doc["priorities"]) if doc["priorities"] else [0] * count
+    deadlines: list[int | None] = ([None if d < 0 else d for d in _unpack("q", doc["deadlines_ms"])]
+                                   if doc["deadlines_ms"] else [None] * count)
     headers: list[list[Header]] = [_NO_HEADERS] * count
     for h in doc["headers"]:
         i = h["item"]
         if headers[i] is _NO_HEADERS:
             headers[i] = []
         headers[i].append({"name": h["name"], "value": h["value"]})
-    if len(names) == 1:
-        name = names[0]
-        return [
-            {"id": ident, "binding": name, "payload": payload, "key": key, "headers": hs,
-             "attempt": attempt, "source_ref": ref, "record_time_ms": at}
-            for ident, payload, key, hs, attempt, ref, at in zip(
-                ids, payloads, keys, headers, attempts, refs, times, strict=True)]
-    binding_of = _unpack("i", doc["binding_of"]) if doc["binding_of"] else [0] * count
+    binding_of = (_unpack("i", doc["binding_of"]) if len(names) > 1 and doc["binding_of"]
+                  else [0] * count)
     return [
         {"id": ident, "binding": names[b], "payload": payload, "key": key, "headers": hs,
-         "attempt": attempt, "source_ref": ref, "record_time_ms": at}
-        for ident, b, payload, key, hs, attempt, ref, at in zip(
-            ids, binding_of, payloads, keys, headers, attempts, refs, times, strict=True)]
+         "attempt": attempt, "source_ref": ref, "record_time_ms": at, "priority": priority,
+         "deadline_ms": deadline}
+        for ident, b, payload, key, hs, attempt, ref, at, priority, deadline in zip(
+            ids, binding_of, payloads, keys, headers, attempts, refs, times, priorities,
+            deadlines, strict=True)]
 
 
 def encode_outcomes(outcomes: list[Outcome]) -> bytes:
@@ -242,7 +270,9 @@ def encode_outcomes(outcomes: list[Outcome]) -> bytes:
     after: list[float] = []
     error_of: list[int] = []
     spends: list[bool] = []
+    reason_of: list[int] = []
     errors: dict[str, int] = {}
+    reasons: dict[str, int] = {}
     for o in outcomes:
         if o["status"] == "ok":
             ok_ids.append(o["id"])
@@ -253,11 +283,14 @@ def encode_outcomes(outcomes: list[Outcome]) -> bytes:
         error = o["error"]
         error_of.append(-1 if error is None else errors.setdefault(error, len(errors)))
         spends.append(o["spends_attempt"])
+        reason = o["reason"]
+        reason_of.append(-1 if reason is None else reasons.setdefault(reason, len(reasons)))
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, load_schema("outcomes"), {
         "ok_ids": _pack("q", ok_ids), "ids": _pack("q", ids), "failed": bytes(failed_),
         "after_s": _pack("d", after), "error_of": _pack("i", error_of),
-        "spends_attempt": bytes(spends), "errors": list(errors)})
+        "spends_attempt": bytes(spends), "errors": list(errors),
+        "reason_of": _pack("i", reason_of), "reasons": list(reasons)})
     return buf.getvalue()
 
 
@@ -265,17 +298,21 @@ def decode_outcomes(data: bytes) -> list[Outcome]:
     """The outcomes of one submit response."""
     doc: Any = fastavro.schemaless_reader(io.BytesIO(data), load_schema("outcomes"), None)
     outcomes: list[Outcome] = [
-        {"id": i, "status": "ok", "after_s": None, "error": None, "spends_attempt": True}
+        {"id": i, "status": "ok", "after_s": None, "error": None, "spends_attempt": True,
+         "reason": None}
         for i in _unpack("q", doc["ok_ids"])]
     errors: list[str] = doc["errors"]
+    reasons: list[str] = doc["reasons"]
     outcomes += [
         {"id": i, "status": "failed" if bad else "retry",
          "after_s": None if after < 0 else after,
-         "error": None if e < 0 else errors[e], "spends_attempt": bool(spends)}
-        for i, bad, after, e, spends in zip(_unpack("q", doc["ids"]), doc["failed"],
-                                            _unpack("d", doc["after_s"]),
-                                            _unpack("i", doc["error_of"]),
-                                            doc["spends_attempt"], strict=True)]
+         "error": None if e < 0 else errors[e], "spends_attempt": bool(spends),
+         "reason": None if r < 0 else reasons[r]}
+        for i, bad, after, e, spends, r in zip(_unpack("q", doc["ids"]), doc["failed"],
+                                               _unpack("d", doc["after_s"]),
+                                               _unpack("i", doc["error_of"]),
+                                               doc["spends_attempt"],
+                                               _unpack("i", doc["reason_of"]), strict=True)]
     return outcomes
 
 

@@ -1,11 +1,10 @@
-"""The tailer contract: what every source's tailer does, whatever the source.
+"""What the manager runs: one tailer per binding, whatever its source.
 
-A tailer watches one source for one binding, reads batches, turns each record into a
-:class:`~asynctier.platform.wire.Item`, pushes the batch to a scheduler with the one
-generic call ``submit(items) -> outcomes``, resolves every outcome (success, or a hand-off
-to a delay or dead-letter topic), and only then checkpoints its position. A Kafka topic is
-the first source (:mod:`asynctier.tailers.kafka`); a queue with leases or files would fit
-the same contract.
+A tailer drives one :class:`~asynctier.tailers.source.Source` with the one pipeline
+(:mod:`asynctier.tailers.pipeline`): read batches, push each to a scheduler with
+``submit(items) -> outcomes``, resolve every outcome the source's way, and only then
+checkpoint. :mod:`asynctier.tailers.registry` says which tailer a binding's source kind
+gets.
 """
 
 from __future__ import annotations

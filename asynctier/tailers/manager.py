@@ -13,20 +13,20 @@ import time
 import traceback
 from collections.abc import Callable
 
-from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
-from asynctier.platform.kafka import admin, topic_partitions
 from asynctier.platform.registry import RegistryFollower
 from asynctier.platform.rpc import SchedulerClient
-from asynctier.tailers.kafka import KafkaTailer
+from asynctier.tailers import registry
+from asynctier.tailers.base import Tailer
 from asynctier.tailers.options import TailerOptions
+from asynctier.tailers.pipeline import Hook, no_hook
 
 log = logging.getLogger(__name__)
 
 
 class _Running:
-    def __init__(self, tailer: KafkaTailer) -> None:
+    def __init__(self, tailer: Tailer) -> None:
         self.tailer = tailer
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"tailer-{tailer.binding.name}",
@@ -51,16 +51,14 @@ def _stack(thread: threading.Thread) -> str:
     return "".join(traceback.format_stack(frame)) if frame is not None else "(unknown)"
 
 
-TailerFactory = Callable[[Settings, Binding, SchedulerClient], KafkaTailer]
-
-
 class TailerManager:
     """Keeps exactly one running tailer per binding of the registry."""
 
     def __init__(self, settings: Settings, client: SchedulerClient,
                  options: TailerOptions | None = None,
-                 only: Callable[[Binding], bool] | None = None) -> None:
+                 only: Callable[[Binding], bool] | None = None, hook: Hook = no_hook) -> None:
         self.settings = settings
+        self.hook = hook
         self.client = client
         self.options = options or TailerOptions()
         self.only = only
@@ -85,15 +83,14 @@ class TailerManager:
                     del self._running[name]
             new = [b for name, b in wanted.items() if name not in self._running]
             if new:
-                ensure_binding_topics(self.settings, new)
+                registry.prepare(self.settings, new)
             for binding in new:
                 self._start(binding)
 
     def _start(self, binding: Binding) -> None:
-        if topic_partitions(admin(self.settings), binding.topic) is None:
-            log.error("binding %s: topic %s does not exist; its tailer starts and waits for "
-                      "it (create the topic, or unbind)", binding.name, binding.topic)
-        running = _Running(KafkaTailer(self.settings, binding, self.client, self.options))
+        tailer = registry.kind_of(binding).tailer(self.settings, binding, self.client,
+                                                  self.options, self.hook)
+        running = _Running(tailer)
         self._running[binding.name] = running
         running.thread.start()
 

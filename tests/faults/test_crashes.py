@@ -219,7 +219,7 @@ def test_function_that_kills_its_worker_becomes_a_dead_letter(
                     restarts * 200, fault_results,
                     notes=[f"{restarts} scheduler restarts, the killer ran {starts} times"])
     print(f"scheduler restarts: {restarts}; the killer started {starts} times")
-    assert dead.get(killer) == "attempts_exhausted", dead
+    assert dead.get(killer) == "max_attempts", dead
     assert starts <= 8 and restarts <= 8  # bounded: never an endless loop
     assert plat.alive("tailers") and plat.alive("delay")
     assert result.ok and result.succeeded == records - 1, result.summary()

@@ -39,7 +39,7 @@ from asynctier.platform.scheduler.bounded import BoundedQueue, Chunk
 from asynctier.platform.scheduler.outcomes import error_text
 from asynctier.platform.scheduler.runtime import Job, Runtime
 from asynctier.platform.scheduler.sizing import ChunkSizer
-from asynctier.platform.wire import Item, Outcome, failed, ok, retry
+from asynctier.platform.wire import FUNCTION_ERROR, UNDECODABLE, Item, Outcome, failed, ok, retry
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +308,7 @@ class Dispatcher:
         try:
             job = self.runtime.job(binding)
         except (ModuleNotAllowed, FunctionNotFound) as exc:
-            return [failed(i["id"], str(exc)) for i in chunk.items]
+            return [failed(i["id"], str(exc), FUNCTION_ERROR) for i in chunk.items]
         started = time.monotonic()
         items = chunk.items
         metrics.observe_record_ages(binding.name, [i["record_time_ms"] for i in items],
@@ -365,12 +365,10 @@ class Dispatcher:
         return results
 
     def _report(self, binding: Binding, outcomes: list[Outcome]) -> None:
-        # the failures counted by error text: a failing function mostly fails one way
-        errors = Counter([o["error"] for o in outcomes if o["status"] != "ok"])
-        good = len(outcomes) - errors.total()
-        # bad input says nothing about the downstream's health
-        bad = sum(count for error, count in errors.items()
-                  if not (error or "").startswith("undecodable:"))
+        # the failures counted by reason: bad input says nothing about the downstream's health
+        reasons = Counter([o["reason"] for o in outcomes if o["status"] != "ok"])
+        good = len(outcomes) - reasons.total()
+        bad = reasons.total() - reasons[UNDECODABLE]
         try:
             self.admission.report(binding, good, bad)
         except Exception:

@@ -28,6 +28,7 @@ from asynctier.platform import metrics
 from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
+from asynctier.platform.rpc import SchedulerClient
 
 log = logging.getLogger(__name__)
 
@@ -218,3 +219,11 @@ class Heartbeat:
                 log.warning("scheduler %s: could not leave the membership: %s",
                             self.address, exc)
         await self._client.aclose()
+
+
+def default_client(settings: Settings, wait_for_scheduler: bool = True) -> SchedulerClient:
+    """A SchedulerClient on the live schedulers (Redis membership), falling back to the
+    configured list: the delay path keeps working when Redis is down. Without
+    ``wait_for_scheduler`` a call raises SchedulerUnavailable when none is known at all."""
+    return SchedulerClient(SchedulerDirectory(settings).addresses,
+                           wait_for_scheduler=wait_for_scheduler)

@@ -35,12 +35,12 @@ from asynctier.delay_streams.bookkeeping import (
 )
 from asynctier.delay_streams.handoff import Handoff, Parcel, parcel_from_message
 from asynctier.delay_streams.pauses import PauseBook, release_at_ms
-from asynctier.delay_streams.release import Action, Entry, hand_off, make_entry, resolutions
-from asynctier.delay_streams.release import submit as submit_entries
+from asynctier.delay_streams.release import Action, Entry, make_entry
 from asynctier.delay_streams.topics import dlq_topic_config, ensure_binding_topics
 from asynctier.platform import metrics
 from asynctier.platform import names as n
 from asynctier.platform.binding import Binding, is_binding_name
+from asynctier.platform.calls import CallBuilder
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import format_duration
 from asynctier.platform.errors import AsynctierError, HandoffError, SchedulerUnavailable
@@ -54,8 +54,11 @@ from asynctier.platform.kafka import (
 )
 from asynctier.platform.registry import RegistryFollower
 from asynctier.platform.rpc import SchedulerClient
-from asynctier.platform.scheduler.membership import SchedulerDirectory
+from asynctier.platform.scheduler.membership import default_client
 from asynctier.platform.signals import wait_for_stop
+from asynctier.tailers.options import PipelineOptions
+from asynctier.tailers.pipeline import Pipeline
+from asynctier.tailers.source import Batch, Prepared
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +70,12 @@ UNBOUND = "_unbound"
 
 
 @dataclass
-class DelayOptions:
+class DelayOptions(PipelineOptions):
     """Knobs of the delay tailers."""
 
     batch_size: int = 500
+    idle_poll_s: float = 1.0
     longest_wait_s: float = 1.0
-    handoff_retry_s: float = 1.0
     session_timeout_ms: int = 30_000
     max_poll_interval_ms: int = 960_000
     ready_timeout_s: float = 30.0
@@ -109,11 +112,134 @@ def consumer_config(settings: Settings, group: str, options: DelayOptions) -> di
                                   fetch_wait_max_ms=100, queued_max_kbytes=16384)
 
 
+class DelaySource:
+    """One delay topic as a :class:`~asynctier.tailers.source.Source`: releases records
+    that are due, hops those that are not due yet, dead-letters those whose binding is
+    gone, and commits (synchronously) per partition highest released + 1."""
+
+    def __init__(self, tailer: DelayTailer, consumer: Any) -> None:
+        self.tailer = tailer
+        self.consumer = consumer
+        self.what = f"delay {tailer.interval}"
+        self.topic = tailer.topic
+        self.handoff = tailer.handoff
+
+    def read(self, max_records: int, wait_s: float) -> list[Any]:
+        """Resume the partitions whose head is due, then consume; a record that is not due
+        pauses its partition (and is read again after the resume)."""
+        tailer, consumer = self.tailer, self.consumer
+        due = tailer.pauses.take_due(_now_ms())
+        if due:
+            consumer.resume([TopicPartition(tailer.topic, p) for p in due])
+        if wait_s > 0:
+            wait_s = tailer.pauses.wait_s(_now_ms(), min(wait_s, tailer.options.longest_wait_s))
+            first = consumer.consume(1, wait_s)
+            got = [*first, *consumer.consume(max_records - 1, 0)] if first else []
+        else:
+            got = consumer.consume(max_records, 0)
+        return tailer.sort(consumer, got)
+
+    def prepare(self, records: list[Any]) -> Prepared:
+        """Records due go to the scheduler (first in the batch); the others are resolved
+        here: a hop to the next delay topic, or a dead letter when the binding is gone."""
+        tailer = self.tailer
+        records = [m for m in records if m.partition() in tailer.owned]
+        now = _now_ms()
+        call = CallBuilder()
+        sent: list[Any] = []
+        entries: list[Entry] = []
+        local: list[tuple[Any, Action]] = []
+        for at, msg in enumerate(records):
+            parcel = parcel_from_message(msg, now_ms=msg.timestamp()[1])
+            name = (_header(msg, n.H_BINDING) or b"").decode("utf-8", "replace")
+            possible = is_binding_name(name)  # else: no registry read, the catch-all
+            binding = tailer.bindings.get(name) if possible else None
+            if binding is None:
+                local.append((msg, tailer.orphan(name if possible else UNBOUND, parcel)))
+            elif parcel.due_ms > now:
+                local.append((msg, tailer.hop(binding, parcel)))
+            else:
+                # the record's origin: every copy of one record is one record to the
+                # scheduler (its run-once key and its quota charge)
+                entry = make_entry(len(entries), binding, parcel, parcel.origin)
+                item = entry.item
+                if not call.add(item["binding"], item["payload"], item["key"],
+                                parcel.headers, item["attempt"], item["source_ref"],
+                                item["record_time_ms"]):
+                    return self._prepared(sent, entries, local, call, records[at:])
+                sent.append(msg)
+                entries.append(entry)
+        return self._prepared(sent, entries, local, call, [])
+
+    @staticmethod
+    def _prepared(sent: list[Any], entries: list[Entry], local: list[tuple[Any, Action]],
+                  call: CallBuilder, rest: list[Any]) -> Prepared:
+        records = sent + [msg for msg, _ in local]
+        high: dict[int, int] = {}
+        for msg in records:
+            high[msg.partition()] = max(high.get(msg.partition(), -1), msg.offset())
+        return Prepared(records, call.encode() if sent else None, high,
+                        (entries, [action for _, action in local]), rest, len(sent))
+
+    def wait(self, batch: Batch, superseded: Callable[[], bool]) -> bool:
+        """The delay consumer's poll interval is long (16 min): no need to poll meanwhile."""
+        return True
+
+    def hand_off(self, batch: Batch) -> Counter[str]:
+        """Resolve the scheduler's outcomes, then the hops and dead letters of the batch."""
+        entries, actions = batch.extra
+        counts: Counter[str] = Counter()
+        by_binding: dict[tuple[str, str], Counter[str]] = {}
+        by_id = {o["id"]: o for o in batch.outcomes}
+        for i, entry in enumerate(entries):
+            what = self.handoff.resolve(entry.binding, entry.parcel, by_id[i])
+            by_binding.setdefault((entry.binding.name, entry.binding.tenant), Counter())[
+                what] += 1
+            counts[what] += 1
+        for action in actions:
+            counts[action()] += 1
+        batch.extra = (entries, actions, by_binding)
+        return counts
+
+    def confirm(self) -> None:
+        """Every hop, retry and dead letter so far delivered, or HandoffError."""
+        self.handoff.confirm()
+
+    def checkpoint(self, batch: Batch, sync: bool) -> None:
+        """Commit (synchronously) past the highest released offset of each owned
+        partition."""
+        tailer = self.tailer
+        offsets = [TopicPartition(tailer.topic, p, o + 1) for p, o in batch.mark.items()
+                   if p in tailer.owned]
+        if not offsets:
+            return
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            log.warning("delay %s: commit of %s failed (%s); those records will be read "
+                        "again", tailer.interval,
+                        ", ".join(f"{t.partition}@{t.offset}" for t in offsets),
+                        exc.args[0].str())
+
+    def checkpoint_final(self, scope: Any) -> None:
+        """Nothing: every commit was synchronous."""
+
+    def counted(self, batch: Batch) -> None:
+        """Outcomes per binding, and the batch, in the metrics."""
+        by_binding: dict[tuple[str, str], Counter[str]] = batch.extra[2]
+        for (name, tenant), counts in by_binding.items():
+            metrics.record_outcomes(name, tenant, counts)
+            metrics.count_batch(COMPONENT, name)
+        self.tailer.stats.update(batch.counts)
+
+
 class DelayTailer:
     """Tails the delay topic of one interval in the group ``<prefix>.delay.<interval>``."""
 
     def __init__(self, settings: Settings, interval_s: float, bindings: BindingBook,
-                 client: SchedulerClient, options: DelayOptions | None = None) -> None:
+                 client: SchedulerClient, options: DelayOptions | None = None, *,
+                 consumer_factory: Callable[[dict[str, Any]], Any] = Consumer,
+                 handoff: Handoff | None = None) -> None:
         self.settings = settings
         self.interval = format_duration(interval_s)
         self.interval_ms = round(interval_s * 1000)
@@ -122,19 +248,21 @@ class DelayTailer:
         self.bindings = bindings
         self.client = client
         self.options = options or DelayOptions()
-        self.handoff = Handoff(settings)
+        self.handoff = handoff or Handoff(settings)
         self.pauses = PauseBook()
         self.assigned = threading.Event()
         self.stats: Counter[str] = Counter()
         # assigned, neither revoked nor lost: only these are released and committed
-        self._owned: set[int] = set()
+        self.owned: set[int] = set()
         self._dlq_ready: set[str] = set()
-        self._consumer: Consumer | None = None  # this session's
+        self._consumer_factory = consumer_factory
+        self._consumer: Any = None  # this session's
+        self.pipeline: Pipeline | None = None
 
     # -- the loop -------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Tail until ``stop`` is set; the batch under way is finished and committed."""
+        """Tail until ``stop`` is set; the batches under way are finished and committed."""
         while not stop.is_set():
             try:
                 self._session(stop)
@@ -147,26 +275,35 @@ class DelayTailer:
                               "committed offsets", self.interval)
                 stop.wait(1.0)
 
-    def _session(self, stop: threading.Event) -> None:
-        consumer = Consumer(consumer_config(self.settings, self.group, self.options))
+    def open(self) -> Pipeline:
+        """A new session: its consumer, source and pipeline (not subscribed yet)."""
+        consumer = self._consumer_factory(consumer_config(self.settings, self.group,
+                                                          self.options))
         self.pauses = PauseBook()
-        self._owned = set()
+        self.owned = set()
         self._consumer = consumer
+        self.pipeline = Pipeline(DelaySource(self, consumer), self.client, COMPONENT,
+                                 self.interval, self.options)
+        return self.pipeline
+
+    def _session(self, stop: threading.Event) -> None:
+        pipeline = self.open()
+        consumer = self._consumer
         self._wait_for_topic(consumer, stop)
-        consumer.subscribe([self.topic], on_assign=self._on_assign,
-                           on_revoke=self._on_revoke, on_lost=self._on_lost)
+        consumer.subscribe([self.topic], on_assign=self.on_assign,
+                           on_revoke=self.on_revoke, on_lost=self.on_lost)
         log.info("delay tailer %s started: topic %s, group %s", self.interval, self.topic,
                  self.group)
         try:
-            while not stop.is_set():
-                self._step(consumer, stop)
+            pipeline.run(stop)
         finally:
             what = f"delay tailer {self.interval}"
-            leave_group(consumer, lambda: bool(self._owned), what)
+            leave_group(consumer, lambda: bool(self.owned), what)
             close_consumer(consumer.close, what)
+            metrics.set_in_flight(COMPONENT, self.interval, 0)
             log.info("delay tailer %s stopped", self.interval)
 
-    def _wait_for_topic(self, consumer: Consumer, stop: threading.Event) -> None:
+    def _wait_for_topic(self, consumer: Any, stop: threading.Event) -> None:
         deadline = time.monotonic() + 30.0
         while not stop.is_set() and time.monotonic() < deadline:
             meta = consumer.list_topics(self.topic, timeout=5.0).topics.get(self.topic)
@@ -174,24 +311,7 @@ class DelayTailer:
                 return
             stop.wait(0.2)
 
-    def _step(self, consumer: Consumer, stop: threading.Event) -> None:
-        due = self.pauses.take_due(_now_ms())
-        if due:
-            consumer.resume([TopicPartition(self.topic, p) for p in due])
-        wait_s = self.pauses.wait_s(_now_ms(), self.options.longest_wait_s)
-        released = self._sort(consumer, self._poll(consumer, wait_s))
-        if released:
-            self._release(consumer, released, stop)
-
-    def _poll(self, consumer: Consumer, wait_s: float) -> list[Any]:
-        """Block until the first message (or ``wait_s``), then take what is already there:
-        ``consume(n, t)`` alone would wait the whole ``t`` for ``n`` messages."""
-        first = consumer.consume(1, wait_s)
-        if not first:
-            return []
-        return [*first, *consumer.consume(self.options.batch_size - 1, 0)]
-
-    def _sort(self, consumer: Consumer, messages: list[Any]) -> list[Any]:
+    def sort(self, consumer: Any, messages: list[Any]) -> list[Any]:
         """The messages that may leave now; the partition of one that may not is paused."""
         now = _now_ms()
         released = []
@@ -200,7 +320,7 @@ class DelayTailer:
             if err is not None:
                 self._consume_error(err)
                 continue
-            if msg.partition() not in self._owned:
+            if msg.partition() not in self.owned:
                 continue  # revoked or lost while it was read: its new owner releases it
             if self.pauses.is_paused(msg.partition()):
                 continue  # behind a head that is not due: read again after the resume
@@ -211,7 +331,7 @@ class DelayTailer:
                 released.append(msg)
         return released
 
-    def _hold(self, consumer: Consumer, msg: Any, until_ms: int) -> None:
+    def _hold(self, consumer: Any, msg: Any, until_ms: int) -> None:
         """Pause the message's partition and seek it back so the head is read again."""
         tp = TopicPartition(self.topic, msg.partition(), msg.offset())
         consumer.pause([tp])
@@ -225,39 +345,17 @@ class DelayTailer:
         if err.fatal():
             raise KafkaException(err)
 
-    # -- releasing ------------------------------------------------------------------------
+    # -- what is resolved here ------------------------------------------------------------
 
-    def _release(self, consumer: Consumer, messages: list[Any], stop: threading.Event) -> None:
-        now = _now_ms()
-        entries: list[Entry] = []
-        actions: list[Action] = []
-        for msg in messages:
-            parcel = parcel_from_message(msg, now_ms=msg.timestamp()[1])
-            name = (_header(msg, n.H_BINDING) or b"").decode("utf-8", "replace")
-            possible = is_binding_name(name)  # else: no registry read, the catch-all
-            binding = self.bindings.get(name) if possible else None
-            if binding is None:
-                actions.append(self._orphan(name if possible else UNBOUND, parcel))
-            elif parcel.due_ms > now:
-                actions.append(self._hop(binding, parcel))
-            else:
-                # the record's origin: every copy of one record is one record to the
-                # scheduler (its run-once key and its quota charge)
-                entries.append(make_entry(len(entries), binding, parcel, parcel.origin))
-        outcomes = submit_entries(self.client, entries, stop)
-        immediate, resolving = resolutions(self.handoff, entries, outcomes)
-        results = hand_off(self.handoff, [*actions, *resolving], stop,
-                           f"delay {self.interval}", self.options.handoff_retry_s)
-        self._commit(consumer, messages)
-        self._count(entries, immediate, results[len(actions):], results[:len(actions)])
-
-    def _hop(self, binding: Binding, parcel: Parcel) -> Action:
+    def hop(self, binding: Binding, parcel: Parcel) -> Action:
+        """A record released early for its due time: on to the next delay topic."""
         def act() -> str:
             self.handoff.delay(binding, parcel, parcel.due_ms, parcel.attempt, parcel.error)
             return "hop"
         return act
 
-    def _orphan(self, name: str, parcel: Parcel) -> Action:
+    def orphan(self, name: str, parcel: Parcel) -> Action:
+        """A record whose binding is gone: to that binding's dead-letter topic."""
         self._ensure_dlq(name)
         log.warning("delay %s: a record of binding %r (from %s) goes to the dead-letter "
                     "topic: the binding no longer exists", self.interval, name, parcel.origin)
@@ -279,50 +377,21 @@ class DelayTailer:
         except AsynctierError as exc:
             log.error("delay %s: could not create %s: %s", self.interval, topic, exc)
 
-    def _commit(self, consumer: Consumer, messages: list[Any]) -> None:
-        high: dict[int, int] = {}
-        for msg in messages:
-            high[msg.partition()] = max(high.get(msg.partition(), -1), msg.offset())
-        offsets = [TopicPartition(self.topic, p, o + 1) for p, o in high.items()
-                   if p in self._owned]
-        if not offsets:
-            return
-        try:
-            consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
-            log.warning("delay %s: commit of %s failed (%s); those records will be read "
-                        "again", self.interval,
-                        ", ".join(f"{t.partition}@{t.offset}" for t in offsets),
-                        exc.args[0].str())
-
-    def _count(self, entries: list[Entry], immediate: list[str], resolved: list[str],
-               other: list[str]) -> None:
-        it = iter(resolved)
-        by_binding: dict[tuple[str, str], Counter[str]] = {}
-        for entry, first in zip(entries, immediate, strict=True):
-            what = first or next(it)
-            key = (entry.binding.name, entry.binding.tenant)
-            by_binding.setdefault(key, Counter())[what] += 1
-            self.stats[what] += 1
-        self.stats.update(other)
-        for (name, tenant), counts in by_binding.items():
-            metrics.record_outcomes(name, tenant, counts)
-            metrics.count_batch(COMPONENT, name)
-
     # -- rebalancing ----------------------------------------------------------------------
 
-    def _stale(self, consumer: Consumer) -> bool:
+    def _stale(self, consumer: Any) -> bool:
         """A callback of an earlier session's consumer (one whose ``close()`` was given up
         and returned late): it must not touch this session's partitions."""
         return self._consumer is not None and consumer is not self._consumer
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """Partitions assigned: released and committed from now on, unpaused."""
         take_over(consumer, partitions, assign=True)  # whatever the session (see take_over)
         if self._stale(consumer):
             return
         parts = [tp.partition for tp in partitions]
         self.pauses.forget(parts)
-        self._owned.update(parts)
+        self.owned.update(parts)
         if partitions:
             try:  # a partition paused before a revoke must not come back paused
                 consumer.resume(partitions)
@@ -332,22 +401,29 @@ class DelayTailer:
                  ", ".join(str(p) for p in parts) or "nothing")
         self.assigned.set()
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """Partitions revoked: their batches under way are finished and committed first."""
+        if not self._stale(consumer):
+            parts = {tp.partition for tp in partitions}
+            try:
+                if self.pipeline is not None:
+                    self.pipeline.revoke(parts, lambda m: m.partition() in parts)
+            finally:
+                self.pauses.forget(list(parts))
+                self.owned.difference_update(parts)
         take_over(consumer, partitions, assign=False)
-        if self._stale(consumer):
-            return
-        parts = [tp.partition for tp in partitions]
-        self.pauses.forget(parts)
-        self._owned.difference_update(parts)
 
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """Partitions lost: never released nor committed here again."""
         take_over(consumer, partitions, assign=False)
         if self._stale(consumer):
             return
         parts = [tp.partition for tp in partitions]
         log.warning("delay %s: lost partitions %s", self.interval, parts)
         self.pauses.forget(parts)
-        self._owned.difference_update(parts)
+        self.owned.difference_update(parts)
+        if self.pipeline is not None:
+            self.pipeline.forget(lambda m: m.partition() in parts)
 
 
 # -- the service: one tailer per interval, following the bindings -------------------------
@@ -409,14 +485,6 @@ class DelayService:
         deadline = time.monotonic() + timeout_s
         for thread in list(self._threads):
             thread.join(max(0.0, deadline - time.monotonic()))
-
-
-def default_client(settings: Settings, wait_for_scheduler: bool = True) -> SchedulerClient:
-    """A SchedulerClient on the live schedulers (Redis membership), falling back to the
-    configured list: the delay path keeps working when Redis is down. Without
-    ``wait_for_scheduler`` a call raises SchedulerUnavailable when none is known at all."""
-    return SchedulerClient(SchedulerDirectory(settings).addresses,
-                           wait_for_scheduler=wait_for_scheduler)
 
 
 def run_delay_tailers(settings: Settings, stop: threading.Event,
