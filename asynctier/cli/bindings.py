@@ -14,6 +14,7 @@ from asynctier.cli import settings_of
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.allowlist import check_function_allowed
 from asynctier.platform.binding import FORMATS, PRIORITIES, Binding
+from asynctier.platform.config import Settings
 from asynctier.platform.durations import parse_duration, parse_ladder
 from asynctier.platform.errors import BindingError, ModuleNotAllowed
 from asynctier.platform.kafka import admin, ensure_topics, topic_partitions
@@ -33,16 +34,19 @@ def _ladder(text: str | None) -> tuple[float, ...] | None:
         raise BindingError(f"retry ladder: {exc}") from exc
 
 
-def _timeout(text: str) -> float:
+def _duration(what: str, text: str) -> float:
     try:
         return parse_duration(text)
     except ValueError as exc:
-        raise BindingError(f"timeout: {exc}") from exc
+        raise BindingError(f"{what}: {exc}") from exc
 
 
 @click.command()
 @click.argument("name")
-@click.option("--topic", required=True, help="The Kafka topic to run the function on.")
+@click.option("--topic", help="The Kafka topic to run the function on.")
+@click.option("--queue", "queue_topic", help="Or: the queue topic (in the tenant's namespace).")
+@click.option("--lease", "lease", default="30s", show_default=True,
+              help="--queue: the lease a batch's items get (extended while they run).")
 @click.option("--function", "function", required=True, help="module:attr of the function.")
 @click.option("--tenant", default="default", show_default=True)
 @click.option("--priority", type=click.Choice(PRIORITIES), default="normal", show_default=True)
@@ -67,12 +71,16 @@ def _timeout(text: str) -> float:
 @click.option("--create-topic", type=int, metavar="N",
               help="Create the topic with N partitions when it does not exist.")
 @click.pass_context
-def bind(ctx: click.Context, name: str, topic: str, function: str, tenant: str, priority: str,
+def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | None,
+         lease: str, function: str, tenant: str, priority: str,
          fmt: str, schema_file: str | None, rate: float | None, burst: int | None,
          concurrency: int | None, max_attempts: int, timeout: str, retry_ladder: str | None,
          idempotent: bool, redis_policy: str, create_topic: int | None) -> None:
-    """Bind topic --topic to function --function under NAME."""
+    """Bind topic --topic (or queue topic --queue) to function --function under NAME."""
     settings = settings_of(ctx)
+    if (topic is None) == (queue_topic is None):
+        raise BindingError("source: give --topic T (a Kafka topic) or --queue Q (a queue "
+                           "topic), one of them")
     schema = None
     if schema_file is not None:
         try:
@@ -80,13 +88,18 @@ def bind(ctx: click.Context, name: str, topic: str, function: str, tenant: str, 
         except OSError as exc:
             raise BindingError(f"schema: cannot read {schema_file}: {exc.strerror}") from exc
     fields: dict[str, object] = {}
+    if queue_topic is not None:
+        fields["source_kind"] = "queue"
+        fields["lease_s"] = _duration("lease", lease)
     ladder = _ladder(retry_ladder)
     if ladder is not None:
         fields["retry_ladder_s"] = ladder
     binding = Binding(
-        name=name, topic=topic, function=function, tenant=tenant, priority=priority,  # type: ignore[arg-type]
+        name=name, topic=topic or queue_topic or "", function=function, tenant=tenant,
+        priority=priority,  # type: ignore[arg-type]
         format=fmt, schema=schema, rate_per_s=rate, burst=burst,  # type: ignore[arg-type]
-        max_concurrency=concurrency, max_attempts=max_attempts, timeout_s=_timeout(timeout),
+        max_concurrency=concurrency, max_attempts=max_attempts,
+        timeout_s=_duration("timeout", timeout),
         idempotent=idempotent, redis_policy=redis_policy,  # type: ignore[arg-type]
         **fields,  # type: ignore[arg-type]
     ).validate()
@@ -94,6 +107,19 @@ def bind(ctx: click.Context, name: str, topic: str, function: str, tenant: str, 
         check_function_allowed(function, settings.allow_modules or None)
     except ModuleNotAllowed as exc:
         raise BindingError(f"function: {exc}") from exc
+    if topic is not None:
+        _kafka_topic(settings, topic, create_topic)
+    binding = binding.with_changes(created_ms=int(time.time() * 1000))
+    if topic is not None:
+        ensure_binding_topics(settings, [binding])
+    BindingRegistry(settings).put(binding)
+    source = f"{topic}" if topic is not None else f"queue {tenant}/{queue_topic}"
+    click.echo(f"bound {name}: {source} -> {function} (tenant {tenant}, {priority}, "
+               f"ladder {','.join(binding.ladder_names)})")
+
+
+def _kafka_topic(settings: Settings, topic: str, create_topic: int | None) -> None:
+    """Make sure the Kafka topic exists (created with --create-topic N)."""
     client = admin(settings)
     if topic_partitions(client, topic, wait_s=TOPIC_WAIT_S) is None:
         if create_topic is None:
@@ -102,11 +128,6 @@ def bind(ctx: click.Context, name: str, topic: str, function: str, tenant: str, 
         if not 1 <= create_topic <= 1000:
             raise BindingError("create-topic: give 1 to 1000 partitions")
         ensure_topics(client, {topic: (create_topic, {})})
-    binding = binding.with_changes(created_ms=int(time.time() * 1000))
-    ensure_binding_topics(settings, [binding])
-    BindingRegistry(settings).put(binding)
-    click.echo(f"bound {name}: {topic} -> {function} (tenant {tenant}, {priority}, "
-               f"ladder {','.join(binding.ladder_names)})")
 
 
 @click.command()
@@ -127,10 +148,11 @@ def bindings(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([b.to_json() for b in found.values()], indent=2))
         return
-    table = Table("name", "topic", "function", "tenant", "priority", "format", "rate",
+    table = Table("name", "source", "function", "tenant", "priority", "format", "rate",
                   "concurrency", "attempts", "timeout", "ladder")
     for b in sorted(found.values(), key=lambda b: b.name):
-        table.add_row(b.name, b.topic, b.function, b.tenant, b.priority, b.format,
+        source = b.topic if b.source_kind == "kafka" else f"queue {b.tenant}/{b.topic}"
+        table.add_row(b.name, source, b.function, b.tenant, b.priority, b.format,
                       f"{b.rate_per_s:g}/s" if b.rate_per_s else "-",
                       str(b.max_concurrency or "-"), str(b.max_attempts), f"{b.timeout_s:g}s",
                       ",".join(b.ladder_names))

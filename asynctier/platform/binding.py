@@ -29,7 +29,7 @@ FORMATS: tuple[PayloadFormat, ...] = ("json", "avro", "bytes")
 REDIS_POLICIES: tuple[RedisPolicy, ...] = ("fail_open", "fail_closed")
 DEFAULT_LADDER_S: tuple[float, ...] = (30.0, 60.0, 300.0, 1800.0)
 #: The kinds of source a binding may name (each has a tailer: asynctier.tailers.registry).
-SOURCE_KINDS: tuple[str, ...] = ("kafka",)
+SOURCE_KINDS: tuple[str, ...] = ("kafka", "queue")
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
@@ -47,7 +47,8 @@ _FUNCTION_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
 
 @dataclass(frozen=True)
 class Binding:
-    """A topic bound to a function (see DESIGN.md, Contracts: Binding)."""
+    """A source (a Kafka topic, or a queue topic) bound to a function (docs/design.md,
+    Contracts: Binding)."""
 
     name: str
     topic: str
@@ -65,6 +66,7 @@ class Binding:
     idempotent: bool = False
     redis_policy: RedisPolicy = "fail_open"
     source_kind: str = "kafka"
+    lease_s: float = 30.0  # a queue binding's lease per batch (its items run within it)
     created_ms: int = 0
     _parsed_schema: Any = field(default=None, compare=False, repr=False)
 
@@ -101,7 +103,9 @@ class Binding:
                f"source kind {self.source_kind!r} is not supported: use "
                f"{' or '.join(SOURCE_KINDS)}")
         _check(_TOPIC_RE.fullmatch(self.topic) is not None and self.topic not in (".", ".."),
-               "topic", f"{self.topic!r} is not a valid Kafka topic name")
+               "topic" if self.source_kind == "kafka" else "queue",
+               f"{self.topic!r} is not a valid topic name: 1-249 letters, digits, '.', '_' "
+               "or '-'")
         _check(_FUNCTION_RE.fullmatch(self.function) is not None, "function",
                f"{self.function!r} is not a function path: write module:attr, "
                "for example myapp.jobs:resize")
@@ -132,6 +136,8 @@ class Binding:
                f"max attempts {self.max_attempts} is out of range: 1 <= N <= 100")
         _check(0 < self.timeout_s <= 3600, "timeout",
                f"timeout {self.timeout_s:g}s is out of range: 0 < S <= 3600")
+        _check(1 <= self.lease_s <= 3600, "lease",
+               f"lease {self.lease_s:g}s is out of range: 1s <= S <= 1h")
 
     def _validate_ladder(self) -> None:
         ladder = self.retry_ladder_s
@@ -164,7 +170,8 @@ class Binding:
         """The Avro record of ``schemas/binding.avsc``."""
         doc = asdict(self)
         doc.pop("_parsed_schema")
-        doc["source"] = {"kind": doc.pop("source_kind"), "topic": doc.pop("topic")}
+        doc["source"] = {"kind": doc.pop("source_kind"), "topic": doc.pop("topic"),
+                         "lease_s": doc.pop("lease_s")}
         doc["retry_ladder_s"] = list(self.retry_ladder_s)
         return doc
 
@@ -181,6 +188,7 @@ class Binding:
         source = doc.pop("source")
         doc["source_kind"] = source["kind"]
         doc["topic"] = source["topic"]
+        doc["lease_s"] = source["lease_s"]
         doc["retry_ladder_s"] = tuple(doc["retry_ladder_s"])
         return cls(**doc)
 

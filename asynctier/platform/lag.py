@@ -123,8 +123,9 @@ def delay_intervals(names: Names, topics: Iterable[str]) -> list[str]:
 
 
 def binding_targets(names: Names, bindings: Iterable[Binding]) -> list[LagTarget]:
-    """The source-topic target of each binding."""
-    return [LagTarget("binding", b.name, names.group(b.name), b.topic) for b in bindings]
+    """The source-topic target of each Kafka binding (a queue's backlog is the queue's)."""
+    return [LagTarget("binding", b.name, names.group(b.name), b.topic) for b in bindings
+            if b.source_kind == "kafka"]
 
 
 def delay_targets(names: Names, intervals: Iterable[str]) -> list[LagTarget]:

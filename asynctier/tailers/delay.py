@@ -452,11 +452,12 @@ class DelayService:
 
     def _on_bindings(self, bindings: dict[str, Binding]) -> None:
         self.bindings.update(bindings)
-        try:
-            ensure_binding_topics(self.settings, bindings.values())
+        kafka = [b for b in bindings.values() if b.source_kind == "kafka"]  # a queue delays
+        try:  # its own retries
+            ensure_binding_topics(self.settings, kafka)
         except AsynctierError as exc:
             log.error("could not create the delay and dead-letter topics: %s", exc)
-        self._run_intervals(ladder_intervals(bindings.values()))
+        self._run_intervals(ladder_intervals(kafka))
 
     def _run_intervals(self, intervals: set[float]) -> None:
         with self._lock:

@@ -48,8 +48,20 @@ def _kafka_tailer(settings: Settings, binding: Binding, client: SchedulerClient,
     return KafkaTailer(settings, binding, client, options, hook=hook)
 
 
+def _queue_prepare(settings: Settings, bindings: list[Binding]) -> None:
+    """Nothing to make: the store's schema is migrated when a store opens."""
+
+
+def _queue_tailer(settings: Settings, binding: Binding, client: SchedulerClient,
+                  options: TailerOptions, hook: Hook) -> Tailer:
+    from asynctier.tailers.queue import QueueTailer
+
+    return QueueTailer(settings, binding, client, options, hook=hook)
+
+
 SOURCES: dict[str, SourceKind] = {
     "kafka": SourceKind(_kafka_prepare, _kafka_tailer),
+    "queue": SourceKind(_queue_prepare, _queue_tailer),
 }
 
 
