@@ -32,8 +32,8 @@ from asynctier.platform.calls import CallBuilder
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError, HandoffError, SchedulerUnavailable
 from asynctier.platform.rpc import SchedulerClient
-from asynctier.queue.shards import ShardedQueue
 from asynctier.queue.items import Dead, Leased, Nack
+from asynctier.queue.shards import ShardedQueue
 from asynctier.tailers.options import TailerOptions
 from asynctier.tailers.pipeline import Hook, Pipeline, no_hook
 from asynctier.tailers.source import Batch, Prepared
