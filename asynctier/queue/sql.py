@@ -32,8 +32,9 @@ ENQUEUE = f"""
 WITH input AS (
     SELECT * FROM unnest(%(ids)s::text[], %(topics)s::text[], %(priorities)s::int[],
                          %(after)s::bigint[], %(payloads)s::bytea[], %(headers)s::text[],
-                         %(ttl_ms)s::bigint[])
-        WITH ORDINALITY AS t(id, topic, priority, deliver_after, payload, headers, ttl_ms, ord)
+                         %(ttl_ms)s::bigint[], %(delay_ms)s::bigint[])
+        WITH ORDINALITY AS t(id, topic, priority, deliver_after, payload, headers, ttl_ms,
+                             delay_ms, ord)
 ), seen AS (
     INSERT INTO {TOPICS} (namespace, topic)
     SELECT DISTINCT %(ns)s::text, topic FROM input
@@ -41,7 +42,7 @@ WITH input AS (
 )
 INSERT INTO {ITEMS} (namespace, topic, id, priority, deliver_after, payload, headers,
                      enqueued_ms, expires_ms)
-SELECT %(ns)s, topic, id, priority, COALESCE(deliver_after, {NOW}), payload,
+SELECT %(ns)s, topic, id, priority, COALESCE(deliver_after, {NOW} + delay_ms, {NOW}), payload,
        headers::jsonb, {NOW}, {NOW} + ttl_ms
 FROM input ORDER BY ord
 ON CONFLICT DO NOTHING

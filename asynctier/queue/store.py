@@ -139,6 +139,8 @@ class QueueStore:
             "payloads": [bytes(i.payload) for i in items],
             "headers": [encode_headers(i.headers) for i in items],
             "ttl_ms": [None if i.ttl_s is None else round(i.ttl_s * 1000) for i in items],
+            "delay_ms": [None if i.delay_s is None else round(i.delay_s * 1000)
+                         for i in items],
         }
         with self._conn() as conn:
             created = {(t, i) for t, i in conn.execute(sql.ENQUEUE, params).fetchall()}
