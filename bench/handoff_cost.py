@@ -12,7 +12,7 @@ with keys over every partition by their keys:
 
 - **hand-off**: what a tailer does in a retry flood: :meth:`Handoff.resolve_messages`
   (every record a retry) and :meth:`Handoff.confirm`; each record goes to the first delay
-  topic with the six headers DESIGN.md gives a delay record (binding, attempt, origin,
+  topic with the six headers docs/design.md gives a delay record (binding, attempt, origin,
   error, first seen, due);
 - **bare produce, same headers**: ``Producer.produce`` of the same records with six
   headers of the same sizes built beforehand (the client's share of the hand-off);

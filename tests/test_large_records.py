@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 
 from asynctier.delay_streams import release
 from asynctier.delay_streams.handoff import Parcel
+from asynctier.platform import calls as calls_module
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.registry import BindingRegistry
 from asynctier.platform.rpc import SchedulerClient
-from asynctier.tailers import kafka as tailer_module
 from asynctier.tailers.kafka import KafkaTailer, TailerOptions
 from tests.faults.checker import read_ledger, succeeded
 from tests.faults.harness import FaultPlatform, produce
@@ -50,7 +50,7 @@ def test_parts_keep_every_entry_in_order_each_under_the_cap_or_alone(
         sizes: list[tuple[int, int]]) -> None:
     """Headers count: records with small values and large headers are cut too."""
     entries = _entries(sizes)
-    parts = release._parts(entries, CAP)
+    parts = [entries[start:end] for start, end, _ in release.calls(entries, CAP)]
     assert [e for part in parts for e in part] == entries
     for part in parts:
         total = sum(len(e.item["payload"] or b"")
@@ -107,7 +107,7 @@ def test_a_tailer_cuts_a_batch_of_large_records_into_calls_under_the_cap(
         settings: Settings, tmp_path: Path, unique_topic: Callable[..., str],
         monkeypatch: pytest.MonkeyPatch, large: str) -> None:
     """Records of about 9 kB of value, or small values with 9 kB of headers."""
-    monkeypatch.setattr(tailer_module, "MAX_CALL_BYTES", CAP)
+    monkeypatch.setattr(calls_module, "MAX_CALL_BYTES", CAP)
     n = 60
     topic = unique_topic(1)
     if large == "values":
@@ -130,13 +130,13 @@ def test_a_tailer_cuts_a_batch_of_large_records_into_calls_under_the_cap(
 def test_a_delay_or_replay_batch_of_large_records_goes_in_several_calls(
         settings: Settings, tmp_path: Path, unique_topic: Callable[..., str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(release, "MAX_CALL_BYTES", CAP)
+    monkeypatch.setattr(calls_module, "MAX_CALL_BYTES", CAP)
     plat = FaultPlatform(settings, tmp_path)
     try:
         plat.bind("big", unique_topic(1))
         plat.start("scheduler")
         client = SchedulerClient(lambda: [f"127.0.0.1:{plat.ports['scheduler']}"])
-        calls = _calls(client, "submit")
+        calls = _calls(client, "submit_encoded")
         binding = BindingRegistry(settings).load()["big"]
         body = [b'{"id": %d, "pad": "%s"}' % (i, b"x" * PAD) for i in range(23)]
         entries = [release.make_entry(i, binding, Parcel(v, None, [], f"big/0/{i}", 1, 0),

@@ -184,7 +184,7 @@ def test_an_adaptive_limit_narrows_a_capped_binding() -> None:
 
 
 def test_an_uncapped_binding_is_never_slowed_by_the_adaptive_limit() -> None:
-    """A failing uncapped binding must still drain at full speed (DESIGN invariant 3)."""
+    """A failing uncapped binding must still drain at full speed (docs/design.md, invariant 3)."""
     admission = Adaptive(cap=100)
     binding = Binding("b", "t", "tests.funcs.basic:async_sleepy")
     payload = json.dumps({"sleep": 0.05}).encode()

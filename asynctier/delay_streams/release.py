@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from asynctier.delay_streams.handoff import Handoff, Parcel
@@ -58,17 +58,28 @@ def make_entry(index: int, binding: Binding, parcel: Parcel, source_ref: str,
 
 def submit(client: SchedulerClient, entries: Sequence[Entry],
            stop: threading.Event | None) -> list[Outcome]:
-    """The outcome of every entry, in entry order (calls cut by size as the pipeline cuts
-    them: :class:`CallBuilder`).
+    """The outcome of every entry, in entry order (one call per :func:`calls` part).
 
     An entry the scheduler said nothing about gets a ``retry`` outcome: unknown is never
     taken as done. Raises SchedulerUnavailable when ``stop`` is set while no scheduler
     answers.
     """
     outcomes: list[Outcome] = []
+    for start, end, call in calls(entries):
+        answer = complete(client.submit_encoded(call.encode(), end - start).result(stop),
+                          end - start)
+        by_id = {o["id"]: o for o in answer}
+        outcomes += [{**by_id[i - start], "id": i} for i in range(start, end)]
+    return outcomes
+
+
+def calls(entries: Sequence[Entry],
+          cap: int | None = None) -> Iterator[tuple[int, int, CallBuilder]]:
+    """``entries[start:end]`` and its call, part after part: each part at most ``cap`` bytes
+    of records (:class:`CallBuilder`; default its cap), or a single larger record alone."""
     start = 0
     while start < len(entries):
-        call = CallBuilder()
+        call = CallBuilder(cap)
         end = start
         for entry in entries[start:]:
             item = entry.item
@@ -77,12 +88,8 @@ def submit(client: SchedulerClient, entries: Sequence[Entry],
                             item["attempt"], item["source_ref"], item["record_time_ms"]):
                 break
             end += 1
-        answer = complete(client.submit_encoded(call.encode(), end - start).result(stop),
-                          end - start)
-        by_id = {o["id"]: o for o in answer}
-        outcomes += [{**by_id[i - start], "id": i} for i in range(start, end)]
+        yield start, end, call
         start = end
-    return outcomes
 
 
 def resolutions(handoff: Handoff, entries: Sequence[Entry],

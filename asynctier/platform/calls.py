@@ -18,9 +18,9 @@ class CallBuilder:
     first record that would take it past the cap is refused (a single larger record goes
     alone). The one place a call is cut by size."""
 
-    def __init__(self, cap: int = MAX_CALL_BYTES) -> None:
+    def __init__(self, cap: int | None = None) -> None:
         self.columns = wire.Columns()
-        self.cap = cap
+        self.cap = MAX_CALL_BYTES if cap is None else cap
         self.size = 0
 
     def add(self, binding: str, payload: bytes | None, key: bytes | None,

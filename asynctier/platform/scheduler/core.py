@@ -1,4 +1,4 @@
-"""The scheduler's one call: ``submit(items) -> outcomes`` (DESIGN.md, Tailer -> scheduler).
+"""The scheduler's one call: ``submit(items) -> outcomes`` (docs/design.md, Tailer -> scheduler).
 
 :class:`Scheduler` groups a batch by binding, hands each group to the
 :class:`~asynctier.platform.scheduler.dispatch.Dispatcher` and returns one outcome per

@@ -331,7 +331,7 @@ class Dispatcher:
         (AIMD) limit within it when the admission offers one.
 
         A binding without a cap is never slowed by its failures: at a 100% failure rate its
-        topic must still drain at full speed into the delay topics (DESIGN invariant 3).
+        topic must still drain at full speed into the delay topics (docs/design.md, invariant 3).
         Downstream protection is for bindings that declared what their downstream takes.
         """
         cap = binding.max_concurrency

@@ -1,4 +1,4 @@
-"""How a function's end maps to an outcome (DESIGN.md, Contracts: Function).
+"""How a function's end maps to an outcome (docs/design.md, Contracts: Function).
 
 A return is ``ok``; ``Retry(after)`` is a retry after ``after`` seconds that spends an
 attempt; ``Reject(reason)`` fails for good; any other exception retries along the ladder.
