@@ -9,7 +9,9 @@ drives what the function does:
 - ``{"id": 7, "fail_until": 3}`` raises while ``ctx.attempt < 3``;
 - ``{"id": 7, "always_fail": true}`` always raises;
 - ``{"id": 7, "exit": true}`` kills its worker process (``os._exit``), every time;
-- ``{"id": 7, "sleep": 0.5}`` sleeps first.
+- ``{"id": 7, "sleep": 0.5}`` sleeps first;
+- ``{"id": 7, "until_fixed": true}`` raises until the file ``<ledger>.fixed`` exists (a
+  bug fixed: ``dlq replay`` or ``queue replay`` then runs it once).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ def run(payload: Any, ctx: Context) -> None:
         os._exit(17)
     if payload.get("sleep"):
         time.sleep(float(payload["sleep"]))
+    if payload.get("until_fixed") and not os.path.exists(
+            os.environ["ASYNCTIER_TEST_LEDGER"] + ".fixed"):
+        raise RuntimeError(f"record {ident} fails until its bug is fixed")
     if payload.get("always_fail"):
         raise RuntimeError(f"record {ident} always fails")
     if ctx.attempt < int(payload.get("fail_until", 0)):
