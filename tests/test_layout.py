@@ -1,7 +1,7 @@
 """Imports point one way (docs/design.md, "Layout, and which way imports point"):
 ``cli -> tailers -> delay_streams -> platform``; ``platform`` imports none of the others;
-``dev`` (the local stack and test support) is used by the CLI, the tests and the
-benchmarks, and at run time only through its fault hook."""
+``queue`` (the store) uses ``platform``; ``dev`` (the local stack and test support) is used by
+the CLI, the tests and the benchmarks only (the CLI passes its fault hook in)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ PACKAGE = Path(asynctier.__file__).resolve().parent
 ALLOWED: dict[str, tuple[str, ...]] = {
     "platform": ("asynctier.platform",),
     "delay_streams": ("asynctier.delay_streams", "asynctier.platform"),
-    "tailers": ("asynctier.tailers", "asynctier.delay_streams", "asynctier.platform",
-                "asynctier.dev.faults"),
+    "tailers": ("asynctier.tailers", "asynctier.delay_streams", "asynctier.queue",
+                "asynctier.platform"),
+    "queue": ("asynctier.queue", "asynctier.platform"),
     "dev": ("asynctier.dev", "asynctier.platform"),
     "demo": ("asynctier.demo", "asynctier.delay_streams", "asynctier.platform"),
 }
