@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import fastavro
 
+from asynctier.platform.allowlist import FUNCTION_PATH_RE
 from asynctier.platform.durations import format_duration
 from asynctier.platform.errors import BindingError
 from asynctier.platform.schemas import load_schema
@@ -39,8 +40,6 @@ def is_binding_name(name: str) -> bool:
 
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-_FUNCTION_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
-                          r":[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 @dataclass(frozen=True)
@@ -99,7 +98,7 @@ class Binding:
                f"source kind {self.source_kind!r} is not supported: use kafka")
         _check(_TOPIC_RE.fullmatch(self.topic) is not None and self.topic not in (".", ".."),
                "topic", f"{self.topic!r} is not a valid Kafka topic name")
-        _check(_FUNCTION_RE.fullmatch(self.function) is not None, "function",
+        _check(FUNCTION_PATH_RE.fullmatch(self.function) is not None, "function",
                f"{self.function!r} is not a function path: write module:attr, "
                "for example myapp.jobs:resize")
         _check(_TENANT_RE.fullmatch(self.tenant) is not None, "tenant",
