@@ -75,11 +75,6 @@ class Binding:
         """The ladder as interval names (``30s``, ``1m`` ...), which name the delay topics."""
         return tuple(format_duration(s) for s in self.retry_ladder_s)
 
-    def ladder_delay_s(self, attempt: int) -> float:
-        """How long attempt ``attempt`` (1-based, the one that just failed) waits."""
-        ladder = self.retry_ladder_s
-        return ladder[min(max(attempt, 1), len(ladder)) - 1]
-
     def parsed_schema(self) -> Any:
         """The parsed Avro schema of an ``avro`` binding (parsed once)."""
         if self._parsed_schema is None and self.schema is not None:

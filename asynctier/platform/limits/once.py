@@ -68,14 +68,13 @@ MINE: Final = "4"
 #:   in a bitmap per block of :data:`BLOCK` offsets, at ``<key>:<topic>/<partition>:<block>``:
 #:   about a bit per record where a hash field cost 80-100 bytes (at 60,000 records/s a
 #:   15-minute window was 5 GB of Redis memory, and every AOF rewrite wrote it all out);
-#: - the success of any other reference as the value ``d`` of its hash field (as every
-#:   success was before; such fields are still read).
+#: - the success of any other reference as the value ``d`` of its hash field.
 #:
 #: A record is done when a kept span has its bit or its ``d``; else its state is its claim
-#: in the newest of the last :data:`SPANS_KEPT` hashes that has one (no field, or ``f``,
-#: which older versions wrote: free). Writes go to the current span, whose keys expire one
-#: span after the last one kept. A batch is read with one HMGET per hash and one GET per
-#: bitmap, and written with one HSET per hash and one GETRANGE and SETRANGE per bitmap.
+#: in the newest of the last :data:`SPANS_KEPT` hashes that has one (no field: free).
+#: Writes go to the current span, whose keys expire one span after the last one kept. A
+#: batch is read with one HMGET per hash and one GET per bitmap, and written with one HSET
+#: per hash and one GETRANGE and SETRANGE per bitmap.
 SPANS_KEPT: Final = 4
 #: Offsets per done-bitmap: at most 1 KiB each, however sparse the offsets that succeed.
 BLOCK: Final = 8192

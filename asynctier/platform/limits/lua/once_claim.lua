@@ -28,7 +28,7 @@ for i = 1, n do
   local v = done[i] and 'd' or state[i]
   if seen[refs[i]] then
     codes[i] = '2'  -- a second copy in this batch waits for the first
-  elseif not v or v == 'f' then
+  elseif not v then
     codes[i] = '0'
   elseif v == 'd' then
     codes[i] = '1'

@@ -39,9 +39,9 @@ for i = 1, n do
 end
 local ttl = span * (SPANS_KEPT + 1)
 local placed, others = set_done(prefix, cur, split(ARGV[3]), ttl)
--- A freed record is forgotten (no field is the same as 'f' to CLAIM), in every span kept:
--- a failure leaves nothing behind in Redis, however many attempts a record takes. So is
--- the claim of a success held by its bit.
+-- A freed record is forgotten (no field: free to CLAIM), in every span kept: a failure
+-- leaves nothing behind in Redis, however many attempts a record takes. So is the claim of
+-- a success held by its bit.
 for _, ref in ipairs(placed) do
   gone[#gone + 1] = ref
 end

@@ -41,7 +41,7 @@ local function newest(prefix, cur, refs)
 end
 
 -- A hash written here is a hash table from the start (see HT_FIELD); one left holding that
--- field alone is deleted (an older version's hash has no such field: its last field stays).
+-- field alone is deleted.
 local function write(key, pairs, ttl)
   if #pairs == 0 then return end
   redis.call('HSET', key, '\n', string.rep('-', HT_PAD))
@@ -52,7 +52,7 @@ local function write(key, pairs, ttl)
 end
 
 local function drop_if_bare(key)
-  if redis.call('HLEN', key) == 1 and redis.call('HEXISTS', key, '\n') == 1 then
+  if redis.call('HLEN', key) == 1 then
     redis.call('DEL', key)
   end
 end
