@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -29,3 +30,20 @@ def wait_until(predicate: Callable[[], T], timeout: float = 30.0, message: str =
             )
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 1.5, 0.5)
+
+
+async def until(predicate: Callable[[], T], timeout: float = 5.0, message: str = "",
+                interval: float = 0.005) -> T:
+    """:func:`wait_until` for a coroutine: polls ``predicate`` on the running loop (other
+    tasks run between polls) until it returns something truthy, and returns that value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"timed out after {timeout:g} s: {message or 'condition never held'} "
+                f"(last value: {value!r})"
+            )
+        await asyncio.sleep(interval)

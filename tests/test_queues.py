@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 
 import pytest
@@ -13,6 +14,7 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.scheduler.bounded import BoundedQueue, Chunk
 from asynctier.platform.scheduler.queues import FairQueue, TenantDRR, pick_waiter
 from asynctier.platform.scheduler.sizing import ChunkSizer
+from tests.helpers import until
 from tests.scheduler_harness import items
 
 QUANTUM = 64
@@ -173,7 +175,7 @@ def test_put_waits_when_full_and_the_cap_holds() -> None:
         await queue.put(chunk("a", 60))
         await queue.put(chunk("a", 40))
         waiting = asyncio.create_task(queue.put(chunk("a", 30)))
-        await asyncio.sleep(0.05)
+        await until(lambda: queue.waiting_puts == 1, message="the third put waits")
         assert not waiting.done() and queue.items == 100
         await queue.get()  # 60 out: room for 30
         await asyncio.wait_for(waiting, 1)
@@ -183,18 +185,22 @@ def test_put_waits_when_full_and_the_cap_holds() -> None:
 
 
 def test_room_goes_to_the_tenant_with_fewest_items_queued() -> None:
+    """Room for one chunk of 20 frees while flood (25 queued) and trickle (none queued)
+    wait, flood first: trickle's goes in, flood's waits on."""
     async def scenario() -> None:
         queue = BoundedQueue(FairQueue(QUANTUM), max_items=50)
-        await queue.put(chunk("flood", 50))
+        await queue.put(chunk("flood", 25))
+        await queue.put(chunk("flood", 25))
         first = asyncio.create_task(queue.put(chunk("flood", 20)))
-        await asyncio.sleep(0.01)
+        await until(lambda: queue.waiting_puts == 1, message="flood's put waits")
         second = asyncio.create_task(queue.put(chunk("trickle", 20)))
-        await asyncio.sleep(0.01)
-        await queue.get()
-        await asyncio.sleep(0.01)
-        assert second.done() and first.done()  # both fit in 50
-        taken = [(await queue.get()).binding.tenant for _ in range(2)]
-        assert sorted(taken) == ["flood", "trickle"]
+        await until(lambda: queue.waiting_puts == 2, message="trickle's put waits")
+        await queue.get()  # 25 out: room for one of the two
+        await until(lambda: second.done(), message="trickle's put went in")
+        assert not first.done() and queue.items == 45 and queue.waiting_puts == 1
+        await queue.get()  # flood's other 25: now flood's 20 fits
+        await asyncio.wait_for(first, 1)
+        assert queue.items == 40
 
     asyncio.run(scenario())
 
@@ -204,9 +210,10 @@ def test_a_cancelled_put_leaves_nothing_behind() -> None:
         queue = BoundedQueue(FairQueue(QUANTUM), max_items=10)
         await queue.put(chunk("a", 10))
         waiting = asyncio.create_task(queue.put(chunk("b", 5)))
-        await asyncio.sleep(0.01)
+        await until(lambda: queue.waiting_puts == 1, message="the put waits")
         waiting.cancel()
-        await asyncio.sleep(0.01)
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
         await queue.get()
         assert queue.items == 0 and queue.waiting_puts == 0
 

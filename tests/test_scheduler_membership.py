@@ -17,7 +17,7 @@ from asynctier.platform.scheduler import (
     live_schedulers,
 )
 from asynctier.platform.scheduler.membership import Heartbeat
-from tests.helpers import wait_until
+from tests.helpers import until, wait_until
 from tests.scheduler_harness import items, running_scheduler
 
 
@@ -28,9 +28,9 @@ def test_two_schedulers_register_and_a_dead_one_drops_out(settings: Settings,
         two = Heartbeat(settings, "10.0.0.2:5001", lambda: 0, interval_s=0.2, ttl_s=1.5)
         one.start()
         two.start()
-        await asyncio.sleep(0.3)
-        members = {m.address: m.load for m in live_members(settings)}
-        assert members == {"10.0.0.1:5001": 7, "10.0.0.2:5001": 0}
+        both = {"10.0.0.1:5001": 7, "10.0.0.2:5001": 0}
+        await until(lambda: {m.address: m.load for m in live_members(settings)} == both,
+                    message="both schedulers registered with their loads")
         await two.stop(leave=False)  # dies: no goodbye, no more beats
         died = time.monotonic()
         while "10.0.0.2:5001" in live_schedulers(settings):
@@ -91,8 +91,18 @@ def test_heartbeat_survives_redis_being_unreachable(settings: Settings) -> None:
     async def scenario() -> None:
         heartbeat = Heartbeat(down, "10.0.0.3:1", lambda: 0, interval_s=0.05)
         assert await heartbeat.beat() is False
+        failed = []
+        beat = heartbeat.beat
+
+        async def counted() -> bool:
+            ok = await beat()
+            failed.append(not ok)
+            return ok
+
+        heartbeat.beat = counted  # type: ignore[method-assign]
         heartbeat.start()
-        await asyncio.sleep(0.2)
+        await until(lambda: len(failed) >= 3, message="the heartbeat tried again and again")
+        assert all(failed)
         assert heartbeat._task is not None and not heartbeat._task.done()
         await heartbeat.stop(leave=True)
 

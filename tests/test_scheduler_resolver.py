@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
+from asynctier.platform.allowlist import is_denied, under
 from asynctier.platform.errors import FunctionNotFound, ModuleNotAllowed
-from asynctier.platform.scheduler.resolver import FunctionResolver, is_denied, under
+from asynctier.platform.scheduler.resolver import FunctionResolver
 from tests.funcs import basic
 
 

@@ -16,6 +16,7 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.scheduler import Scheduler, SchedulerOptions
 from asynctier.platform.wire import Item, Outcome
 from tests.funcs import basic
+from tests.helpers import until
 from tests.scheduler_harness import item, local_scheduler
 
 
@@ -37,7 +38,9 @@ def test_a_full_queue_makes_submit_wait_and_the_cap_holds() -> None:
             [item("gate", c * 100 + n, payload) for n in range(100)])) for c in range(5)]
         peak = 0
         waited = False
-        while not all(c.done() for c in calls):
+        deadline = time.monotonic() + 60
+        while not all(c.done() for c in calls):  # sampled every 5 ms until all are answered
+            assert time.monotonic() < deadline, "500 items were not answered in 60 s"
             peak = max(peak, scheduler.queue.items)
             waited |= scheduler.queue.waiting_puts > 0
             await asyncio.sleep(0.005)
@@ -62,7 +65,8 @@ def test_urgent_starts_first_under_contention_and_batch_still_progresses() -> No
         scheduler.start()
         start = time.monotonic()
         flood = asyncio.create_task(scheduler.process(timed_items("batch", 3000, 1.0)))
-        await asyncio.sleep(0.2)
+        await until(lambda: len(basic.STARTS.get("batch", [])) >= 100 and
+                    scheduler.queue.items > 1000, message="the flood runs and is queued")
         trickle_waits: list[float] = []
         for wave in range(10):  # urgent arrives in small batches during the flood
             sent = time.monotonic()
@@ -70,7 +74,7 @@ def test_urgent_starts_first_under_contention_and_batch_still_progresses() -> No
             await scheduler.process(timed_items("urgent", 20, 1.0, start=wave * 20))
             mine = basic.STARTS["urgent"][before:]
             trickle_waits += [started - sent for _, started in mine]
-            await asyncio.sleep(0.03)
+            await asyncio.sleep(0.03)  # the next wave arrives a little later (the workload)
         assert not flood.done(), "the flood ended too soon to contend"
         await flood
         batch_waits = [s - start for _, s in basic.STARTS["batch"]]
@@ -123,14 +127,15 @@ def test_a_flooding_tenant_does_not_starve_a_trickle() -> None:
         return elapsed
 
     async def b_with_flood() -> tuple[float, float]:
+        basic.reset()
         scheduler = local_scheduler(bindings, options=options)
         scheduler.start()
         await scheduler.process(timed_items("trickle", 100, ms))
         start = time.monotonic()
         flood = [asyncio.create_task(scheduler.process(
             timed_items("flood", 1000, ms, start=k * 1000))) for k in range(20)]
-        await asyncio.sleep(0.5)  # the flood is well under way and queued
-        assert scheduler.queue.items > 5000
+        await until(lambda: len(basic.STARTS.get("flood", [])) >= 100 and
+                    scheduler.queue.items > 5000, message="the flood runs and is queued")
         elapsed = await _timed(scheduler, _trickle(scheduler, ms))
         results = await asyncio.gather(*flood)
         assert sum(len(r) for r in results) == 20_000

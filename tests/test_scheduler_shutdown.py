@@ -25,13 +25,14 @@ SERVE = textwrap.dedent("""
     from asynctier.platform.scheduler import StaticBindings, run_scheduler
     logging.basicConfig(level=logging.INFO)
     settings = Settings(redis_url=sys.argv[1], prefix=sys.argv[2])
+    slow = Binding("slow", "t", "tests.funcs.basic:marked_sleepy")
     run_scheduler(settings, listen="127.0.0.1:0", allow_modules=["tests.funcs.basic"],
-                  bindings=StaticBindings([Binding("slow", "t", "tests.funcs.basic:sleepy")]),
+                  bindings=StaticBindings([slow]),
                   ready_callback=lambda address: print("READY", address, flush=True))
 """)
 
 
-def test_sigterm_finishes_the_call_under_way(settings: Settings) -> None:
+def test_sigterm_finishes_the_call_under_way(settings: Settings, tmp_path: Path) -> None:
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.Popen([sys.executable, "-c", SERVE, settings.redis_url, settings.prefix],
                             cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -43,9 +44,9 @@ def test_sigterm_finishes_the_call_under_way(settings: Settings) -> None:
         address = line.split()[1]
         assert live_schedulers(settings) == [address]
         client = SchedulerClient(lambda: [address])
-        payload = json.dumps({"sleep": 1.0}).encode()
+        payload = json.dumps({"sleep": 1.0, "mark": str(tmp_path)}).encode()
         call = client.submit([item("slow", n, payload) for n in range(4)])
-        time.sleep(0.3)  # the call is under way
+        wait_until(lambda: any(tmp_path.iterdir()), 30, "the call is under way")
         proc.send_signal(signal.SIGTERM)
         started = time.monotonic()
         outcomes = call.result()

@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
 from confluent_kafka import Producer
 
 from asynctier import dev as devstack
+from asynctier.cli import main
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.allowlist import check_function_allowed
 from asynctier.platform.binding import Binding
@@ -48,6 +50,31 @@ def test_dangerous_functions_are_refused_by_both_checks_even_when_allowed(path: 
         check_function_allowed(path, [module])
     with pytest.raises(ModuleNotAllowed):
         FunctionResolver([module, "tests"]).resolve(path)
+
+
+def _resolver_refusal(path: str, allow_modules: list[str]) -> str:
+    with pytest.raises(ModuleNotAllowed) as refused:
+        FunctionResolver(allow_modules).resolve(path)
+    return str(refused.value)
+
+
+@pytest.mark.parametrize(("path", "allow"), [
+    ("threading:Thread", "threading"), ("os:system", "os"), ("os.path:join", "os"),
+    ("concurrent.futures:ThreadPoolExecutor", "concurrent.futures"),
+    ("asyncio.subprocess:create_subprocess_exec", "asyncio"),
+    ("_thread:start_new_thread", "_thread"), ("tests.funcs.evil:run", "tests.funcs.basic")])
+def test_bind_refuses_what_the_scheduler_refuses_with_its_message(path: str,
+                                                                   allow: str) -> None:
+    # No Kafka is needed: bind refuses before it looks at the topic.
+    env = {"ASYNCTIER_KAFKA_BOOTSTRAP": "127.0.0.1:9", "ASYNCTIER_ALLOW_MODULES": allow}
+    done = CliRunner().invoke(main, ["bind", "evil", "--topic", "t", "--function", path],
+                              env=env)
+    message = _resolver_refusal(path, [allow])
+    assert done.exit_code == 2, done.output
+    assert f"error: function: {message}\n" in done.output, (done.output, message)
+    with pytest.raises(ModuleNotAllowed) as refused:
+        check_function_allowed(path, [allow])
+    assert str(refused.value) == message
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import fastavro
 
+from asynctier.platform.allowlist import FUNCTION_PATH_RE
 from asynctier.platform.durations import format_duration
 from asynctier.platform.errors import BindingError
 from asynctier.platform.schemas import load_schema
@@ -41,8 +42,6 @@ def is_binding_name(name: str) -> bool:
 
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-_FUNCTION_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
-                          r":[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 @dataclass(frozen=True)
@@ -80,11 +79,6 @@ class Binding:
         """The ladder as interval names (``30s``, ``1m`` ...), which name the delay topics."""
         return tuple(format_duration(s) for s in self.retry_ladder_s)
 
-    def ladder_delay_s(self, attempt: int) -> float:
-        """How long attempt ``attempt`` (1-based, the one that just failed) waits."""
-        ladder = self.retry_ladder_s
-        return ladder[min(max(attempt, 1), len(ladder)) - 1]
-
     def parsed_schema(self) -> Any:
         """The parsed Avro schema of an ``avro`` binding (parsed once)."""
         if self._parsed_schema is None and self.schema is not None:
@@ -106,7 +100,7 @@ class Binding:
                "topic" if self.source_kind == "kafka" else "queue",
                f"{self.topic!r} is not a valid topic name: 1-249 letters, digits, '.', '_' "
                "or '-'")
-        _check(_FUNCTION_RE.fullmatch(self.function) is not None, "function",
+        _check(FUNCTION_PATH_RE.fullmatch(self.function) is not None, "function",
                f"{self.function!r} is not a function path: write module:attr, "
                "for example myapp.jobs:resize")
         _check(_TENANT_RE.fullmatch(self.tenant) is not None, "tenant",

@@ -49,8 +49,6 @@ DEFAULT_SCHEDULER = "127.0.0.1:50051"
 #: The dev stack's PostgreSQL (``asynctier dev up``).
 DEFAULT_QUEUE_SHARD = "postgresql://asynctier@127.0.0.1:5432/asynctier"
 
-#: librdkafka keys a binding may never set: they come only from the operator's config file.
-_SECRET_KEY_MARKERS = ("password", "secret", "sasl.", "ssl.key", "token")
 #: How long the scheduler remembers a record's success for the run-once guard (``15m``): a
 #: record is read again after a crash within the group's session timeout and a restart,
 #: minutes at most; two delay copies of one record come back within that window of each
@@ -119,13 +117,6 @@ class Settings:
         conf: dict[str, Any] = dict(self.kafka)
         conf.update(extra)
         return conf
-
-    def redacted_kafka(self) -> dict[str, str]:
-        """The ``[kafka]`` table with every secret replaced, for logs and ``--show-config``."""
-        return {
-            k: ("***" if any(m in k for m in _SECRET_KEY_MARKERS) else v)
-            for k, v in self.kafka.items()
-        }
 
     def with_overrides(self, **changes: Any) -> Settings:
         """A copy with some fields changed."""

@@ -57,11 +57,6 @@ class Names:
         """The compacted topic that holds every binding, keyed by name."""
         return f"{self.prefix}.bindings"
 
-    @property
-    def quotas_topic(self) -> str:
-        """The compacted topic that holds tenant quotas, keyed by tenant."""
-        return f"{self.prefix}.quotas"
-
     def group(self, binding: str) -> str:
         """The consumer group of a binding's tailer."""
         return f"{self.prefix}.{binding}"

@@ -17,9 +17,14 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from asynctier.delay_streams.topics import MAX_MESSAGE_BYTES, ensure_binding_topics
+from asynctier.delay_streams.topics import (
+    DELAY_PARTITIONS,
+    MAX_MESSAGE_BYTES,
+    ensure_binding_topics,
+)
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
+from asynctier.platform.kafka import topic_partitions
 from tests.faults.checker import Report, read_ledger, succeeded
 from tests.faults.harness import FUNCTION, FaultPlatform, make_docs, produce, report, wait_resolved
 from tests.helpers import wait_until
@@ -112,7 +117,12 @@ def test_missing_delay_topic_blocks_commits_until_it_is_back(
     committed, end = committed_vs_end(settings, group, topic)
     assert committed < end
     binding = Binding(name="orders", topic=topic, function=FUNCTION, retry_ladder_s=(1.0, 2.0))
-    wait_until(lambda: ensure_binding_topics(settings, [binding]) or True, 30, "recreated")
+
+    def recreated() -> bool:
+        ensure_binding_topics(settings, [binding])
+        return topic_partitions(client, delay) == DELAY_PARTITIONS
+
+    wait_until(recreated, 30, f"the delay topic {delay} is back")
     wait_resolved(plat, ids, 180)
     wait_until(lambda: committed_vs_end(settings, group, topic)[0] == n, 60, "all committed")
     result = report(plat, "delay topic missing, then back", "orders", ids, (1.0, 2.0), 1000,

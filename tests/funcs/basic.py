@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from asynctier import Context, Reject, Retry
@@ -14,6 +15,8 @@ SEEN: list[tuple[Any, Context]] = []
 #: Set by a test: what :func:`hooked_boom` awaits, on the scheduler's loop, before it raises.
 HOOK: Callable[[Any, Context], Awaitable[None]] | None = None
 STARTS: dict[str, list[tuple[Any, float]]] = {}
+#: What :func:`gauged` and :func:`async_gauged` saw: calls made, running now, most at once.
+ACTIVE: dict[str, int] = {"calls": 0, "now": 0, "peak": 0}
 _LOCK = threading.Lock()
 
 
@@ -22,6 +25,7 @@ def reset() -> None:
     with _LOCK:
         SEEN.clear()
         STARTS.clear()
+        ACTIVE.update(calls=0, now=0, peak=0)
 
 
 def noop(payload: Any, ctx: Context) -> None:
@@ -70,6 +74,13 @@ def sleepy(payload: Any, ctx: Context) -> None:
     time.sleep(payload["sleep"])
 
 
+def marked_sleepy(payload: Any, ctx: Context) -> None:
+    """Creates a file named after its item in the folder ``payload["mark"]`` (so that a
+    test in another process sees it started), then sleeps ``payload["sleep"]`` seconds."""
+    (Path(payload["mark"]) / f"started-{ctx.source}".replace("/", "-")).touch()
+    time.sleep(payload["sleep"])
+
+
 async def async_sleepy(payload: Any, ctx: Context) -> None:
     """Sleeps ``payload["sleep"]`` seconds on the loop."""
     await asyncio.sleep(payload["sleep"])
@@ -81,6 +92,36 @@ def timed(payload: Any, ctx: Context) -> None:
     with _LOCK:
         STARTS.setdefault(ctx.binding, []).append((payload.get("n"), started))
     time.sleep(payload.get("ms", 0) / 1000.0)
+
+
+def _enter() -> None:
+    with _LOCK:
+        ACTIVE["calls"] += 1
+        ACTIVE["now"] += 1
+        ACTIVE["peak"] = max(ACTIVE["peak"], ACTIVE["now"])
+
+
+def _leave() -> None:
+    with _LOCK:
+        ACTIVE["now"] -= 1
+
+
+def gauged(payload: Any, ctx: Context) -> None:
+    """Counts itself in :data:`ACTIVE` while it sleeps ``payload["ms"]`` milliseconds."""
+    _enter()
+    try:
+        time.sleep(payload.get("ms", 0) / 1000.0)
+    finally:
+        _leave()
+
+
+async def async_gauged(payload: Any, ctx: Context) -> None:
+    """:func:`gauged` on the event loop."""
+    _enter()
+    try:
+        await asyncio.sleep(payload.get("ms", 0) / 1000.0)
+    finally:
+        _leave()
 
 
 async def async_noop(payload: Any, ctx: Context) -> None:

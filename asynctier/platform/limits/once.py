@@ -45,6 +45,7 @@ from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.config import DEFAULT_RUN_ONCE_WINDOW_S
 from asynctier.platform.limits.outage import REDIS_DOWN
 from asynctier.platform.limits.quota import as_text, join_refs
+from asynctier.platform.limits.scripts import lua
 from asynctier.platform.names import Names
 from asynctier.platform.wire import Item, Outcome
 
@@ -67,14 +68,13 @@ MINE: Final = "4"
 #:   in a bitmap per block of :data:`BLOCK` offsets, at ``<key>:<topic>/<partition>:<block>``:
 #:   about a bit per record where a hash field cost 80-100 bytes (at 60,000 records/s a
 #:   15-minute window was 5 GB of Redis memory, and every AOF rewrite wrote it all out);
-#: - the success of any other reference as the value ``d`` of its hash field (as every
-#:   success was before; such fields are still read).
+#: - the success of any other reference as the value ``d`` of its hash field.
 #:
 #: A record is done when a kept span has its bit or its ``d``; else its state is its claim
-#: in the newest of the last :data:`SPANS_KEPT` hashes that has one (no field, or ``f``,
-#: which older versions wrote: free). Writes go to the current span, whose keys expire one
-#: span after the last one kept. A batch is read with one HMGET per hash and one GET per
-#: bitmap, and written with one HSET per hash and one GETRANGE and SETRANGE per bitmap.
+#: in the newest of the last :data:`SPANS_KEPT` hashes that has one (no field: free).
+#: Writes go to the current span, whose keys expire one span after the last one kept. A
+#: batch is read with one HMGET per hash and one GET per bitmap, and written with one HSET
+#: per hash and one GETRANGE and SETRANGE per bitmap.
 SPANS_KEPT: Final = 4
 #: Offsets per done-bitmap: at most 1 KiB each, however sparse the offsets that succeed.
 BLOCK: Final = 8192
@@ -89,289 +89,11 @@ BLOCK: Final = 8192
 HT_FIELD: Final = "\n"
 HT_PAD: Final = 512
 
-# Both scripts: split a newline-joined argument, and the time now (ms) from Redis TIME.
-_PRELUDE = """
-local function split(text)
-  local out = {}
-  if text == '' then return out end
-  local start = 1
-  while start <= #text + 1 do
-    local stop = string.find(text, '\\n', start, true) or (#text + 1)
-    out[#out + 1] = string.sub(text, start, stop - 1)
-    start = stop + 1
-  end
-  return out
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
-
-#: A record's state: its value in the newest of the last SPANS_KEPT hashes that has one.
-_NEWEST = f"""
-local function newest(prefix, cur, refs)
-  local n = #refs
-  local state = {{}}
-  local found = 0
-  for b = cur, cur - {SPANS_KEPT - 1}, -1 do
-    if found == n then break end
-    local key = prefix .. b
-    if redis.call('EXISTS', key) == 1 then
-      for s = 1, n, 1000 do
-        local e = math.min(s + 999, n)
-        local got = redis.call('HMGET', key, unpack(refs, s, e))
-        for i = s, e do
-          if state[i] == nil and got[i - s + 1] then
-            state[i] = got[i - s + 1]
-            found = found + 1
-          end
-        end
-      end
-    end
-  end
-  return state
-end
-"""
-
-_WRITE = f"""
--- A hash written here is a hash table from the start (see HT_FIELD); one left holding that
--- field alone is deleted (an older version's hash has no such field: its last field stays).
-local function write(key, pairs, ttl)
-  if #pairs == 0 then return end
-  redis.call('HSET', key, '\\n', string.rep('-', {HT_PAD}))
-  for s = 1, #pairs, 2000 do
-    redis.call('HSET', key, unpack(pairs, s, math.min(s + 1999, #pairs)))
-  end
-  redis.call('PEXPIRE', key, ttl)
-end
-
-local function drop_if_bare(key)
-  if redis.call('HLEN', key) == 1 and redis.call('HEXISTS', key, '\\n') == 1 then
-    redis.call('DEL', key)
-  end
-end
-"""
-
-#: Done bits. ``by_block(refs)``: the Kafka references grouped by bitmap
-#: (``<topic>/<partition>:<block>``) with their bits, and the others (no offset, an offset
-#: with a leading zero, or one too long for a Lua number to hold exactly). ``done_bits``:
-#: which of ``refs`` have their bit in a kept span. ``set_done``: set the bits of ``refs``
-#: in the current span; returns the references placed and the others.
-_BITS = f"""
-local match, byte, floor, tonumber = string.match, string.byte, math.floor, tonumber
-local band, bor, rshift = bit.band, bit.bor, bit.rshift
-
--- Kafka references grouped by bitmap: a list of {{where, list of index, bit, ...}}, and
--- the indexes of the other references.
-local function by_block(refs)
-  local tps, order, rest = {{}}, {{}}, {{}}
-  local last_tp, blocks
-  for i = 1, #refs do
-    local tp, off = match(refs[i], '^(.*)/(%d+)$')
-    if tp and #off <= 15 and (#off == 1 or byte(off, 1) ~= 48) then
-      off = tonumber(off)
-      local block = floor(off / {BLOCK})
-      if tp ~= last_tp then
-        blocks = tps[tp]
-        if not blocks then
-          blocks = {{}}
-          tps[tp] = blocks
-        end
-        last_tp = tp
-      end
-      local l = blocks[block]
-      if not l then
-        l = {{}}
-        blocks[block] = l
-        order[#order + 1] = {{tp .. ':' .. block, l}}
-      end
-      l[#l + 1] = i
-      l[#l + 1] = off - block * {BLOCK}
-    else
-      rest[#rest + 1] = i
-    end
-  end
-  return order, rest
-end
-
--- Which of refs (of those at the indexes in ``only``, when given) have their bit set.
-local function done_bits(prefix, cur, refs, only)
-  local done = {{}}
-  local picked = refs
-  if only then
-    picked = {{}}
-    for k, i in ipairs(only) do picked[k] = refs[i] end
-  end
-  local order = by_block(picked)
-  for _, group in ipairs(order) do
-    local l = group[2]
-    for s = cur, cur - {SPANS_KEPT - 1}, -1 do
-      local bits = redis.call('GET', prefix .. s .. ':' .. group[1])
-      if bits then
-        for j = 1, #l, 2 do
-          local b = l[j + 1]
-          local got = byte(bits, floor(b / 8) + 1)
-          if got and band(got, rshift(128, b % 8)) ~= 0 then
-            done[only and only[l[j]] or l[j]] = true
-          end
-        end
-      end
-    end
-  end
-  return done
-end
-
-local function set_done(prefix, cur, refs, ttl)
-  local order, rest = by_block(refs)
-  local placed, others = {{}}, {{}}
-  for _, group in ipairs(order) do
-    local l = group[2]
-    local key = prefix .. cur .. ':' .. group[1]
-    local bytes, lo, hi = {{}}, {BLOCK}, -1
-    for j = 1, #l, 2 do
-      placed[#placed + 1] = refs[l[j]]
-      local b = l[j + 1]
-      local k = floor(b / 8)
-      bytes[k] = bor(bytes[k] or 0, rshift(128, b % 8))
-      if k < lo then lo = k end
-      if k > hi then hi = k end
-    end
-    -- the bytes touched, read, ORed and written back in one piece (at most BLOCK / 8)
-    local old = redis.call('GETRANGE', key, lo, hi)
-    local out = {{}}
-    for k = lo, hi do
-      out[#out + 1] = bor(byte(old, k - lo + 1) or 0, bytes[k] or 0)
-    end
-    redis.call('SETRANGE', key, lo, string.char(unpack(out)))
-    redis.call('PEXPIRE', key, ttl)
-  end
-  for _, i in ipairs(rest) do others[#others + 1] = refs[i] end
-  return placed, others
-end
-"""
-
-#: Claim every record of a batch for one holder.
-#:
-#: ARGV[1]  the holder (this scheduler)
-#: ARGV[2]  the holder keys' prefix (a holder is alive while prefix .. holder exists)
-#: ARGV[3]  milliseconds a holder key lives
-#: ARGV[4]  milliseconds a span lasts
-#: ARGV[5]  the binding's hashes' prefix
-#: ARGV[6]  the batch's source references, in order, joined by newlines
-#: Returns  one code per record (RUN, DONE, BUSY, TAKEN_OVER: see
-#:          :mod:`asynctier.platform.admission`; and
-#:          4 for a record this holder claims already, which :class:`RunOnce` tells apart)
-CLAIM: Final = _PRELUDE + _NEWEST + _WRITE + _BITS + f"""
-local me = ARGV[1]
-local holders = ARGV[2]
-redis.call('SET', holders .. me, '1', 'PX', ARGV[3])
-local span = tonumber(ARGV[4])
-local prefix = ARGV[5]
-local refs = split(ARGV[6])
-local n = #refs
-local cur = math.floor(now / span)
-local state = newest(prefix, cur, refs)
-local done = done_bits(prefix, cur, refs)
-local mine = 'r' .. me
-local codes = {{}}
-local claims = {{}}
-local alive = {{}}
-local seen = {{}}
-for i = 1, n do
-  local v = done[i] and 'd' or state[i]
-  if seen[refs[i]] then
-    codes[i] = '2'  -- a second copy in this batch waits for the first
-  elseif not v or v == 'f' then
-    codes[i] = '0'
-  elseif v == 'd' then
-    codes[i] = '1'
-  elseif v == mine then
-    codes[i] = '4'  -- this scheduler's: running here, or a claim it could not free
-  else
-    local holder = string.sub(v, 2)
-    local live = alive[holder]
-    if live == nil then
-      live = redis.call('EXISTS', holders .. holder) == 1
-      alive[holder] = live
-    end
-    codes[i] = live and '2' or '3'
-  end
-  seen[refs[i]] = true
-  if codes[i] == '0' or codes[i] == '3' then
-    claims[#claims + 1] = refs[i]
-    claims[#claims + 1] = mine
-  end
-end
-write(prefix .. cur, claims, span * {SPANS_KEPT + 1})
-return table.concat(codes)
-"""
-
-#: Mark a chunk's successes done and free its other records (a retry runs again): their
-#: fields are deleted, so failures cost Redis no memory.
-#:
-#: A record is freed only while this holder's claim is its newest state: a scheduler judged
-#: dead (its holder key expired while it still ran the record) must not free a record that
-#: another scheduler took over, nor undo the success that one had. Such a record is left
-#: as it is and reported: when another copy already succeeded (``d``), this copy's failure
-#: is answered ``ok`` (the record is done) instead of retried, and it does not run again.
-#:
-#: ARGV[1]  milliseconds a span lasts
-#: ARGV[2]  the binding's hashes' prefix
-#: ARGV[3]  the successes' references joined by newlines ('' for none)
-#: ARGV[4]  the others' references joined by newlines ('' for none)
-#: ARGV[5]  the holder (this scheduler)
-#: Returns  one code per other record: '1' done by another copy, '0' otherwise
-FINISH: Final = _PRELUDE + _NEWEST + _WRITE + _BITS + f"""
-local span = tonumber(ARGV[1])
-local prefix = ARGV[2]
-local cur = math.floor(now / span)
-local mine = 'r' .. ARGV[5]
-local free = split(ARGV[4])
-local n = #free
-local state = newest(prefix, cur, free)
--- A record still claimed by this holder has no bit: setting a bit deletes every claim of
--- its record, and no record with a bit is claimed. Only the others are looked up (in a
--- retry flood, none).
-local others_at = {{}}
-for i = 1, n do
-  if state[i] ~= mine then others_at[#others_at + 1] = i end
-end
-local done = #others_at > 0 and done_bits(prefix, cur, free, others_at) or {{}}
-local gone = {{}}
-local codes = {{}}
-for i = 1, n do
-  local v = done[i] and 'd' or state[i]
-  if v == mine then
-    gone[#gone + 1] = free[i]
-  end
-  codes[i] = (v == 'd') and '1' or '0'
-end
-local ttl = span * {SPANS_KEPT + 1}
-local placed, others = set_done(prefix, cur, split(ARGV[3]), ttl)
--- A freed record is forgotten (no field is the same as 'f' to CLAIM), in every span kept:
--- a failure leaves nothing behind in Redis, however many attempts a record takes. So is
--- the claim of a success held by its bit.
-for _, ref in ipairs(placed) do
-  gone[#gone + 1] = ref
-end
-if #gone > 0 then
-  for b = cur, cur - {SPANS_KEPT - 1}, -1 do
-    local key = prefix .. b
-    if redis.call('EXISTS', key) == 1 then
-      for s = 1, #gone, 1000 do
-        redis.call('HDEL', key, unpack(gone, s, math.min(s + 999, #gone)))
-      end
-      drop_if_bare(key)
-    end
-  end
-end
-local pairs = {{}}
-for _, ref in ipairs(others) do
-  pairs[#pairs + 1] = ref
-  pairs[#pairs + 1] = 'd'
-end
-write(prefix .. cur, pairs, ttl)
-return table.concat(codes)
-"""
+#: Claim every record of a batch for one holder (``lua/once_claim.lua``).
+CLAIM: Final = lua("once_lib", "once_claim", SPANS_KEPT=SPANS_KEPT, BLOCK=BLOCK, HT_PAD=HT_PAD)
+#: Mark a chunk's successes done and free the others (``lua/once_finish.lua``).
+FINISH: Final = lua("once_lib", "once_finish", SPANS_KEPT=SPANS_KEPT, BLOCK=BLOCK,
+                    HT_PAD=HT_PAD)
 
 
 def _settle(waiters: list[asyncio.Future[set[str]]], result: set[str] | None = None,

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import redis
 import redis.asyncio
@@ -28,39 +28,15 @@ from asynctier.platform import metrics
 from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
+from asynctier.platform.limits.scripts import lua
 from asynctier.platform.rpc import SchedulerClient
 
 log = logging.getLogger(__name__)
 
-#: KEYS[1] members (sorted set: address -> expiry ms), KEYS[2] loads (hash: address ->
-#: items); ARGV[1] address, ARGV[2] ttl ms, ARGV[3] load. Prunes expired members. O(dead).
-HEARTBEAT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
-for _, address in ipairs(dead) do
-  redis.call('ZREM', KEYS[1], address)
-  redis.call('HDEL', KEYS[2], address)
-end
-redis.call('PEXPIRE', KEYS[1], ttl * 12)
-redis.call('PEXPIRE', KEYS[2], ttl * 12)
-return now
-"""
-
-#: KEYS[1] members, KEYS[2] loads. Returns a flat list: address, load, address, load ...
-LIVE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {}
-for _, address in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
-  out[#out + 1] = address
-  out[#out + 1] = redis.call('HGET', KEYS[2], address) or '0'
-end
-return out
-"""
+#: Register a scheduler and prune the expired ones (``lua/membership_heartbeat.lua``).
+HEARTBEAT: Final = lua("membership_heartbeat")
+#: The live schedulers and their loads (``lua/membership_live.lua``).
+LIVE: Final = lua("membership_live")
 
 
 def member_keys(settings: Settings) -> tuple[str, str]:

@@ -1,0 +1,69 @@
+-- Charge a tenant for a chunk of items against its per-minute and per-day quotas. An item
+-- whose idempotency key exists was charged before (the same record seen again) and is
+-- admitted free; an item that does not fit is returned with the time until the exhausted
+-- window resets. Windows are fixed: the minute and the UTC day of Redis TIME.
+--
+-- The idempotency keys are ARGV[2] .. source reference. They are built here rather than
+-- passed as KEYS because packing one argument per item cost the scheduler more CPU than
+-- the rest of admission (a single-instance Redis is assumed, as for every script here).
+--
+-- KEYS[1]  the tenant's quota (hash: per_minute, per_day; a missing field is no limit;
+--          no hash at all: nothing is charged and nothing is written)
+-- KEYS[2]  the tenant's usage (hash: m, mc, d, dc: window ids and counts)
+-- ARGV[1]  seconds an idempotency key lives
+-- ARGV[2]  the idempotency keys' prefix
+-- ARGV[3]  the chunk's source references, in order, joined by newlines
+-- Returns  a flat list: 1 when the tenant has a quota (0: none, and nothing else), then
+--          for each item over quota its position (1-based) in the chunk and the
+--          milliseconds until it may run.
+local limits = redis.call('HMGET', KEYS[1], 'per_minute', 'per_day')
+local per_minute = tonumber(limits[1])
+local per_day = tonumber(limits[2])
+if per_minute == nil and per_day == nil then
+  return {0}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local minute = math.floor(now / 60000)
+local day = math.floor(now / 86400000)
+local used = redis.call('HMGET', KEYS[2], 'm', 'mc', 'd', 'dc')
+local mc = 0
+local dc = 0
+if tonumber(used[1]) == minute then mc = tonumber(used[2]) or 0 end
+if tonumber(used[3]) == day then dc = tonumber(used[4]) or 0 end
+local ttl = tonumber(ARGV[1])
+local prefix = ARGV[2]
+local refs = ARGV[3]
+local over = {1}
+local charged = 0
+local position = 0
+local start = 1
+while start <= #refs + 1 do
+  local stop = string.find(refs, '\n', start, true) or (#refs + 1)
+  local key = prefix .. string.sub(refs, start, stop - 1)
+  start = stop + 1
+  position = position + 1
+  local wait = 0
+  if per_minute ~= nil and mc >= per_minute then
+    wait = (minute + 1) * 60000 - now
+  end
+  if per_day ~= nil and dc >= per_day then
+    wait = math.max(wait, (day + 1) * 86400000 - now)
+  end
+  if wait == 0 then
+    if redis.call('SET', key, '1', 'NX', 'EX', ttl) then
+      mc = mc + 1
+      dc = dc + 1
+      charged = charged + 1
+    end
+  elseif redis.call('EXISTS', key) == 0 then
+    over[#over + 1] = position
+    over[#over + 1] = wait
+  end
+end
+if charged > 0 then
+  redis.call('HSET', KEYS[2], 'm', string.format('%.0f', minute), 'mc', mc,
+             'd', string.format('%.0f', day), 'dc', dc)
+  redis.call('EXPIRE', KEYS[2], 172800)
+end
+return over

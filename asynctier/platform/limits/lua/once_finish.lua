@@ -1,0 +1,65 @@
+-- Mark a chunk's successes done and free its other records (a retry runs again): their
+-- fields are deleted, so failures cost Redis no memory (after once_lib.lua).
+--
+-- A record is freed only while this holder's claim is its newest state: a scheduler judged
+-- dead (its holder key expired while it still ran the record) must not free a record that
+-- another scheduler took over, nor undo the success that one had. Such a record is left
+-- as it is and reported: when another copy already succeeded (d), this copy's failure
+-- is answered ok (the record is done) instead of retried, and it does not run again.
+--
+-- ARGV[1]  milliseconds a span lasts
+-- ARGV[2]  the binding's hashes' prefix
+-- ARGV[3]  the successes' references joined by newlines ('' for none)
+-- ARGV[4]  the others' references joined by newlines ('' for none)
+-- ARGV[5]  the holder (this scheduler)
+-- Returns  one code per other record, as one string: 1 done by another copy, 0 otherwise.
+local span = tonumber(ARGV[1])
+local prefix = ARGV[2]
+local cur = math.floor(now / span)
+local mine = 'r' .. ARGV[5]
+local free = split(ARGV[4])
+local n = #free
+local state = newest(prefix, cur, free)
+-- A record still claimed by this holder has no bit: setting a bit deletes every claim of
+-- its record, and no record with a bit is claimed. Only the others are looked up (in a
+-- retry flood, none).
+local others_at = {}
+for i = 1, n do
+  if state[i] ~= mine then others_at[#others_at + 1] = i end
+end
+local done = #others_at > 0 and done_bits(prefix, cur, free, others_at) or {}
+local gone = {}
+local codes = {}
+for i = 1, n do
+  local v = done[i] and 'd' or state[i]
+  if v == mine then
+    gone[#gone + 1] = free[i]
+  end
+  codes[i] = (v == 'd') and '1' or '0'
+end
+local ttl = span * (SPANS_KEPT + 1)
+local placed, others = set_done(prefix, cur, split(ARGV[3]), ttl)
+-- A freed record is forgotten (no field: free to CLAIM), in every span kept: a failure
+-- leaves nothing behind in Redis, however many attempts a record takes. So is the claim of
+-- a success held by its bit.
+for _, ref in ipairs(placed) do
+  gone[#gone + 1] = ref
+end
+if #gone > 0 then
+  for b = cur, cur - (SPANS_KEPT - 1), -1 do
+    local key = prefix .. b
+    if redis.call('EXISTS', key) == 1 then
+      for s = 1, #gone, 1000 do
+        redis.call('HDEL', key, unpack(gone, s, math.min(s + 999, #gone)))
+      end
+      drop_if_bare(key)
+    end
+  end
+end
+local pairs = {}
+for _, ref in ipairs(others) do
+  pairs[#pairs + 1] = ref
+  pairs[#pairs + 1] = 'd'
+end
+write(prefix .. cur, pairs, ttl)
+return table.concat(codes)

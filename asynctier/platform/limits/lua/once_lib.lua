@@ -1,0 +1,154 @@
+-- Functions and values both run-once scripts use (once_claim.lua, once_finish.lua).
+-- Loaded after the constants SPANS_KEPT, BLOCK and HT_PAD (see once.py).
+
+-- Split a newline-joined argument; and the time now (ms) from Redis TIME.
+local function split(text)
+  local out = {}
+  if text == '' then return out end
+  local start = 1
+  while start <= #text + 1 do
+    local stop = string.find(text, '\n', start, true) or (#text + 1)
+    out[#out + 1] = string.sub(text, start, stop - 1)
+    start = stop + 1
+  end
+  return out
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- A record's state: its value in the newest of the last SPANS_KEPT hashes that has one.
+local function newest(prefix, cur, refs)
+  local n = #refs
+  local state = {}
+  local found = 0
+  for b = cur, cur - (SPANS_KEPT - 1), -1 do
+    if found == n then break end
+    local key = prefix .. b
+    if redis.call('EXISTS', key) == 1 then
+      for s = 1, n, 1000 do
+        local e = math.min(s + 999, n)
+        local got = redis.call('HMGET', key, unpack(refs, s, e))
+        for i = s, e do
+          if state[i] == nil and got[i - s + 1] then
+            state[i] = got[i - s + 1]
+            found = found + 1
+          end
+        end
+      end
+    end
+  end
+  return state
+end
+
+-- A hash written here is a hash table from the start (see HT_FIELD); one left holding that
+-- field alone is deleted.
+local function write(key, pairs, ttl)
+  if #pairs == 0 then return end
+  redis.call('HSET', key, '\n', string.rep('-', HT_PAD))
+  for s = 1, #pairs, 2000 do
+    redis.call('HSET', key, unpack(pairs, s, math.min(s + 1999, #pairs)))
+  end
+  redis.call('PEXPIRE', key, ttl)
+end
+
+local function drop_if_bare(key)
+  if redis.call('HLEN', key) == 1 then
+    redis.call('DEL', key)
+  end
+end
+
+-- Done bits. by_block(refs): the Kafka references grouped by bitmap
+-- (<topic>/<partition>:<block>) with their bits, and the others (no offset, an offset
+-- with a leading zero, or one too long for a Lua number to hold exactly). done_bits:
+-- which of refs have their bit in a kept span. set_done: set the bits of refs in the
+-- current span; returns the references placed and the others.
+local match, byte, floor, tonumber = string.match, string.byte, math.floor, tonumber
+local band, bor, rshift = bit.band, bit.bor, bit.rshift
+
+-- Kafka references grouped by bitmap: a list of {where, list of index, bit, ...}, and
+-- the indexes of the other references.
+local function by_block(refs)
+  local tps, order, rest = {}, {}, {}
+  local last_tp, blocks
+  for i = 1, #refs do
+    local tp, off = match(refs[i], '^(.*)/(%d+)$')
+    if tp and #off <= 15 and (#off == 1 or byte(off, 1) ~= 48) then
+      off = tonumber(off)
+      local block = floor(off / BLOCK)
+      if tp ~= last_tp then
+        blocks = tps[tp]
+        if not blocks then
+          blocks = {}
+          tps[tp] = blocks
+        end
+        last_tp = tp
+      end
+      local l = blocks[block]
+      if not l then
+        l = {}
+        blocks[block] = l
+        order[#order + 1] = {tp .. ':' .. block, l}
+      end
+      l[#l + 1] = i
+      l[#l + 1] = off - block * BLOCK
+    else
+      rest[#rest + 1] = i
+    end
+  end
+  return order, rest
+end
+
+-- Which of refs (of those at the indexes in ``only``, when given) have their bit set.
+local function done_bits(prefix, cur, refs, only)
+  local done = {}
+  local picked = refs
+  if only then
+    picked = {}
+    for k, i in ipairs(only) do picked[k] = refs[i] end
+  end
+  local order = by_block(picked)
+  for _, group in ipairs(order) do
+    local l = group[2]
+    for s = cur, cur - (SPANS_KEPT - 1), -1 do
+      local bits = redis.call('GET', prefix .. s .. ':' .. group[1])
+      if bits then
+        for j = 1, #l, 2 do
+          local b = l[j + 1]
+          local got = byte(bits, floor(b / 8) + 1)
+          if got and band(got, rshift(128, b % 8)) ~= 0 then
+            done[only and only[l[j]] or l[j]] = true
+          end
+        end
+      end
+    end
+  end
+  return done
+end
+
+local function set_done(prefix, cur, refs, ttl)
+  local order, rest = by_block(refs)
+  local placed, others = {}, {}
+  for _, group in ipairs(order) do
+    local l = group[2]
+    local key = prefix .. cur .. ':' .. group[1]
+    local bytes, lo, hi = {}, BLOCK, -1
+    for j = 1, #l, 2 do
+      placed[#placed + 1] = refs[l[j]]
+      local b = l[j + 1]
+      local k = floor(b / 8)
+      bytes[k] = bor(bytes[k] or 0, rshift(128, b % 8))
+      if k < lo then lo = k end
+      if k > hi then hi = k end
+    end
+    -- the bytes touched, read, ORed and written back in one piece (at most BLOCK / 8)
+    local old = redis.call('GETRANGE', key, lo, hi)
+    local out = {}
+    for k = lo, hi do
+      out[#out + 1] = bor(byte(old, k - lo + 1) or 0, bytes[k] or 0)
+    end
+    redis.call('SETRANGE', key, lo, string.char(unpack(out)))
+    redis.call('PEXPIRE', key, ttl)
+  end
+  for _, i in ipairs(rest) do others[#others + 1] = refs[i] end
+  return placed, others
+end

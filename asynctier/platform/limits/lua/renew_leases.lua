@@ -1,0 +1,23 @@
+-- Extend the leases a holder still has (the heartbeat). A lease that is gone was lost (its
+-- holder stalled past the lease time and another took the slot) and is not brought back.
+--
+-- KEYS[1]   the binding's leases (sorted set: lease id -> expiry, epoch ms)
+-- ARGV[1]   lease time, ms
+-- ARGV[2..] the lease ids the caller holds
+-- Returns   the lease ids that were gone.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expiry = string.format('%.0f', now + tonumber(ARGV[1]))
+local lost = {}
+for i = 2, #ARGV do
+  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
+    redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[i])
+  else
+    lost[#lost + 1] = ARGV[i]
+  end
+end
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if last[2] then
+  redis.call('PEXPIREAT', KEYS[1], last[2])
+end
+return lost
