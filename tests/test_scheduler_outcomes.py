@@ -77,8 +77,9 @@ def test_retry_reject_and_exceptions(sched: Running) -> None:
     outcomes = sched.submit([item("retry", 1), item("reject", 2), item("areject", 3),
                              item("boom", 4), item("aboom", 5)])
     assert outcomes[1] == {"id": 1, "status": "retry", "after_s": 7.0,
-                           "error": "not ready yet", "spends_attempt": True}
+                           "error": "not ready yet", "spends_attempt": True, "reason": None}
     assert outcomes[2]["status"] == "failed" and outcomes[2]["error"] == "bad order"
+    assert outcomes[2]["reason"] == outcomes[3]["reason"] == "rejected"
     assert outcomes[3]["status"] == "failed" and outcomes[3]["error"] == "async bad order"
     boom = outcomes[4]
     assert boom["status"] == "retry" and boom["after_s"] is None and boom["spends_attempt"]
@@ -95,6 +96,7 @@ def test_timeouts_sync_and_async(sched: Running) -> None:
     for late in (1, 3):
         assert outcomes[late]["status"] == "retry"
         assert outcomes[late]["error"] == "timed out after 0.3s"
+        assert outcomes[late]["reason"] == "timeout"
     assert outcomes[2]["status"] == "ok" and outcomes[4]["status"] == "ok"
 
 
@@ -116,6 +118,7 @@ def test_undecodable_payloads_are_failed_at_once(sched: Running) -> None:
     for bad in (1, 2, 3, 4, 5, 6):
         assert outcomes[bad]["status"] == "failed", outcomes[bad]
         assert (outcomes[bad]["error"] or "").startswith("undecodable: ")
+        assert outcomes[bad]["reason"] == "undecodable"
     assert outcomes[3]["error"] == "undecodable: tombstone: the record has no value"
     assert outcomes[6]["error"] == "undecodable: tombstone: the record has no value"
     assert "UTF-8" in (outcomes[2]["error"] or "")
