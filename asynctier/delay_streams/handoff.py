@@ -235,7 +235,8 @@ class Handoff:
         flood (a record without headers, so on attempt 1 and first seen now, to be retried)
         has its topic and headers worked out once per batch: only its origin differs from
         its neighbours'. Those records go straight to the Kafka client; a full queue or a
-        refusal takes the careful path (:meth:`ConfirmingProducer.produce`).
+        refusal takes the careful path (:meth:`ConfirmingProducer.produce`). What this
+        saves per record in a retry flood: ``python -m bench.handoff_cost``.
         """
         counts: Counter[str] = Counter()
         now_ms = int(time.time() * 1000)
