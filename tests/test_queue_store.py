@@ -338,3 +338,16 @@ def test_resolve_is_one_transaction(queue_store: QueueStore, queue_namespace: st
     done = queue_store.resolve(queue_namespace, TOPIC, "a", acks=[got[0]],
                                nacks=[Nack(got[1], 0)], deads=[Dead(got[2], "x")])
     assert (done.acked, done.nacked, done.dead) == (1, 1, 1)
+
+
+def test_a_lease_that_buries_items_still_fills_its_batch(queue_store: QueueStore,
+                                                         queue_namespace: str) -> None:
+    queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"", id=f"old{n}", ttl_s=0.1)
+                                          for n in range(3)])
+    expires = min(i.expires_ms or 0 for i in (queue_store.get(queue_namespace, TOPIC, f"old{n}")
+                                              for n in range(3)) if i is not None)
+    wait_until(lambda: db_now_ms(queue_store) > expires, 5, "the ttl passed")
+    queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"", id=f"new{n}") for n in range(3)])
+    got = queue_store.lease(queue_namespace, TOPIC, 3, 30, "a")
+    assert sorted(g.id for g in got) == ["new0", "new1", "new2"]
+    assert len(queue_store.dead_items(queue_namespace, TOPIC)) == 3

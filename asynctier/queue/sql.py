@@ -75,16 +75,20 @@ WITH picked AS (
     WHERE i.namespace = %(ns)s AND i.topic = %(topic)s
       AND i.id = ANY(ARRAY(SELECT id FROM doomed)) AND i.id = d.id
     RETURNING i.*, d.reason, d.error
-), buried AS ({_BURY})
-UPDATE {ITEMS} i
-SET attempts = i.attempts + 1, lease_owner = %(owner)s,
-    lease_expires = {NOW} + %(lease_ms)s, deliver_after = {NOW} + %(lease_ms)s
-FROM picked p
-WHERE i.namespace = %(ns)s AND i.topic = %(topic)s
-  AND i.id = ANY(ARRAY(SELECT id FROM picked)) AND i.id = p.id
-  AND p.id NOT IN (SELECT id FROM doomed)
-RETURNING i.id, i.payload, i.headers, i.priority, i.attempts, i.enqueued_ms,
-          p.deliver_after, i.lease_expires, i.seq
+), buried AS ({_BURY}), leased AS (
+    UPDATE {ITEMS} i
+    SET attempts = i.attempts + 1, lease_owner = %(owner)s,
+        lease_expires = {NOW} + %(lease_ms)s, deliver_after = {NOW} + %(lease_ms)s
+    FROM picked p
+    WHERE i.namespace = %(ns)s AND i.topic = %(topic)s
+      AND i.id = ANY(ARRAY(SELECT id FROM picked)) AND i.id = p.id
+      AND p.id NOT IN (SELECT id FROM doomed)
+    RETURNING i.id, i.payload, i.headers, i.priority, i.attempts, i.enqueued_ms,
+              p.deliver_after, i.lease_expires, i.seq
+)
+SELECT * FROM leased
+UNION ALL  -- one row (id NULL) per item moved to the dead items instead
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM doomed
 """
 
 ACK = f"""
