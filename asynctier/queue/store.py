@@ -18,6 +18,7 @@ import json
 import logging
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -360,8 +361,7 @@ def _check_distinct(ids: Sequence[str], topic: str) -> None:
     for item_id in ids:
         check_id(item_id, f"resolve in {topic!r}: ")
     if len(set(ids)) != len(ids):
-        seen: set[str] = set()
-        twice = sorted({i for i in ids if i in seen or seen.add(i)})  # type: ignore[func-returns-value]
+        twice = sorted(i for i, count in Counter(ids).items() if count > 1)
         raise QueueError(f"resolve in {topic!r}: ids {twice[:5]} appear more than once among "
                          "the acks, nacks and deads; give each item one outcome")
 
