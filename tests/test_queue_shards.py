@@ -161,3 +161,18 @@ def test_queue_shards_come_from_the_file_then_the_environment(tmp_path: Path) ->
         Settings.from_mapping({"queue": {"shards": "postgresql://a@h/q"}})
     with pytest.raises(ConfigError, match=r"unknown key\(s\) \['shard'\] in \[queue\]"):
         Settings.from_mapping({"queue": {"shard": ["x"]}})
+
+
+def test_as_root_the_server_runs_as_an_unprivileged_user(
+        servers: list[devstack.PostgresNode]) -> None:
+    import os
+    import pwd
+
+    pid = servers[0].daemon.pid()
+    assert pid is not None
+    owner = pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
+    if os.geteuid() == 0:
+        assert owner in ("postgres", "nobody")
+        assert pwd.getpwuid(servers[0].cluster_dir.stat().st_uid).pw_name == owner
+    else:
+        assert owner == pwd.getpwuid(os.geteuid()).pw_name
