@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from asynctier.cli import main
+from asynctier.platform.config import Settings
 from asynctier.queue import Dead, QueueStore
 from asynctier.queue.admin import LineOptions, replay_at_rate
 from asynctier.queue.dsn import redact_dsn
@@ -25,6 +26,8 @@ def run(postgres: str, queue_namespace: str) -> Run:
 
     def invoke(*args: str, input: str | None = None, namespace: bool = True) -> Result:
         argv = [*args, "--namespace", queue_namespace] if namespace else list(args)
+        if args[0] == "enqueue":  # no Kafka here: no bindings registry to check against
+            argv.append("--unbound")
         return runner.invoke(main, argv, input=input,
                              env={"ASYNCTIER_QUEUE_SHARDS": postgres, "ASYNCTIER_CONFIG": ""})
 
@@ -136,3 +139,26 @@ def test_replay_at_a_rate_sleeps_between_batches(queue_store: QueueStore, postgr
                               sleep=sleeps.append) == 25
         assert len(sleeps) == 3 and all(0.5 < s <= 1.0 for s in sleeps[:2])
         assert len(queue.dead_items(queue_namespace, "slow")) == 5
+
+
+def test_enqueue_to_a_topic_no_binding_reads_is_refused_saying_what_to_do(
+        settings: Settings, postgres: str, queue_namespace: str,
+        queue_store: QueueStore) -> None:
+    """Its items would wait forever: refused, nothing enqueued, until a binding reads it."""
+    runner = CliRunner()
+    env = {"ASYNCTIER_QUEUE_SHARDS": postgres, "ASYNCTIER_CONFIG": "",
+           "ASYNCTIER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+           "ASYNCTIER_PREFIX": settings.prefix}
+    args = ["enqueue", "orphans", "--namespace", queue_namespace]
+    refused = runner.invoke(main, args, input='{"n": 1}\n', env=env)
+    assert refused.exit_code == 2
+    assert "no binding reads queue topic 'orphans'" in refused.output
+    assert "asynctier bind NAME --queue orphans" in refused.output
+    assert queue_store.counts(queue_namespace, "orphans") == []
+    bound = runner.invoke(main, ["bind", "o", "--queue", "orphans", "--tenant",
+                                 queue_namespace, "--function", "tests.ledger:record"], env=env)
+    assert bound.exit_code == 0, bound.output
+    accepted = runner.invoke(main, args, input='{"n": 1}\n', env=env)
+    assert accepted.exit_code == 0, accepted.output
+    [counts] = queue_store.counts(queue_namespace, "orphans")
+    assert counts.ready == 1

@@ -17,6 +17,7 @@ from rich.table import Table
 from asynctier.cli import settings_of
 from asynctier.platform.durations import parse_duration
 from asynctier.platform.progress import progress
+from asynctier.platform.registry import BindingRegistry
 from asynctier.queue.admin import EnqueueReport, LineOptions, enqueue_lines, replay_at_rate
 from asynctier.queue.items import MAX_PRIORITY, MIN_PRIORITY
 from asynctier.queue.shards import ShardedQueue
@@ -36,6 +37,18 @@ def _queue(ctx: click.Context) -> ShardedQueue:
     return ShardedQueue.from_settings(settings_of(ctx), pool_size=2)
 
 
+def _check_bound(ctx: click.Context, namespace: str, topic: str) -> None:
+    """Refuse a topic no queue binding of ``namespace`` reads: its items would wait forever."""
+    bindings = BindingRegistry(settings_of(ctx)).load().values()
+    if any(b.source_kind == "queue" and b.topic == topic and b.tenant == namespace
+           for b in bindings):
+        return
+    raise click.UsageError(
+        f"no binding reads queue topic {topic!r} in namespace {namespace!r}, so nothing "
+        f"would run its items: bind one first (asynctier bind NAME --queue {topic} --tenant "
+        f"{namespace} --function module:fn), check --namespace, or pass --unbound")
+
+
 def _delay(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
     if value is None:
         return None
@@ -53,14 +66,20 @@ def _delay(_ctx: click.Context, _param: click.Parameter, value: str | None) -> f
 @click.option("--delay", callback=_delay, help="Ready only after this long (30s, 5m).")
 @click.option("--id-field", help="Take each item's id from this JSON field (an item whose "
                                  "id is there already is skipped).")
+@click.option("--unbound", is_flag=True,
+              help="Enqueue even when no binding reads TOPIC in this namespace (yet).")
 @click.pass_context
 def enqueue(ctx: click.Context, topic: str, namespace: str, priority: int,
-            delay: float | None, id_field: str | None) -> None:
+            delay: float | None, id_field: str | None, unbound: bool) -> None:
     """Enqueue each JSON line of stdin as one item of TOPIC (its JSON text is the payload).
 
     Bad lines (not JSON, over 1 MiB, a bad id) are refused with their line number and
     the reason; the other lines are enqueued; the exit code is 1 when any was refused.
+    A topic that no queue binding of the namespace reads is refused (nothing would run
+    its items) unless --unbound.
     """
+    if not unbound:
+        _check_bound(ctx, namespace, topic)
     options = LineOptions(topic, priority, delay, id_field)
     with _queue(ctx) as queue, progress() as bar:
         task = bar.add_task(f"enqueueing to {topic}", total=None)
