@@ -143,6 +143,36 @@ def take_over(consumer: Any, partitions: list[Any], *, assign: bool) -> None:
                     "assign" if assign else "unassign", len(partitions), exc.args[0].str())
 
 
+def consume_error(err: KafkaError, what: str, topic: str) -> None:
+    """Log a consume error of a tailer (``what``: "binding b", "delay 30s"); raise a fatal
+    one (the tailer stops, or its session restarts); end-of-partition is no error."""
+    if err.code() == KafkaError._PARTITION_EOF:
+        return
+    log.error("%s: consume error on %s: %s", what, topic, err.str())
+    if err.fatal():
+        raise KafkaException(err)
+
+
+def commit_past(consumer: Any, high: Mapping[tuple[str, int], int],
+                owned: Callable[[str, int], bool], sync: bool, what: str) -> list[Any]:
+    """Commit past the highest offset of each partition in ``high`` that ``owned`` says is
+    still this consumer's (a position committed for a partition another consumer took over
+    would move that one's back); the offsets committed. A failure is logged: a later
+    commit covers it, or the records are read again."""
+    from confluent_kafka import TopicPartition
+
+    offsets = [TopicPartition(t, p, o + 1) for (t, p), o in high.items() if owned(t, p)]
+    if not offsets:
+        return offsets
+    try:
+        consumer.commit(offsets=offsets, asynchronous=not sync)
+    except KafkaException as exc:
+        log.warning("%s: commit of %s failed (%s); those records will be read again", what,
+                    ", ".join(f"{o.topic}/{o.partition}@{o.offset}" for o in offsets),
+                    exc.args[0].str())
+    return offsets
+
+
 def admin(settings: Settings) -> AdminClient:
     """An AdminClient on the configured cluster."""
     return AdminClient(client_config(settings))

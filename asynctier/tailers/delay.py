@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from asynctier.delay_streams.bookkeeping import (
     BindingBook,
@@ -47,6 +47,8 @@ from asynctier.platform.errors import AsynctierError, HandoffError, SchedulerUna
 from asynctier.platform.kafka import (
     admin,
     close_consumer,
+    commit_past,
+    consume_error,
     ensure_topics,
     leave_group,
     tailer_consumer_config,
@@ -175,9 +177,10 @@ class DelaySource:
     def _prepared(sent: list[Any], entries: list[Entry], local: list[tuple[Any, Action]],
                   call: CallBuilder, rest: list[Any]) -> Prepared:
         records = sent + [msg for msg, _ in local]
-        high: dict[int, int] = {}
+        high: dict[tuple[str, int], int] = {}
         for msg in records:
-            high[msg.partition()] = max(high.get(msg.partition(), -1), msg.offset())
+            tp = (msg.topic(), msg.partition())
+            high[tp] = max(high.get(tp, -1), msg.offset())
         return Prepared(records, call.encode() if sent else None, high,
                         (entries, [action for _, action in local]), rest, len(sent))
 
@@ -206,20 +209,10 @@ class DelaySource:
         self.handoff.confirm()
 
     def checkpoint(self, batch: Batch, sync: bool) -> None:
-        """Commit (synchronously) past the highest released offset of each owned
-        partition."""
-        tailer = self.tailer
-        offsets = [TopicPartition(tailer.topic, p, o + 1) for p, o in batch.mark.items()
-                   if p in tailer.owned]
-        if not offsets:
-            return
-        try:
-            self.consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
-            log.warning("delay %s: commit of %s failed (%s); those records will be read "
-                        "again", tailer.interval,
-                        ", ".join(f"{t.partition}@{t.offset}" for t in offsets),
-                        exc.args[0].str())
+        """Commit (synchronously: the delay path has time) past the highest released
+        offset of each owned partition."""
+        owned = self.tailer.owned
+        commit_past(self.consumer, batch.mark, lambda _, p: p in owned, True, self.what)
 
     def checkpoint_final(self, scope: Any) -> None:
         """Nothing: every commit was synchronous."""
@@ -318,7 +311,7 @@ class DelayTailer:
         for msg in messages:
             err = msg.error()
             if err is not None:
-                self._consume_error(err)
+                consume_error(err, f"delay {self.interval}", self.topic)
                 continue
             if msg.partition() not in self.owned:
                 continue  # revoked or lost while it was read: its new owner releases it
@@ -337,13 +330,6 @@ class DelayTailer:
         consumer.pause([tp])
         consumer.seek(tp)  # raises on failure: the session restarts from committed offsets
         self.pauses.pause(msg.partition(), until_ms)
-
-    def _consume_error(self, err: KafkaError) -> None:
-        if err.code() == KafkaError._PARTITION_EOF:
-            return
-        log.error("delay %s: consume error on %s: %s", self.interval, self.topic, err.str())
-        if err.fatal():
-            raise KafkaException(err)
 
     # -- what is resolved here ------------------------------------------------------------
 

@@ -26,7 +26,14 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.calls import CallBuilder
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import SchedulerUnavailable
-from asynctier.platform.kafka import close_consumer, leave_group, tailer_consumer_config, take_over
+from asynctier.platform.kafka import (
+    close_consumer,
+    commit_past,
+    consume_error,
+    leave_group,
+    tailer_consumer_config,
+    take_over,
+)
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.tailers.options import TailerOptions
 from asynctier.tailers.pipeline import Hook, Pipeline, no_hook
@@ -96,7 +103,7 @@ class KafkaSource:
         high: dict[tuple[str, int], int] = {}  # per partition, the highest offset
         for at, msg in enumerate(records):
             if msg.error() is not None:
-                self._consume_error(msg.error())
+                consume_error(msg.error(), self.what, self.topic)
                 continue
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
             tp = (topic, partition)
@@ -111,14 +118,6 @@ class KafkaSource:
             if offset > high.get(tp, -1):
                 high[tp] = offset
         return Prepared(good, call.encode() if good else None, high, (origins, call.size))
-
-    def _consume_error(self, err: KafkaError) -> None:
-        if err.code() == KafkaError._PARTITION_EOF:
-            return
-        log.error("binding %s: consume error on %s: %s", self.binding.name,
-                  self.binding.topic, err.str())
-        if err.fatal():
-            raise KafkaException(err)
 
     def wait(self, batch: Batch, superseded: Callable[[], bool]) -> bool:
         """Wait for the answer while polling the consumer (its partitions paused).
@@ -163,23 +162,12 @@ class KafkaSource:
         self.handoff.confirm()
 
     def checkpoint(self, batch: Batch, sync: bool) -> None:
-        """Commit past the batch's highest offset of each partition still owned."""
-        # Only partitions this tailer still owns: a position committed for a partition
-        # another consumer took over would move that consumer's committed offset back.
-        offsets = [TopicPartition(t, p, o + 1) for (t, p), o in batch.mark.items()
-                   if (t, p) in self.owned]
-        if not offsets:
-            return
-        for done in offsets:
+        """Commit past the batch's highest offset of each partition still owned:
+        asynchronously in the loop, synchronously when draining (revoke, stop)."""
+        owned = self.owned
+        for done in commit_past(self.consumer, batch.mark, lambda t, p: (t, p) in owned, sync,
+                                self.what):
             self.committed[(done.topic, done.partition)] = done.offset
-        try:  # asynchronous in the loop (a failure is logged by on_commit and a later
-            # commit covers it); synchronous when draining (revoke, stop)
-            self.consumer.commit(offsets=offsets, asynchronous=not sync)
-        except KafkaException as exc:
-            log.warning("binding %s: commit of %s failed (%s); those records will be read "
-                        "again", self.binding.name,
-                        ", ".join(f"{t.topic}/{t.partition}@{t.offset}" for t in offsets),
-                        exc.args[0].str())
 
     def counted(self, batch: Batch) -> None:
         """Batch and outcome metrics."""
