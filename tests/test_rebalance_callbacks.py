@@ -6,7 +6,8 @@ A callback that leaves it to confluent-kafka lets the library ask librdkafka for
 rebalance protocol first, holding the GIL; in the revoke that ``close()`` serves that
 request can wait forever (librdkafka issue 4041), and the whole process froze with it (the
 rolling-SIGTERM test, 1 run in 25 with 4 batches in flight). The callbacks are called here
-with a consumer that records what it is asked (no broker needed: the calls are ours)."""
+with a consumer that records what it is asked, given to the tailers through their
+``consumer_factory`` (no broker needed: the calls are ours)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from asynctier.delay_streams.handoff import Handoff
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.kafka import leave_group
 from asynctier.tailers.delay import DelayTailer
 from asynctier.tailers.kafka import KafkaTailer
+from tests.recording import RecordingProducer
 
-SETTINGS = Settings(kafka={"bootstrap.servers": "127.0.0.1:9", "log_level": 0})
+SETTINGS = Settings(kafka={"bootstrap.servers": "127.0.0.1:9", "log_level": "0"})
 
 
 class Recorder:
@@ -46,46 +49,62 @@ class Recorder:
     def resume(self, parts: list[TopicPartition]) -> None:
         pass
 
+    def subscribe(self, topics: list[str], **callbacks: Any) -> None:
+        pass
+
 
 def _parts(topic: str, *numbers: int) -> list[TopicPartition]:
     return [TopicPartition(topic, n) for n in numbers]
 
 
-def _tailers() -> list[tuple[Any, str]]:
-    main = KafkaTailer(SETTINGS, Binding("b", "src", "tests.ledger:record"), None)  # type: ignore[arg-type]
-    delay = DelayTailer(SETTINGS, 30.0, None, None)  # type: ignore[arg-type]
-    return [(main, "src"), (delay, delay.topic)]
+def _handoff() -> Handoff:
+    return Handoff(SETTINGS, RecordingProducer())  # type: ignore[arg-type]
+
+
+def _callbacks(which: int, consumer: Recorder) -> tuple[Any, str]:
+    """The object whose rebalance callbacks a tailer's consumer is given, and its topic:
+    the main tailer's source, or the delay tailer; ``consumer`` is its session's."""
+    if which == 0:
+        main = KafkaTailer(SETTINGS, Binding("b", "src", "tests.ledger:record"),
+                           None,  # type: ignore[arg-type]
+                           consumer_factory=lambda conf: consumer, handoff=_handoff())
+        main.open()
+        return main.source, "src"
+    delay = DelayTailer(SETTINGS, 30.0, None, None,  # type: ignore[arg-type]
+                        consumer_factory=lambda conf: consumer, handoff=_handoff())
+    delay.open()
+    return delay, delay.topic
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["main tailer", "delay tailer"])
 def test_each_callback_assigns_or_unassigns_what_it_is_given(which: int) -> None:
-    tailer, topic = _tailers()[which]
     consumer = Recorder()
-    tailer._on_assign(consumer, _parts(topic, 0, 1, 2))
-    tailer._on_revoke(consumer, _parts(topic, 0))
-    tailer._on_lost(consumer, _parts(topic, 1))
-    tailer._on_revoke(consumer, [])  # the last revoke of a close() may be empty
+    tailer, topic = _callbacks(which, consumer)
+    tailer.on_assign(consumer, _parts(topic, 0, 1, 2))
+    tailer.on_revoke(consumer, _parts(topic, 0))
+    tailer.on_lost(consumer, _parts(topic, 1))
+    tailer.on_revoke(consumer, [])  # the last revoke of a close() may be empty
     assert consumer.calls == [("assign", [0, 1, 2]), ("unassign", [0]), ("unassign", [1]),
                               ("unassign", [])]
 
 
 def test_a_stale_consumers_callbacks_still_unassign_on_that_consumer() -> None:
-    tailer = DelayTailer(SETTINGS, 30.0, None, None)  # type: ignore[arg-type]
-    tailer._consumer = Recorder()  # this session's consumer; the callbacks come from another
+    current = Recorder()  # this session's consumer; the callbacks come from another
+    tailer, topic = _callbacks(1, current)
     old = Recorder()
-    tailer._on_revoke(old, _parts(tailer.topic, 3))
-    tailer._on_lost(old, _parts(tailer.topic, 4))
+    tailer.on_revoke(old, _parts(topic, 3))
+    tailer.on_lost(old, _parts(topic, 4))
     assert old.calls == [("unassign", [3]), ("unassign", [4])]
-    assert tailer._consumer.calls == []
+    assert current.calls == []
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["main tailer", "delay tailer"])
 def test_a_refused_unassign_is_logged_and_the_callback_returns(
         which: int, caplog: pytest.LogCaptureFixture) -> None:
-    tailer, topic = _tailers()[which]
     consumer = Recorder(refuse=True)
+    tailer, topic = _callbacks(which, consumer)
     with caplog.at_level(logging.WARNING):
-        tailer._on_revoke(consumer, _parts(topic, 5))
+        tailer.on_revoke(consumer, _parts(topic, 5))
     assert consumer.calls == [("unassign", [5])]
     assert "incremental unassign of 1 partition(s) refused: refused here" in caplog.text
 
