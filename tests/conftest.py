@@ -1,9 +1,10 @@
-"""Session fixtures: a real Kafka and a real Redis for the whole run.
+"""Session fixtures: a real Kafka, a real Redis and a real PostgreSQL for the whole run.
 
 Each starts on free loopback ports in a temporary folder through the same dev-stack code
-as ``asynctier dev up``, unless ``ASYNCTIER_KAFKA_BOOTSTRAP`` / ``ASYNCTIER_REDIS_URL`` point
-at running ones. When a service cannot start under ``CI=true`` the tests that need it fail;
-elsewhere they are skipped with the reason (shown by ``-ra``).
+as ``asynctier dev up``, unless ``ASYNCTIER_KAFKA_BOOTSTRAP`` / ``ASYNCTIER_REDIS_URL`` /
+``ASYNCTIER_QUEUE_SHARDS`` (its first shard) point at running ones. When a service cannot
+start under ``CI=true`` the tests that need it fail; elsewhere they are skipped with the
+reason (shown by ``-ra``).
 
 Every test gets its own prefix (so its own topics, groups and Redis keys). Tests marked
 ``slow`` run only with ``--long``; other long modes read ``request.config.getoption("--long")``.
@@ -12,6 +13,7 @@ Every test gets its own prefix (so its own topics, groups and Redis keys). Tests
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
@@ -23,6 +25,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from asynctier import dev as devstack
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
+from asynctier.queue import QueueStore
 from tests.helpers import wait_until
 
 
@@ -89,6 +92,44 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield node.url
     finally:
         node.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """DSN of a running PostgreSQL: the first of ``$ASYNCTIER_QUEUE_SHARDS`` or our own."""
+    given = os.environ.get("ASYNCTIER_QUEUE_SHARDS")
+    if given:
+        dsn = given.split(",")[0].strip()
+        if not devstack.postgres_answers(dsn, timeout_s=5.0):
+            service_unavailable("PostgreSQL", f"ASYNCTIER_QUEUE_SHARDS={dsn} does not answer")
+        yield dsn
+        return
+    root = tmp_path_factory.mktemp("stack")
+    try:
+        node = devstack.start_test_postgres(root)
+    except ServiceError as exc:
+        service_unavailable("PostgreSQL", exc)
+    try:
+        yield node.dsn
+    finally:
+        node.stop()
+        if not node.data_dir.is_relative_to(root):  # its own folder (see start_test_postgres)
+            shutil.rmtree(node.data_dir.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def queue_store(postgres: str) -> Iterator[QueueStore]:
+    """A QueueStore on the session's PostgreSQL (tests isolate by ``queue_namespace``)."""
+    store = QueueStore(postgres, pool_size=8)
+    store.migrate()
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def queue_namespace(prefix: str) -> str:
+    """A queue namespace no other test uses: its topics and items are its own."""
+    return prefix
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,11 @@ from asynctier.dev.kafka import (
     kafka_cluster_id,
     pom_kafka_version,
 )
+from asynctier.dev.postgres import PostgresNode, postgres_answers
 from asynctier.dev.process import (
     DEFAULT_CONTROLLER_PORT,
     DEFAULT_KAFKA_PORT,
+    DEFAULT_POSTGRES_PORT,
     DEFAULT_REDIS_PORT,
     Daemon,
     default_cache_dir,
@@ -26,16 +28,23 @@ from asynctier.dev.process import (
 )
 from asynctier.dev.redis import RedisNode, redis_answers
 from asynctier.dev.stack import DevStack, ServiceStatus, round_trip
-from asynctier.dev.testing import random_password, start_test_kafka, start_test_redis
+from asynctier.dev.testing import (
+    random_password,
+    start_test_kafka,
+    start_test_postgres,
+    start_test_redis,
+)
 
 __all__ = [
     "DEFAULT_CONTROLLER_PORT",
     "DEFAULT_KAFKA_PORT",
+    "DEFAULT_POSTGRES_PORT",
     "DEFAULT_REDIS_PORT",
     "Daemon",
     "DevStack",
     "KafkaJars",
     "KafkaNode",
+    "PostgresNode",
     "RedisNode",
     "ServiceStatus",
     "default_cache_dir",
@@ -44,11 +53,13 @@ __all__ = [
     "kafka_answers",
     "kafka_cluster_id",
     "pom_kafka_version",
+    "postgres_answers",
     "process_cmdline",
     "random_password",
     "redis_answers",
     "require_binary",
     "round_trip",
     "start_test_kafka",
+    "start_test_postgres",
     "start_test_redis",
 ]

@@ -25,8 +25,10 @@ HOST = "127.0.0.1"
 DEFAULT_KAFKA_PORT = 9092
 DEFAULT_CONTROLLER_PORT = 9093
 DEFAULT_REDIS_PORT = 6379
+DEFAULT_POSTGRES_PORT = 5432
 KAFKA_READY_S = 90.0
 REDIS_READY_S = 20.0
+POSTGRES_READY_S = 60.0
 STOP_S = 30.0
 FETCH_S = 900.0
 
@@ -35,6 +37,8 @@ INSTALL_COMMANDS = {
     "java": "apt-get install -y openjdk-17-jre-headless",
     "mvn": "apt-get install -y maven",
     "redis-server": "apt-get install -y redis-server",
+    "postgres": "apt-get install -y postgresql",
+    "initdb": "apt-get install -y postgresql",
 }
 
 
@@ -168,6 +172,9 @@ class Daemon:
     pid_file: Path
     log_file: Path
     marker: str
+    #: The signal that stops it (PostgreSQL: SIGINT, a fast shutdown that does not wait
+    #: for clients to disconnect).
+    stop_signal: signal.Signals = signal.SIGTERM
 
     def pid(self) -> int | None:
         """The pid of the running process, or None (a stale pid file is removed)."""
@@ -184,29 +191,36 @@ class Daemon:
         cmdline = process_cmdline(pid)
         return not cmdline or any(self.marker in part for part in cmdline)
 
-    def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None) -> int:
-        """Start ``argv`` detached, output appended to the log file; returns its pid."""
+    def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None,
+              user: str | None = None) -> int:
+        """Start ``argv`` detached, output appended to the log file; returns its pid.
+
+        ``user``: run it as that user (its own group, no supplementary groups); for a
+        server that refuses to run as root.
+        """
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as out:
             proc = subprocess.Popen(
                 list(argv), cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True,
-                env=dict(env) if env is not None else None,
+                env=dict(env) if env is not None else None, user=user,
+                group=None if user is None else _primary_group(user),
+                extra_groups=None if user is None else [],
             )
         self.pid_file.write_text(f"{proc.pid}\n")
         return proc.pid
 
     def stop(self, timeout_s: float = STOP_S) -> bool:
-        """SIGTERM, wait up to ``timeout_s``, SIGKILL only as a last resort.
+        """The stop signal (SIGTERM unless set), wait up to ``timeout_s``, SIGKILL last.
 
         Returns True when a process was stopped, False when none was running.
         """
         pid = self.pid()
         if pid is None:
             return False
-        self._signal(pid, signal.SIGTERM)
+        self._signal(pid, self.stop_signal)
         if not _wait_gone(pid, timeout_s):
-            log.warning("%s (pid %d) ignored SIGTERM for %.0f s: killing it",
+            log.warning("%s (pid %d) ignored its stop signal for %.0f s: killing it",
                         self.name, pid, timeout_s)
             self._signal(pid, signal.SIGKILL)
             _wait_gone(pid, 10.0)
@@ -227,6 +241,12 @@ class Daemon:
     def _signal(pid: int, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
+
+
+def _primary_group(user: str) -> int:
+    import pwd
+
+    return int(pwd.getpwnam(user).pw_gid)
 
 
 def _wait_gone(pid: int, timeout_s: float) -> bool:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import secrets
+import tempfile
 from pathlib import Path
 
 from asynctier.dev.kafka import KafkaJars, KafkaNode
+from asynctier.dev.postgres import PostgresNode, check_reachable, server_user
 from asynctier.dev.process import default_cache_dir, free_port
 from asynctier.dev.redis import RedisNode
 from asynctier.platform.errors import ServiceError
@@ -54,3 +56,38 @@ def start_test_redis(root: Path, password: str | None = None) -> RedisNode:
 def random_password() -> str:
     """A password for a test Redis."""
     return secrets.token_urlsafe(18)
+
+
+def start_test_postgres(root: Path, password: str | None = None) -> PostgresNode:
+    """A PostgreSQL server on a free loopback port with its data under ``root``, started.
+
+    As root the server runs as an unprivileged user, who must be able to enter ``root``:
+    when it cannot (pytest's temporary folders are 0700), the data goes to a folder of its
+    own under the system's temporary folder instead (:func:`postgres_data_root`).
+    """
+    base = postgres_data_root(root)
+    for attempt in range(3):
+        node = PostgresNode(base / "postgres", free_port(), password)
+        try:
+            node.start()
+            return node
+        except ServiceError as exc:
+            node.stop(5.0)
+            if "already in use" not in str(exc) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def postgres_data_root(root: Path) -> Path:
+    """``root`` when the server's user can reach it, else a new 0755 folder under the
+    system's temporary folder (the caller removes it)."""
+    user = server_user()
+    if user is None:
+        return root
+    try:
+        check_reachable(root / "postgres", user)
+        return root
+    except ServiceError:
+        folder = Path(tempfile.mkdtemp(prefix="asynctier-pg-"))
+        folder.chmod(0o755)
+        return folder

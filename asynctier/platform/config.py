@@ -21,7 +21,11 @@ The file::
     [redis]
     url = "redis://127.0.0.1:6379/0"
 
+    [queue]                              # the queue source's PostgreSQL shards
+    shards = ["postgresql://asynctier@127.0.0.1:5432/asynctier"]
+
 Environment overrides: ``ASYNCTIER_KAFKA_BOOTSTRAP``, ``ASYNCTIER_REDIS_URL``,
+``ASYNCTIER_QUEUE_SHARDS`` (comma separated),
 ``ASYNCTIER_PREFIX``, ``ASYNCTIER_ALLOW_MODULES`` (comma separated),
 ``ASYNCTIER_SCHEDULERS`` (comma separated), ``ASYNCTIER_DATA_DIR``.
 """
@@ -42,6 +46,8 @@ from asynctier.platform.names import DEFAULT_PREFIX, Names
 DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_SCHEDULER = "127.0.0.1:50051"
+#: The dev stack's PostgreSQL (``asynctier dev up``).
+DEFAULT_QUEUE_SHARD = "postgresql://asynctier@127.0.0.1:5432/asynctier"
 
 #: librdkafka keys a binding may never set: they come only from the operator's config file.
 _SECRET_KEY_MARKERS = ("password", "secret", "sasl.", "ssl.key", "token")
@@ -65,6 +71,20 @@ def _split(value: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
+def _queue_shards(queue: dict[str, Any], source: str) -> tuple[str, ...]:
+    """``[queue] shards``: a non-empty list of postgresql:// DSNs."""
+    bad = set(queue) - {"shards"}
+    if bad:
+        raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [queue]; "
+                          "known keys: ['shards']")
+    shards = queue.get("shards", [DEFAULT_QUEUE_SHARD])
+    if (not isinstance(shards, list) or not shards
+            or not all(isinstance(s, str) and s.strip() for s in shards)):
+        raise ConfigError(f"{source}: [queue] shards must be a non-empty list of "
+                          'PostgreSQL URLs, such as ["postgresql://user@host:5432/db"]')
+    return tuple(s.strip() for s in shards)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a process needs to reach Kafka and Redis and to name things."""
@@ -81,6 +101,8 @@ class Settings:
     metrics_port: int = 0
     #: How long the scheduler remembers a record's success for the run-once guard.
     run_once_window_s: float = DEFAULT_RUN_ONCE_WINDOW_S
+    #: The queue source's PostgreSQL databases (``[queue] shards``), one per shard.
+    queue_shards: tuple[str, ...] = (DEFAULT_QUEUE_SHARD,)
 
     @property
     def names(self) -> Names:
@@ -136,16 +158,17 @@ class Settings:
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any], source: str = "config") -> Settings:
         """Settings from a parsed TOML document."""
-        unknown = set(doc) - {"asynctier", "kafka", "redis"}
+        unknown = set(doc) - {"asynctier", "kafka", "redis", "queue"}
         if unknown:
             raise ConfigError(
                 f"{source}: unknown table(s) {sorted(unknown)}; "
-                "expected [asynctier], [kafka], [redis]"
+                "expected [asynctier], [kafka], [redis], [queue]"
             )
         main = dict(doc.get("asynctier", {}))
         kafka = {str(k): str(v) for k, v in dict(doc.get("kafka", {})).items()}
         kafka.setdefault("bootstrap.servers", DEFAULT_KAFKA_BOOTSTRAP)
         redis = dict(doc.get("redis", {}))
+        queue_shards = _queue_shards(dict(doc.get("queue", {})), source)
         known = {"prefix", "data_dir", "allow_modules", "schedulers", "scheduler_listen",
                  "metrics_port", "run_once_window"}
         bad = set(main) - known
@@ -164,6 +187,7 @@ class Settings:
                 metrics_port=int(main.get("metrics_port", 0)),
                 run_once_window_s=_window(main.get("run_once_window",
                                                    DEFAULT_RUN_ONCE_WINDOW_S)),
+                queue_shards=queue_shards,
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {exc}") from exc
@@ -186,6 +210,8 @@ class Settings:
             changes["allow_modules"] = _split(env["ASYNCTIER_ALLOW_MODULES"])
         if env.get("ASYNCTIER_SCHEDULERS"):
             changes["schedulers"] = _split(env["ASYNCTIER_SCHEDULERS"])
+        if env.get("ASYNCTIER_QUEUE_SHARDS"):
+            changes["queue_shards"] = _split(env["ASYNCTIER_QUEUE_SHARDS"])
         if env.get("ASYNCTIER_SCHEDULER_LISTEN"):
             changes["scheduler_listen"] = env["ASYNCTIER_SCHEDULER_LISTEN"]
         return replace(self, **changes) if changes else self

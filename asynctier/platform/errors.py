@@ -36,7 +36,16 @@ class SchedulerUnavailable(AsynctierError):
 
 
 class ServiceError(AsynctierError):
-    """A local service (Kafka, Redis) could not be started, reached or stopped."""
+    """A local service (Kafka, Redis, PostgreSQL) could not be started, reached or stopped."""
+
+
+class QueueError(AsynctierError):
+    """A queue operation is refused (a bad topic, id, priority, payload...); the message
+    names the item and says what to fix."""
+
+
+class QueueUnavailable(AsynctierError):
+    """A queue shard (PostgreSQL) cannot be reached; the message names the shard."""
 
 
 #: The longest delay ``Retry(after=...)`` may ask for (365 days): the delay topics carry a

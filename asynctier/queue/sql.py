@@ -1,0 +1,194 @@
+"""The queue store's statements: one statement per batch operation.
+
+Time is always the database's (``asynctier_queue_now_ms()``, the statement's start), so
+producers, tailers and the clock that expires leases agree. A leased item's
+``deliver_after`` is its lease expiry: "ready" is ``deliver_after <= now`` alone, which
+the lease index (namespace, topic, priority DESC, deliver_after, seq) serves.
+"""
+
+from __future__ import annotations
+
+ITEMS = "asynctier_queue_items"
+DEAD = "asynctier_queue_dead"
+TOPICS = "asynctier_queue_topics"
+NOW = "asynctier_queue_now_ms()"
+
+#: The error of an item that died because its last attempt's lease ran out.
+LEASE_RAN_OUT = "its lease ran out on its last attempt (the scheduler running it died?)"
+
+_BURY = f"""
+INSERT INTO {DEAD} (namespace, topic, id, priority, payload, headers, attempts,
+                    enqueued_ms, reason, error, dead_ms)
+SELECT namespace, topic, id, priority, payload, headers, attempts, enqueued_ms,
+       reason, error, {NOW} FROM removed
+ON CONFLICT (namespace, topic, id) DO UPDATE SET
+    priority = EXCLUDED.priority, payload = EXCLUDED.payload, headers = EXCLUDED.headers,
+    attempts = EXCLUDED.attempts, enqueued_ms = EXCLUDED.enqueued_ms,
+    reason = EXCLUDED.reason, error = EXCLUDED.error, dead_ms = EXCLUDED.dead_ms
+RETURNING id
+"""
+
+ENQUEUE = f"""
+WITH input AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(topics)s::text[], %(priorities)s::int[],
+                         %(after)s::bigint[], %(payloads)s::bytea[], %(headers)s::text[],
+                         %(ttl_ms)s::bigint[])
+        WITH ORDINALITY AS t(id, topic, priority, deliver_after, payload, headers, ttl_ms, ord)
+), seen AS (
+    INSERT INTO {TOPICS} (namespace, topic)
+    SELECT DISTINCT %(ns)s::text, topic FROM input
+    ON CONFLICT DO NOTHING
+)
+INSERT INTO {ITEMS} (namespace, topic, id, priority, deliver_after, payload, headers,
+                     enqueued_ms, expires_ms)
+SELECT %(ns)s, topic, id, priority, COALESCE(deliver_after, {NOW}), payload,
+       headers::jsonb, {NOW}, {NOW} + ttl_ms
+FROM input ORDER BY ord
+ON CONFLICT DO NOTHING
+RETURNING topic, id
+"""
+
+LEASE = f"""
+WITH picked AS (
+    SELECT id, deliver_after, attempts, lease_owner, expires_ms, last_error
+    FROM {ITEMS}
+    WHERE namespace = %(ns)s AND topic = %(topic)s AND deliver_after <= {NOW}
+    ORDER BY priority DESC, deliver_after, seq
+    LIMIT %(n)s
+    FOR UPDATE SKIP LOCKED
+), doomed AS (
+    SELECT id,
+           CASE WHEN expires_ms <= {NOW} THEN 'expired' ELSE 'max_attempts' END AS reason,
+           CASE WHEN expires_ms <= {NOW} THEN 'its time to live ran out before it was leased'
+                WHEN lease_owner IS NOT NULL THEN '{LEASE_RAN_OUT}'
+                ELSE last_error END AS error
+    FROM picked
+    WHERE expires_ms <= {NOW} OR attempts >= %(max_attempts)s::int
+), removed AS (
+    DELETE FROM {ITEMS} i USING doomed d
+    WHERE i.namespace = %(ns)s AND i.topic = %(topic)s AND i.id = d.id
+    RETURNING i.*, d.reason, d.error
+), buried AS ({_BURY})
+UPDATE {ITEMS} i
+SET attempts = i.attempts + 1, lease_owner = %(owner)s,
+    lease_expires = {NOW} + %(lease_ms)s, deliver_after = {NOW} + %(lease_ms)s
+FROM picked p
+WHERE i.namespace = %(ns)s AND i.topic = %(topic)s AND i.id = p.id
+  AND p.id NOT IN (SELECT id FROM doomed)
+RETURNING i.id, i.payload, i.headers, i.priority, i.attempts, i.enqueued_ms,
+          p.deliver_after, i.lease_expires, i.seq
+"""
+
+ACK = f"""
+DELETE FROM {ITEMS}
+WHERE namespace = %(ns)s AND topic = %(topic)s AND id = ANY(%(ids)s::text[])
+  AND lease_owner = %(owner)s
+RETURNING id
+"""
+
+NACK = f"""
+UPDATE {ITEMS} i
+SET deliver_after = {NOW} + n.delay_ms, lease_owner = NULL, lease_expires = NULL,
+    attempts = GREATEST(0, i.attempts - CASE WHEN n.spend THEN 0 ELSE 1 END),
+    last_error = CASE WHEN n.error = '' THEN i.last_error ELSE n.error END
+FROM unnest(%(ids)s::text[], %(delay_ms)s::bigint[], %(spend)s::bool[], %(errors)s::text[])
+     AS n(id, delay_ms, spend, error)
+WHERE i.namespace = %(ns)s AND i.topic = %(topic)s AND i.id = n.id
+  AND i.lease_owner = %(owner)s
+RETURNING i.id
+"""
+
+BURY = f"""
+WITH removed AS (
+    DELETE FROM {ITEMS} i
+    USING unnest(%(ids)s::text[], %(reasons)s::text[], %(errors)s::text[]) AS d(id, reason, error)
+    WHERE i.namespace = %(ns)s AND i.topic = %(topic)s AND i.id = d.id
+      AND i.lease_owner = %(owner)s
+    RETURNING i.*, d.reason, d.error
+){_BURY}
+"""
+
+EXTEND = f"""
+UPDATE {ITEMS}
+SET lease_expires = {NOW} + %(lease_ms)s, deliver_after = {NOW} + %(lease_ms)s
+WHERE namespace = %(ns)s AND topic = %(topic)s AND id = ANY(%(ids)s::text[])
+  AND lease_owner = %(owner)s
+RETURNING id
+"""
+
+GET_LIVE = f"""
+SELECT id, priority, payload, headers, attempts, enqueued_ms, deliver_after, lease_owner,
+       lease_expires, expires_ms, last_error, {NOW}
+FROM {ITEMS} WHERE namespace = %s AND topic = %s AND id = %s
+"""
+
+GET_DEAD = f"""
+SELECT id, priority, payload, headers, attempts, enqueued_ms, reason, error, dead_ms
+FROM {DEAD} WHERE namespace = %s AND topic = %s AND id = %s
+"""
+
+CANCEL = f"""
+WITH a AS (DELETE FROM {ITEMS} WHERE namespace = %(ns)s AND topic = %(topic)s
+           AND id = %(id)s RETURNING 1),
+     b AS (DELETE FROM {DEAD} WHERE namespace = %(ns)s AND topic = %(topic)s
+           AND id = %(id)s RETURNING 1)
+SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM b)
+"""
+
+COUNTS = f"""
+WITH clock AS (SELECT {NOW} AS ms),
+live AS (
+    SELECT topic,
+           count(*) FILTER (WHERE deliver_after <= clock.ms) AS ready,
+           count(*) FILTER (WHERE deliver_after > clock.ms AND lease_owner IS NULL) AS delayed,
+           count(*) FILTER (WHERE deliver_after > clock.ms AND lease_owner IS NOT NULL)
+               AS leased,
+           min(deliver_after) FILTER (WHERE deliver_after <= clock.ms) AS oldest
+    FROM {ITEMS}, clock
+    WHERE namespace = %(ns)s AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+    GROUP BY topic
+), dead AS (
+    SELECT topic, count(*) AS dead FROM {DEAD}
+    WHERE namespace = %(ns)s AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+    GROUP BY topic
+), known AS (
+    SELECT topic FROM {TOPICS}
+    WHERE namespace = %(ns)s AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+    UNION SELECT topic FROM live UNION SELECT topic FROM dead
+)
+SELECT k.topic, COALESCE(l.ready, 0), COALESCE(l.delayed, 0), COALESCE(l.leased, 0),
+       COALESCE(d.dead, 0), COALESCE((clock.ms - l.oldest) / 1000.0, 0)
+FROM known k LEFT JOIN live l USING (topic) LEFT JOIN dead d USING (topic), clock
+ORDER BY k.topic
+"""
+
+DEAD_ITEMS = f"""
+SELECT id, priority, payload, headers, attempts, enqueued_ms, reason, error, dead_ms
+FROM {DEAD} WHERE namespace = %s AND topic = %s
+ORDER BY dead_ms, id LIMIT %s
+"""
+
+REPLAY = f"""
+WITH pick AS (
+    SELECT d.id FROM {DEAD} d
+    WHERE d.namespace = %(ns)s AND d.topic = %(topic)s
+      AND (%(ids)s::text[] IS NULL OR d.id = ANY(%(ids)s::text[]))
+      AND NOT EXISTS (SELECT 1 FROM {ITEMS} i
+                      WHERE i.namespace = d.namespace AND i.topic = d.topic AND i.id = d.id)
+    ORDER BY d.dead_ms, d.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    DELETE FROM {DEAD} d USING pick p
+    WHERE d.namespace = %(ns)s AND d.topic = %(topic)s AND d.id = p.id
+    RETURNING d.*
+)
+INSERT INTO {ITEMS} (namespace, topic, id, priority, deliver_after, payload, headers,
+                     attempts, enqueued_ms, last_error)
+SELECT namespace, topic, id, priority, {NOW}, payload, headers, 0, enqueued_ms, error
+FROM moved ORDER BY dead_ms, id
+ON CONFLICT DO NOTHING
+RETURNING id
+"""
+
+TOPICS_ALL = f"SELECT namespace, topic FROM {TOPICS} ORDER BY namespace, topic"

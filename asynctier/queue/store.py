@@ -1,0 +1,363 @@
+"""One queue shard: a PostgreSQL database holding items, leases and dead items.
+
+Every operation is batched: one statement (or one pipelined transaction, for
+``resolve``) per call, whatever the number of items. Leases are non-blocking (``FOR UPDATE
+SKIP LOCKED``): many owners lease from one topic and never get the same item at once.
+
+An item is *ready* when its ``deliver_after`` has passed; leasing it sets
+``deliver_after`` to the lease's expiry, so an item whose lease ran out is ready again by
+itself (and its next lease counts as an attempt). Acked items are deleted in the resolve
+transaction; the table's autovacuum settings (migration 0001) keep its dead tuples
+bounded.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from asynctier.platform.errors import QueueError, QueueUnavailable
+from asynctier.queue import sql
+from asynctier.queue.dsn import redact_dsn
+from asynctier.queue.items import (
+    MAX_LEASE_BATCH,
+    Dead,
+    DeadItem,
+    EnqueueResult,
+    Header,
+    ItemInfo,
+    Leased,
+    Nack,
+    NewItem,
+    Resolved,
+    State,
+    TopicCounts,
+    check_id,
+    check_namespace,
+    check_new_item,
+    check_seconds,
+    check_topic,
+)
+from asynctier.queue.migrate import migrate
+
+log = logging.getLogger(__name__)
+
+Conn = psycopg.Connection[TupleRow]
+#: How long an operation waits for a connection before saying the shard is down.
+DEFAULT_TIMEOUT_S = 5.0
+
+
+class QueueStore:
+    """The queue on ONE PostgreSQL database (a shard), through a pool of connections.
+
+    Nothing connects at construction: the pool connects in the background and the
+    migrations run before the first operation. When PostgreSQL is down an operation
+    raises :class:`QueueUnavailable` naming the shard, after at most ``timeout_s``; the
+    pool reconnects by itself when it is back.
+    """
+
+    def __init__(self, dsn: str, pool_size: int = 4,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.dsn = dsn
+        self.name = redact_dsn(dsn)
+        self.timeout_s = timeout_s
+        self._pool: ConnectionPool[Conn] = ConnectionPool(
+            dsn, min_size=1, max_size=pool_size, open=True, timeout=timeout_s,
+            check=ConnectionPool.check_connection, name=self.name,
+            kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout_s)),
+                    "application_name": "asynctier-queue"},
+        )
+        self._migrated = False
+        self._migrate_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Close every connection."""
+        self._pool.close()
+
+    def __enter__(self) -> QueueStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"QueueStore({self.name!r})"
+
+    # ----------------------------------------------------------------- connections
+
+    @contextmanager
+    def _conn(self) -> Iterator[Conn]:
+        """A pooled connection; a connection failure becomes QueueUnavailable."""
+        try:
+            with self._pool.connection() as conn:
+                if not self._migrated:
+                    self._migrate(conn)
+                yield conn
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise QueueUnavailable(
+                f"queue shard {self.name} is unavailable ({_first_line(exc)}): is its "
+                f"PostgreSQL running? Operations work again once it answers") from exc
+
+    def _migrate(self, conn: Conn) -> None:
+        with self._migrate_lock:
+            if not self._migrated:
+                applied = migrate(conn)
+                if applied:
+                    log.info("queue shard %s: applied migrations %s", self.name, applied)
+                self._migrated = True
+
+    def migrate(self) -> None:
+        """Apply the schema's migrations now (done before the first operation anyway)."""
+        with self._conn():
+            pass
+
+    # ----------------------------------------------------------------- producing
+
+    def enqueue(self, namespace: str, items: Sequence[NewItem]) -> list[EnqueueResult]:
+        """Add items (one statement); an id already there is left as it is and reported
+        ``created=False``. Every item is checked first: one bad item refuses the call."""
+        check_namespace(namespace)
+        for position, item in enumerate(items):
+            check_new_item(item, position)
+        if not items:
+            return []
+        ids = [item.id or uuid.uuid4().hex for item in items]
+        params = {
+            "ns": namespace, "ids": ids, "topics": [i.topic for i in items],
+            "priorities": [i.priority for i in items],
+            "after": [i.deliver_after_ms for i in items],
+            "payloads": [bytes(i.payload) for i in items],
+            "headers": [encode_headers(i.headers) for i in items],
+            "ttl_ms": [None if i.ttl_s is None else round(i.ttl_s * 1000) for i in items],
+        }
+        with self._conn() as conn:
+            created = {(t, i) for t, i in conn.execute(sql.ENQUEUE, params).fetchall()}
+        results = []
+        for item, item_id in zip(items, ids, strict=True):
+            key = (item.topic, item_id)
+            results.append(EnqueueResult(item_id, key in created))
+            created.discard(key)  # the same id twice in one batch: only the first is new
+        return results
+
+    # ----------------------------------------------------------------- consuming
+
+    def lease(self, namespace: str, topic: str, n: int, lease_s: float, owner: str,
+              max_attempts: int | None = None) -> list[Leased]:
+        """Lease up to ``n`` ready items for ``lease_s`` seconds, highest priority first,
+        then earliest ``deliver_after``, then enqueue order; items leased by others are
+        skipped. With ``max_attempts``, an item that has had that many attempts (its last
+        lease ran out) goes to the dead items instead (so fewer than ``n`` may come back
+        while items are ready)."""
+        _check_topic_args(namespace, topic)
+        if not isinstance(n, int) or not 1 <= n <= MAX_LEASE_BATCH:
+            raise QueueError(f"lease of {n!r} items from {topic!r}: ask for 1 to "
+                             f"{MAX_LEASE_BATCH} at a time")
+        _check_lease(lease_s, topic)
+        if max_attempts is not None and max_attempts < 1:
+            raise QueueError(f"max_attempts={max_attempts} for {topic!r}: give 1 or more "
+                             "(or None for no limit)")
+        params = {"ns": namespace, "topic": topic, "n": n, "owner": owner,
+                  "lease_ms": round(lease_s * 1000), "max_attempts": max_attempts}
+        with self._conn() as conn:
+            rows = conn.execute(sql.LEASE, params).fetchall()
+        rows.sort(key=lambda r: (-r[3], r[6], r[8]))
+        return [Leased(id=r[0], namespace=namespace, topic=topic, payload=r[1],
+                       headers=decode_headers(r[2]), priority=r[3], attempt=r[4],
+                       enqueued_ms=r[5], deliver_after_ms=r[6], lease_expires_ms=r[7])
+                for r in rows]
+
+    def resolve(self, namespace: str, topic: str, owner: str, acks: Sequence[str] = (),
+                nacks: Sequence[Nack] = (), deads: Sequence[Dead] = ()) -> Resolved:
+        """Apply a batch's outcomes in one transaction: acks delete, nacks make the item
+        ready again after their delay (the attempt given back when ``spend_attempt`` is
+        False), deads move it to the dead items. Only items ``owner`` still leases are
+        touched; the others are listed in ``not_held``."""
+        _check_topic_args(namespace, topic)
+        wanted = [*acks, *(n.id for n in nacks), *(d.id for d in deads)]
+        _check_distinct(wanted, topic)
+        for nack in nacks:
+            check_seconds(nack.delay_s, "delay_s", f"nack of {nack.id!r} in {topic!r}: ")
+        if not wanted:
+            return Resolved()
+        base = {"ns": namespace, "topic": topic, "owner": owner}
+        statements: list[tuple[str, dict[str, Any]]] = []
+        if acks:
+            statements.append((sql.ACK, {**base, "ids": list(acks)}))
+        if nacks:
+            statements.append((sql.NACK, {**base, "ids": [n.id for n in nacks],
+                                          "delay_ms": [round(n.delay_s * 1000) for n in nacks],
+                                          "spend": [n.spend_attempt for n in nacks],
+                                          "errors": [_text(n.error) for n in nacks]}))
+        if deads:
+            statements.append((sql.BURY, {**base, "ids": [d.id for d in deads],
+                                          "reasons": [_text(d.reason) for d in deads],
+                                          "errors": [_text(d.error) for d in deads]}))
+        with self._conn() as conn:
+            with conn.pipeline(), conn.transaction():
+                cursors = [conn.execute(query, params) for query, params in statements]
+            done = [{row[0] for row in cursor.fetchall()} for cursor in cursors]
+        counts = iter(done)
+        acked = next(counts) if acks else set()
+        nacked = next(counts) if nacks else set()
+        buried = next(counts) if deads else set()
+        held = acked | nacked | buried
+        return Resolved(acked=len(acked), nacked=len(nacked), dead=len(buried),
+                        not_held=tuple(i for i in wanted if i not in held))
+
+    def extend_lease(self, namespace: str, topic: str, owner: str, ids: Sequence[str],
+                     lease_s: float) -> list[str]:
+        """Lease these items for ``lease_s`` more seconds from now; returns the ids
+        ``owner`` still held (and so extended)."""
+        _check_topic_args(namespace, topic)
+        _check_lease(lease_s, topic)
+        if not ids:
+            return []
+        params = {"ns": namespace, "topic": topic, "owner": owner, "ids": list(ids),
+                  "lease_ms": round(lease_s * 1000)}
+        with self._conn() as conn:
+            held = {row[0] for row in conn.execute(sql.EXTEND, params).fetchall()}
+        return [i for i in ids if i in held]
+
+    # ----------------------------------------------------------------- looking
+
+    def get(self, namespace: str, topic: str, item_id: str) -> ItemInfo | None:
+        """One item in whatever state it is (dead too), or None."""
+        _check_topic_args(namespace, topic)
+        with self._conn() as conn:
+            live = conn.execute(sql.GET_LIVE, (namespace, topic, item_id)).fetchone()
+            dead = None if live else conn.execute(
+                sql.GET_DEAD, (namespace, topic, item_id)).fetchone()
+        if live is not None:
+            return _live_info(namespace, topic, live)
+        if dead is not None:
+            d = _dead_item(namespace, topic, dead)
+            return ItemInfo(id=d.id, namespace=namespace, topic=topic, state="dead",
+                            priority=d.priority, payload=d.payload, headers=d.headers,
+                            attempts=d.attempts, enqueued_ms=d.enqueued_ms, reason=d.reason,
+                            last_error=d.error, dead_ms=d.dead_ms)
+        return None
+
+    def cancel(self, namespace: str, topic: str, item_id: str) -> bool:
+        """Delete one item, live or dead (a leased one too: its owner's resolve then finds
+        it not held); True when there was one."""
+        _check_topic_args(namespace, topic)
+        with self._conn() as conn:
+            row = conn.execute(sql.CANCEL, {"ns": namespace, "topic": topic,
+                                            "id": item_id}).fetchone()
+        return bool(row and row[0])
+
+    def counts(self, namespace: str, topic: str | None = None) -> list[TopicCounts]:
+        """Ready, delayed, leased and dead items and the oldest ready item's age, per
+        topic of ``namespace`` (or of ``topic`` alone). Reads every item of the topics:
+        for dashboards and the CLI, not for each batch."""
+        check_namespace(namespace)
+        if topic is not None:
+            check_topic(topic)
+        with self._conn() as conn:
+            rows = conn.execute(sql.COUNTS, {"ns": namespace, "topic": topic}).fetchall()
+        return [TopicCounts(namespace, r[0], r[1], r[2], r[3], r[4], float(r[5]))
+                for r in rows]
+
+    def dead_items(self, namespace: str, topic: str, limit: int = 100) -> list[DeadItem]:
+        """The dead items of a topic, oldest death first."""
+        _check_topic_args(namespace, topic)
+        with self._conn() as conn:
+            rows = conn.execute(sql.DEAD_ITEMS, (namespace, topic, limit)).fetchall()
+        return [_dead_item(namespace, topic, r) for r in rows]
+
+    def replay(self, namespace: str, topic: str, limit: int | None = None,
+               ids: Sequence[str] | None = None) -> int:
+        """Move dead items back to ready, attempts reset, oldest death first (only
+        ``ids`` when given); returns how many. A dead item whose id is live again (it was
+        enqueued anew) stays dead."""
+        _check_topic_args(namespace, topic)
+        params = {"ns": namespace, "topic": topic, "limit": limit,
+                  "ids": None if ids is None else list(ids)}
+        with self._conn() as conn:
+            return len(conn.execute(sql.REPLAY, params).fetchall())
+
+    def topics(self) -> list[tuple[str, str]]:
+        """Every (namespace, topic) this shard has had items for."""
+        with self._conn() as conn:
+            return [(r[0], r[1]) for r in conn.execute(sql.TOPICS_ALL).fetchall()]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def encode_headers(headers: Sequence[Header]) -> str | None:
+    """Headers as JSON text ``[[name, base64 or null], ...]``; None when there are none."""
+    if not headers:
+        return None
+    return json.dumps([[name, None if value is None else base64.b64encode(value).decode()]
+                       for name, value in headers])
+
+
+def decode_headers(doc: Any) -> tuple[Header, ...]:
+    """The stored headers back as (name, bytes or None) pairs."""
+    if not doc:
+        return ()
+    return tuple((name, None if value is None else base64.b64decode(value))
+                 for name, value in doc)
+
+
+def _live_info(namespace: str, topic: str, r: tuple[Any, ...]) -> ItemInfo:
+    (item_id, priority, payload, headers, attempts, enqueued_ms, deliver_after, owner,
+     lease_expires, expires_ms, last_error, now_ms) = r
+    state: State = "ready"
+    if deliver_after > now_ms:
+        state = "leased" if owner is not None else "delayed"
+    return ItemInfo(id=item_id, namespace=namespace, topic=topic, state=state,
+                    priority=priority, payload=payload, headers=decode_headers(headers),
+                    attempts=attempts, enqueued_ms=enqueued_ms, deliver_after_ms=deliver_after,
+                    lease_owner=owner, lease_expires_ms=lease_expires, expires_ms=expires_ms,
+                    last_error=last_error)
+
+
+def _dead_item(namespace: str, topic: str, r: tuple[Any, ...]) -> DeadItem:
+    item_id, priority, payload, headers, attempts, enqueued_ms, reason, error, dead_ms = r
+    return DeadItem(id=item_id, namespace=namespace, topic=topic, priority=priority,
+                    payload=payload, headers=decode_headers(headers), attempts=attempts,
+                    enqueued_ms=enqueued_ms, reason=reason, error=error, dead_ms=dead_ms)
+
+
+def _check_topic_args(namespace: str, topic: str) -> None:
+    check_namespace(namespace)
+    check_topic(topic)
+
+
+def _check_lease(lease_s: float, topic: str) -> None:
+    check_seconds(lease_s, "lease_s", f"lease on {topic!r}: ")
+    if lease_s < 0.001:
+        raise QueueError(f"lease on {topic!r}: lease_s={lease_s!r} is too short; give at "
+                         "least 1 ms (usually seconds: the time a batch may take)")
+
+
+def _check_distinct(ids: Sequence[str], topic: str) -> None:
+    for item_id in ids:
+        check_id(item_id, f"resolve in {topic!r}: ")
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        twice = sorted({i for i in ids if i in seen or seen.add(i)})  # type: ignore[func-returns-value]
+        raise QueueError(f"resolve in {topic!r}: ids {twice[:5]} appear more than once among "
+                         "the acks, nacks and deads; give each item one outcome")
+
+
+def _text(text: str) -> str:
+    """An error or reason as PostgreSQL text stores it (no NUL characters)."""
+    return text.replace("\x00", "\ufffd")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,313 @@
+"""The queue store against a real PostgreSQL: ordering, leases, outcomes, dead items."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import psycopg
+import pytest
+
+from asynctier.platform.errors import QueueError
+from asynctier.queue import (
+    MAX_PAYLOAD_BYTES,
+    Dead,
+    Leased,
+    Nack,
+    NewItem,
+    QueueStore,
+)
+from asynctier.queue.sql import LEASE_RAN_OUT
+from tests.helpers import wait_until
+
+TOPIC = "jobs"
+
+
+def db_now_ms(store: QueueStore) -> int:
+    with psycopg.connect(store.dsn) as conn:
+        row = conn.execute("SELECT asynctier_queue_now_ms()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def fill(store: QueueStore, ns: str, count: int, topic: str = TOPIC, **kw: object) -> list[str]:
+    ids = [f"i{n}" for n in range(count)]
+    for start in range(0, count, 1000):
+        batch = [NewItem(topic, f"p{n}".encode(), id=f"i{n}", **kw)  # type: ignore[arg-type]
+                 for n in range(start, min(count, start + 1000))]
+        assert all(r.created for r in store.enqueue(ns, batch))
+    return ids
+
+
+def lease_one(store: QueueStore, ns: str, lease_s: float = 30, owner: str = "a",
+              **kw: object) -> Leased:
+    got = store.lease(ns, TOPIC, 1, lease_s, owner, **kw)  # type: ignore[arg-type]
+    assert len(got) == 1, got
+    return got[0]
+
+
+def test_lease_order_is_priority_then_deliver_after_then_enqueue_order(
+        queue_store: QueueStore, queue_namespace: str) -> None:
+    past = db_now_ms(queue_store) - 60_000
+    items = [NewItem(TOPIC, b"", id="low", priority=-5, deliver_after_ms=past),
+             NewItem(TOPIC, b"", id="mid-late", priority=0, deliver_after_ms=past + 2000),
+             NewItem(TOPIC, b"", id="mid-b", priority=0, deliver_after_ms=past + 1000),
+             NewItem(TOPIC, b"", id="mid-c", priority=0, deliver_after_ms=past + 1000),
+             NewItem(TOPIC, b"", id="high", priority=1000, deliver_after_ms=past + 5000),
+             NewItem(TOPIC, b"", id="mid-a", priority=0, deliver_after_ms=past)]
+    queue_store.enqueue(queue_namespace, items)
+    queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"", id="mid-d", priority=0,
+                                                  deliver_after_ms=past + 1000)])
+    order = [queue_store.lease(queue_namespace, TOPIC, 1, 30, "a")[0].id for _ in range(7)]
+    assert order == ["high", "mid-a", "mid-b", "mid-c", "mid-d", "mid-late", "low"]
+    assert queue_store.lease(queue_namespace, TOPIC, 10, 30, "a") == []
+
+
+def test_a_batch_lease_comes_back_in_lease_order(queue_store: QueueStore,
+                                                 queue_namespace: str) -> None:
+    queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"", id=str(p), priority=p)
+                                          for p in (3, -1, 7, 0)])
+    got = queue_store.lease(queue_namespace, TOPIC, 10, 30, "a")
+    assert [g.id for g in got] == ["7", "3", "0", "-1"]
+    assert all(g.attempt == 1 and g.namespace == queue_namespace for g in got)
+
+
+def test_deliver_after_is_respected(queue_store: QueueStore, queue_namespace: str) -> None:
+    due = db_now_ms(queue_store) + 1500
+    queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"x", id="later",
+                                                  deliver_after_ms=due)])
+    assert queue_store.lease(queue_namespace, TOPIC, 5, 30, "a") == []
+    [counts] = queue_store.counts(queue_namespace, TOPIC)
+    assert (counts.ready, counts.delayed) == (0, 1)
+    got = wait_until(lambda: queue_store.lease(queue_namespace, TOPIC, 5, 30, "a"), 10,
+                     "the delayed item leased")
+    assert db_now_ms(queue_store) >= due
+    assert got[0].deliver_after_ms == due
+
+
+@pytest.mark.parametrize("workers", [4])
+def test_concurrent_leases_never_share_an_item(queue_store: QueueStore, queue_namespace: str,
+                                               workers: int) -> None:
+    ids = set(fill(queue_store, queue_namespace, 4000))
+    leased: list[list[str]] = [[] for _ in range(workers)]
+    start = threading.Barrier(workers)
+
+    def work(n: int) -> None:
+        start.wait()
+        while got := queue_store.lease(queue_namespace, TOPIC, 50, 300, f"owner{n}"):
+            leased[n].extend(g.id for g in got)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    everything = [i for part in leased for i in part]
+    assert len(everything) == len(set(everything)) == len(ids)
+    assert set(everything) == ids
+    assert sum(1 for part in leased if part) >= 2, [len(p) for p in leased]
+
+
+def test_an_expired_lease_is_leased_again_as_a_new_attempt(queue_store: QueueStore,
+                                                           queue_namespace: str) -> None:
+    queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"x", id="e")])
+    first = lease_one(queue_store, queue_namespace, lease_s=0.3, owner="old")
+    assert first.attempt == 1
+    assert queue_store.lease(queue_namespace, TOPIC, 1, 30, "new") == []
+    [counts] = queue_store.counts(queue_namespace, TOPIC)
+    assert counts.leased == 1
+    again = wait_until(lambda: queue_store.lease(queue_namespace, TOPIC, 1, 30, "new"), 10,
+                       "the item leased again after its lease ran out")
+    assert again[0].attempt == 2
+    stale = queue_store.resolve(queue_namespace, TOPIC, "old", acks=["e"])
+    assert (stale.acked, stale.not_held) == (0, ("e",))
+    assert queue_store.extend_lease(queue_namespace, TOPIC, "old", ["e"], 30) == []
+    assert queue_store.resolve(queue_namespace, TOPIC, "new", acks=["e"]).acked == 1
+    assert queue_store.get(queue_namespace, TOPIC, "e") is None
+
+
+def test_max_attempts_moves_an_item_whose_last_lease_ran_out_to_dead(
+        queue_store: QueueStore, queue_namespace: str) -> None:
+    queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"x", id="m")])
+    for attempt in (1, 2):
+        got = wait_until(lambda: queue_store.lease(queue_namespace, TOPIC, 1, 0.2, "a",
+                                                   max_attempts=2), 10, "a lease")
+        assert (got[0].id, got[0].attempt) == ("m", attempt)
+    wait_until(lambda: db_now_ms(queue_store) > got[0].lease_expires_ms, 5, "lease expired")
+    queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"y", id="y")])
+    rest = queue_store.lease(queue_namespace, TOPIC, 5, 30, "a", max_attempts=2)
+    assert [r.id for r in rest] == ["y"]
+    info = queue_store.get(queue_namespace, TOPIC, "m")
+    assert info is not None and info.state == "dead"
+    assert (info.reason, info.last_error, info.attempts) == ("max_attempts", LEASE_RAN_OUT, 2)
+    [counts] = queue_store.counts(queue_namespace, TOPIC)
+    assert (counts.dead, counts.leased) == (1, 1)
+
+
+def test_nack_spends_an_attempt_unless_told_not_to(queue_store: QueueStore,
+                                                   queue_namespace: str) -> None:
+    queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"x", id="n")])
+    lease_one(queue_store, queue_namespace)
+    done = queue_store.resolve(queue_namespace, TOPIC, "a",
+                               nacks=[Nack("n", 0, spend_attempt=True, error="boom")])
+    assert done.nacked == 1
+    assert lease_one(queue_store, queue_namespace).attempt == 2
+    queue_store.resolve(queue_namespace, TOPIC, "a", nacks=[Nack("n", 0, spend_attempt=False)])
+    assert lease_one(queue_store, queue_namespace).attempt == 2
+    info = queue_store.get(queue_namespace, TOPIC, "n")
+    assert info is not None and info.last_error == "boom"
+
+
+def test_a_nack_delay_keeps_the_item_back(queue_store: QueueStore, queue_namespace: str) -> None:
+    queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"x", id="d")])
+    lease_one(queue_store, queue_namespace)
+    before = db_now_ms(queue_store)
+    queue_store.resolve(queue_namespace, TOPIC, "a", nacks=[Nack("d", 1.0)])
+    assert queue_store.lease(queue_namespace, TOPIC, 1, 30, "a") == []
+    info = queue_store.get(queue_namespace, TOPIC, "d")
+    assert info is not None and info.state == "delayed" and info.lease_owner is None
+    assert info.deliver_after_ms is not None and info.deliver_after_ms >= before + 1000
+    wait_until(lambda: queue_store.lease(queue_namespace, TOPIC, 1, 30, "a"), 10, "ready again")
+    assert db_now_ms(queue_store) >= before + 1000
+
+
+def test_resolve_applies_a_whole_batch_and_names_what_was_not_held(
+        queue_store: QueueStore, queue_namespace: str) -> None:
+    fill(queue_store, queue_namespace, 6)
+    got = queue_store.lease(queue_namespace, TOPIC, 5, 30, "a")
+    ids = [g.id for g in got]
+    queue_store.cancel(queue_namespace, TOPIC, ids[4])
+    done = queue_store.resolve(queue_namespace, TOPIC, "a", acks=ids[:2],
+                               nacks=[Nack(ids[2], 60)],
+                               deads=[Dead(ids[3], "rejected", "bad\x00input"),
+                                      Dead(ids[4], "rejected")])
+    assert (done.acked, done.nacked, done.dead, done.not_held) == (2, 1, 1, (ids[4],))
+    [counts] = queue_store.counts(queue_namespace, TOPIC)
+    assert (counts.ready, counts.delayed, counts.leased, counts.dead) == (1, 1, 0, 1)
+    [dead] = queue_store.dead_items(queue_namespace, TOPIC)
+    assert (dead.id, dead.reason, dead.error, dead.attempts) == (
+        ids[3], "rejected", "bad\ufffdinput", 1)
+    with pytest.raises(QueueError, match="more than once"):
+        queue_store.resolve(queue_namespace, TOPIC, "a", acks=[ids[0]],
+                            deads=[Dead(ids[0], "x")])
+
+
+def test_extend_lease_keeps_an_item_leased(queue_store: QueueStore,
+                                           queue_namespace: str) -> None:
+    queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"x", id="x")])
+    first = lease_one(queue_store, queue_namespace, lease_s=0.5)
+    assert queue_store.extend_lease(queue_namespace, TOPIC, "a", ["x", "gone"], 30) == ["x"]
+    assert queue_store.extend_lease(queue_namespace, TOPIC, "b", ["x"], 30) == []
+    wait_until(lambda: db_now_ms(queue_store) > first.lease_expires_ms + 100, 5,
+               "the first lease's end passed")
+    assert queue_store.lease(queue_namespace, TOPIC, 1, 30, "b") == []
+    info = queue_store.get(queue_namespace, TOPIC, "x")
+    assert info is not None and info.state == "leased" and info.lease_owner == "a"
+
+
+def test_get_cancel_counts_dead_and_replay(queue_store: QueueStore,
+                                           queue_namespace: str) -> None:
+    queue_store.enqueue(queue_namespace, [
+        NewItem(TOPIC, b"body", id="g", priority=7, headers=[("k", b"v"), ("n", None)]),
+        NewItem(TOPIC, b"2", id="h"), NewItem("other", b"3", id="o")])
+    info = queue_store.get(queue_namespace, TOPIC, "g")
+    assert info is not None
+    assert (info.state, info.priority, info.payload, info.headers, info.attempts) == (
+        "ready", 7, b"body", (("k", b"v"), ("n", None)), 0)
+    assert queue_store.get(queue_namespace, TOPIC, "nope") is None
+    got = queue_store.lease(queue_namespace, TOPIC, 2, 30, "a")
+    queue_store.resolve(queue_namespace, TOPIC, "a",
+                        deads=[Dead(g.id, "rejected", f"error {g.id}") for g in got])
+    assert [d.id for d in queue_store.dead_items(queue_namespace, TOPIC)] == ["g", "h"]
+    by_topic = {c.topic: c for c in queue_store.counts(queue_namespace)}
+    assert (by_topic[TOPIC].dead, by_topic["other"].ready) == (2, 1)
+    assert by_topic["other"].oldest_ready_age_s >= 0
+    assert queue_store.replay(queue_namespace, TOPIC, ids=["h"]) == 1
+    again = lease_one(queue_store, queue_namespace)
+    assert (again.id, again.attempt) == ("h", 1)
+    assert queue_store.replay(queue_namespace, TOPIC, limit=5) == 1
+    assert queue_store.dead_items(queue_namespace, TOPIC) == []
+    assert queue_store.cancel(queue_namespace, TOPIC, "g")
+    assert not queue_store.cancel(queue_namespace, TOPIC, "g")
+    assert queue_store.cancel(queue_namespace, TOPIC, "h")  # a leased one
+    assert {(queue_namespace, TOPIC), (queue_namespace, "other")} <= set(queue_store.topics())
+
+
+def test_duplicate_ids_are_no_ops_that_say_so(queue_store: QueueStore,
+                                              queue_namespace: str) -> None:
+    first = queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"1", id="same"),
+                                                  NewItem(TOPIC, b"2", id="same"),
+                                                  NewItem(TOPIC, b"3")])
+    assert [r.created for r in first] == [True, False, True]
+    assert len(first[2].id) == 32
+    again = queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"4", id="same"),
+                                                  NewItem("elsewhere", b"5", id="same")])
+    assert [r.created for r in again] == [False, True]
+    info = queue_store.get(queue_namespace, TOPIC, "same")
+    assert info is not None and info.payload == b"1"
+
+
+def test_ttl_moves_an_unleased_item_to_dead(queue_store: QueueStore,
+                                            queue_namespace: str) -> None:
+    queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"x", id="t", ttl_s=0.2)])
+    info = queue_store.get(queue_namespace, TOPIC, "t")
+    assert info is not None and info.expires_ms is not None
+    expires = info.expires_ms
+    wait_until(lambda: db_now_ms(queue_store) > expires, 5, "the ttl passed")
+    assert queue_store.lease(queue_namespace, TOPIC, 1, 30, "a") == []
+    [dead] = queue_store.dead_items(queue_namespace, TOPIC)
+    assert dead.reason == "expired"
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: NewItem("bad topic", b""), "not a valid topic name"),
+    (lambda: NewItem(TOPIC, b"", priority=1001), "priority 1001 is out of range"),
+    (lambda: NewItem(TOPIC, b"", priority=-1001), "from -1000 to 1000"),
+    (lambda: NewItem(TOPIC, b"x" * (MAX_PAYLOAD_BYTES + 1)), "over the 1,048,576-byte limit"),
+    (lambda: NewItem(TOPIC, b"", id=""), "id '' is not valid"),
+    (lambda: NewItem(TOPIC, b"", id="x" * 201), "1 to 200 printable"),
+    (lambda: NewItem(TOPIC, b"", id="a\nb"), "printable"),
+    (lambda: NewItem(TOPIC, "text"), "give bytes"),  # type: ignore[arg-type]
+    (lambda: NewItem(TOPIC, b"", ttl_s=-1), "ttl_s -1 is not valid"),
+])
+def test_bad_items_are_refused_naming_the_item(
+        queue_store: QueueStore, queue_namespace: str, make: Callable[[], NewItem],
+        message: str) -> None:
+    good = NewItem(TOPIC, b"ok", id="good")
+    with pytest.raises(QueueError, match=message) as caught:
+        queue_store.enqueue(queue_namespace, [good, make()])
+    assert "item 1" in str(caught.value)
+    assert queue_store.get(queue_namespace, TOPIC, "good") is None  # nothing of the batch
+
+
+def test_bad_arguments_are_refused(queue_store: QueueStore, queue_namespace: str) -> None:
+    with pytest.raises(QueueError, match="namespace"):
+        queue_store.enqueue("bad namespace!", [])
+    with pytest.raises(QueueError, match="1 to 10000"):
+        queue_store.lease(queue_namespace, TOPIC, 0, 30, "a")
+    with pytest.raises(QueueError, match="lease_s"):
+        queue_store.lease(queue_namespace, TOPIC, 1, -1, "a")
+    with pytest.raises(QueueError, match="max_attempts"):
+        queue_store.lease(queue_namespace, TOPIC, 1, 30, "a", max_attempts=0)
+    with pytest.raises(QueueError, match="delay_s"):
+        queue_store.resolve(queue_namespace, TOPIC, "a", nacks=[Nack("x", float("nan"))])
+
+
+def test_a_payload_of_the_limit_and_binary_bytes_round_trip(
+        queue_store: QueueStore, queue_namespace: str) -> None:
+    payload = bytes(range(256)) * (MAX_PAYLOAD_BYTES // 256)
+    queue_store.enqueue(queue_namespace, [NewItem(TOPIC, payload, id="big")])
+    assert lease_one(queue_store, queue_namespace).payload == payload
+
+
+def test_enqueue_and_drain_are_batched(queue_store: QueueStore, queue_namespace: str) -> None:
+    """10,000 items in and out in well under the time 10,000 round trips would take."""
+    started = time.monotonic()
+    fill(queue_store, queue_namespace, 10_000)
+    drained = 0
+    while got := queue_store.lease(queue_namespace, TOPIC, 500, 30, "a"):
+        drained += queue_store.resolve(queue_namespace, TOPIC, "a",
+                                       acks=[g.id for g in got]).acked
+    assert drained == 10_000
+    assert time.monotonic() - started < 30
