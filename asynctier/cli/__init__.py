@@ -18,7 +18,7 @@ import click
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError
 
-COMMAND_MODULES = ("dev", "bindings", "run", "produce", "dlq", "lag", "quota", "demo")
+COMMAND_MODULES = ("dev", "bindings", "run", "produce", "dlq", "lag", "quota", "demo", "queue")
 
 
 class _Group(click.Group):

@@ -38,8 +38,9 @@ Header = tuple[str, bytes | None]
 @dataclass(frozen=True)
 class NewItem:
     """An item to enqueue. ``id=None``: the store makes one; ``deliver_after_ms=None``:
-    ready now; ``ttl_s``: dropped to the dead items (reason ``expired``) when not leased
-    within that many seconds of its enqueue."""
+    ready now, or ``delay_s`` after its enqueue by the database's clock when given;
+    ``ttl_s``: dropped to the dead items (reason ``expired``) when not leased within that
+    many seconds of its enqueue."""
 
     topic: str
     payload: bytes
@@ -48,6 +49,7 @@ class NewItem:
     deliver_after_ms: int | None = None
     headers: Sequence[Header] = ()
     ttl_s: float | None = None
+    delay_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,8 @@ def check_new_item(item: NewItem, position: int) -> None:
                          "enqueue their address")
     if item.ttl_s is not None:
         check_seconds(item.ttl_s, "ttl_s", where)
+    if item.delay_s is not None:
+        check_seconds(item.delay_s, "delay_s", where)
     if item.deliver_after_ms is not None and (
             not isinstance(item.deliver_after_ms, int) or item.deliver_after_ms < 0):
         raise QueueError(f"{where}deliver_after_ms {item.deliver_after_ms!r} is not valid: "

@@ -1,0 +1,237 @@
+"""``asynctier enqueue TOPIC`` and ``asynctier queue stats | show | cancel | dead | replay |
+shards``: the queue source from the command line."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from asynctier.cli import settings_of
+from asynctier.platform.durations import parse_duration
+from asynctier.platform.progress import progress
+from asynctier.queue.admin import EnqueueReport, LineOptions, enqueue_lines, replay_at_rate
+from asynctier.queue.items import MAX_PRIORITY, MIN_PRIORITY
+from asynctier.queue.shards import ShardedQueue
+
+#: How many refused lines ``enqueue`` prints before it only counts them.
+SHOW_REFUSED = 50
+
+
+def _namespace_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--namespace", "-n", default="default", show_default=True,
+                        envvar="ASYNCTIER_QUEUE_NAMESPACE",
+                        help="The topic's namespace (a binding's tenant) "
+                             "[env ASYNCTIER_QUEUE_NAMESPACE].")(fn)
+
+
+def _queue(ctx: click.Context) -> ShardedQueue:
+    return ShardedQueue.from_settings(settings_of(ctx), pool_size=2)
+
+
+def _delay(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+@click.command()
+@click.argument("topic")
+@_namespace_option
+@click.option("--priority", type=click.IntRange(MIN_PRIORITY, MAX_PRIORITY), default=0,
+              show_default=True, help="Every item's priority (higher runs first).")
+@click.option("--delay", callback=_delay, help="Ready only after this long (30s, 5m).")
+@click.option("--id-field", help="Take each item's id from this JSON field (an item whose "
+                                 "id is there already is skipped).")
+@click.pass_context
+def enqueue(ctx: click.Context, topic: str, namespace: str, priority: int,
+            delay: float | None, id_field: str | None) -> None:
+    """Enqueue each JSON line of stdin as one item of TOPIC (its JSON text is the payload).
+
+    Bad lines (not JSON, over 1 MiB, a bad id) are refused with their line number and
+    the reason; the other lines are enqueued; the exit code is 1 when any was refused.
+    """
+    options = LineOptions(topic, priority, delay, id_field)
+    with _queue(ctx) as queue, progress() as bar:
+        task = bar.add_task(f"enqueueing to {topic}", total=None)
+
+        def tick(report: EnqueueReport) -> None:
+            bar.update(task, completed=report.created + report.existing)
+
+        report = enqueue_lines(queue, namespace, sys.stdin, options, tick=tick)
+    for _line, reason in report.refused[:SHOW_REFUSED]:
+        click.echo(f"refused: {reason}", err=True)
+    if len(report.refused) > SHOW_REFUSED:
+        click.echo(f"... and {len(report.refused) - SHOW_REFUSED} more refused line(s)",
+                   err=True)
+    click.echo(f"enqueued {report.created} item(s) to {namespace}/{topic}; "
+               f"{report.existing} already there (same id); "
+               f"{len(report.refused)} line(s) refused", err=True)
+    if report.refused:
+        sys.exit(1)
+
+
+@click.group()
+def queue() -> None:
+    """The queue source: counts, one item, cancel, dead items, replay, shards."""
+
+
+@queue.command()
+@click.argument("topic", required=False)
+@_namespace_option
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of objects.")
+@click.pass_context
+def stats(ctx: click.Context, topic: str | None, namespace: str, as_json: bool) -> None:
+    """Ready, delayed, leased and dead items and the oldest ready age, per topic."""
+    with _queue(ctx) as q:
+        rows = [{**dataclasses.asdict(c), "shard": q.shard_of(namespace, c.topic).name}
+                for c in q.counts(namespace, topic)]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("topic", "ready", "delayed", "leased", "dead", "oldest ready", "shard",
+                  title=f"queue {namespace}", title_justify="left")
+    for row in rows:
+        table.add_row(row["topic"], str(row["ready"]), str(row["delayed"]),
+                      str(row["leased"]), str(row["dead"]),
+                      f"{row['oldest_ready_age_s']:.1f}s", row["shard"])
+    Console(soft_wrap=not sys.stdout.isatty()).print(table)
+    if not rows:
+        click.echo(f"no queue topics in namespace {namespace}")
+
+
+def _payload_text(payload: bytes) -> tuple[str, str]:
+    try:
+        return "utf-8", payload.decode()
+    except UnicodeDecodeError:
+        return "base64", base64.b64encode(payload).decode()
+
+
+def _headers_json(headers: Any) -> list[dict[str, str | None]]:
+    return [{"name": name, "value": None if value is None else _payload_text(value)[1]}
+            for name, value in headers]
+
+
+@queue.command()
+@click.argument("topic")
+@click.argument("item_id", metavar="ID")
+@_namespace_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@click.pass_context
+def show(ctx: click.Context, topic: str, item_id: str, namespace: str, as_json: bool) -> None:
+    """One item, in whichever state it is (dead ones too); exit 1 when there is none."""
+    with _queue(ctx) as q:
+        info = q.get(namespace, topic, item_id)
+    if info is None:
+        click.echo(f"no item {item_id!r} in {namespace}/{topic}", err=True)
+        sys.exit(1)
+    doc = dataclasses.asdict(info)
+    doc["payload_encoding"], doc["payload"] = _payload_text(info.payload)
+    doc["headers"] = _headers_json(info.headers)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    for name, value in doc.items():
+        if name not in ("payload", "headers") and value not in (None, ""):
+            click.echo(f"{name + ':':18} {value}")
+    for header in doc["headers"]:
+        click.echo(f"header {header['name']}: {header['value']}")
+    click.echo(f"payload ({doc['payload_encoding']}, {len(info.payload):,} bytes):")
+    click.echo(doc["payload"])
+
+
+@queue.command()
+@click.argument("topic")
+@click.argument("item_id", metavar="ID")
+@_namespace_option
+@click.pass_context
+def cancel(ctx: click.Context, topic: str, item_id: str, namespace: str) -> None:
+    """Delete one item (live or dead); exit 1 when there is none."""
+    with _queue(ctx) as q:
+        gone = q.cancel(namespace, topic, item_id)
+    if not gone:
+        click.echo(f"no item {item_id!r} in {namespace}/{topic}", err=True)
+        sys.exit(1)
+    click.echo(f"cancelled {item_id!r} of {namespace}/{topic}")
+
+
+@queue.command()
+@click.argument("topic")
+@_namespace_option
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of objects.")
+@click.pass_context
+def dead(ctx: click.Context, topic: str, namespace: str, limit: int, as_json: bool) -> None:
+    """The dead items of TOPIC with their reason and last error, oldest death first."""
+    with _queue(ctx) as q:
+        items = q.dead_items(namespace, topic, limit)
+    rows = []
+    for item in items:
+        doc = dataclasses.asdict(item)
+        doc["payload_encoding"], doc["payload"] = _payload_text(item.payload)
+        doc["headers"] = _headers_json(item.headers)
+        rows.append(doc)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("id", "attempts", "reason", "error", "payload")
+    for row in rows:
+        table.add_row(row["id"], str(row["attempts"]), row["reason"],
+                      _short(row["error"], 60), _short(row["payload"], 40))
+    Console(soft_wrap=not sys.stdout.isatty()).print(table)
+    click.echo(f"{len(rows)} dead item(s) in {namespace}/{topic}")
+
+
+def _short(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@queue.command()
+@click.argument("topic")
+@_namespace_option
+@click.option("--limit", type=click.IntRange(min=1), help="Replay at most N items.")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True, max=1_000_000),
+              help="About N items a second at most.")
+@click.pass_context
+def replay(ctx: click.Context, topic: str, namespace: str, limit: int | None,
+           rate: float | None) -> None:
+    """Put dead items back as ready, attempts reset, oldest death first."""
+    with _queue(ctx) as q:
+        count = replay_at_rate(q, namespace, topic, limit, rate)
+    click.echo(f"replayed {count} dead item(s) of {namespace}/{topic}")
+
+
+@queue.command()
+@click.option("--json", "as_json", is_flag=True, help="A JSON object.")
+@click.pass_context
+def shards(ctx: click.Context, as_json: bool) -> None:
+    """The shards, and which shard holds which topic (and where each hashes to)."""
+    with _queue(ctx) as q:
+        names = [store.name for store in q.stores]
+        placement = q.placement()
+    doc = {"shards": names,
+           "topics": [{"namespace": ns, "topic": t, "shard": home, "held_on": on}
+                      for ns, t, home, on in placement]}
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    for name in names:
+        click.echo(f"shard {name}")
+    for ns, t, home, on in placement:
+        note = "" if on == [home] else f"  (items still on {', '.join(on)}: placed before " \
+                                       "the shards changed)"
+        click.echo(f"{ns}/{t} -> {home}{note}")
+
+
+COMMANDS = [enqueue, queue]
