@@ -196,15 +196,21 @@ def _rounds(results: QueueResults) -> list[str]:
 def _profile(results: QueueResults) -> list[str]:
     if results.profile is None:
         return []
-    lines = ["", "### Profile: py-spy during a queue drain (default binding)", "",
-             "Share of each process's GIL-holding samples (inclusive / self), top functions:",
-             ""]
-    for process, shares in results.profile.processes.items():
-        samples = results.profile.samples.get(process, 0)
+    return ["", *profile_lines(results.profile)]
+
+
+def profile_lines(profile: Profile, top: int = 12) -> list[str]:
+    """The profile's tables: each process's functions by their own (self) share of the
+    GIL-holding samples, with their inclusive share beside."""
+    lines = ["### Profile: py-spy during a queue drain (default binding)", "",
+             "Share of each process's GIL-holding samples, by the function itself (self) "
+             "and with what it calls (inclusive):", ""]
+    for process, shares in profile.processes.items():
+        samples = profile.samples.get(process, 0)
         lines += [f"**{process}** ({samples:,} samples)", "",
-                  "| function | inclusive | self |", "|---|---:|---:|"]
-        lines += [f"| `{s.function}` | {s.inclusive:.0%} | {s.self_:.0%} |"
-                  for s in shares[:15]]
+                  "| function | self | inclusive |", "|---|---:|---:|"]
+        lines += [f"| `{s.function}` | {s.self_:.0%} | {s.inclusive:.0%} |"
+                  for s in sorted(shares, key=lambda s: -s.self_)[:top]]
         lines.append("")
     return lines
 
