@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV := .venv
 ARGS ?=
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint bench bench-queue
 
 setup:
 	scripts/setup.sh
@@ -25,3 +25,7 @@ test: lint
 bench:
 	ASYNCTIER_EXTRAS=dev,bench scripts/setup.sh
 	$(VENV)/bin/python bench/run.py $(ARGS)
+
+bench-queue:
+	ASYNCTIER_EXTRAS=dev,bench scripts/setup.sh
+	$(VENV)/bin/python bench/queue_drain.py $(ARGS)

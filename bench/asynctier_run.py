@@ -78,6 +78,16 @@ class AsynctierRun:
         if done.returncode != 0:
             raise BenchError(f"asynctier bind failed:\n{done.stdout}{done.stderr}")
 
+    def bind_queue(self, name: str, topic: str, function: str, *extra: str) -> None:
+        """``asynctier bind NAME --queue T --function bench.noop:FUNCTION ...`` (the queue
+        shards come from ``ASYNCTIER_QUEUE_SHARDS`` in the run's environment)."""
+        argv = [sys.executable, "-m", "asynctier", "bind", name, "--queue", topic,
+                "--function", f"bench.noop:{function}", *extra]
+        done = subprocess.run(argv, env=self.env(), capture_output=True, text=True,
+                              timeout=120, cwd=REPO, check=False)
+        if done.returncode != 0:
+            raise BenchError(f"asynctier bind --queue failed:\n{done.stdout}{done.stderr}")
+
     def start(self) -> None:
         """Start the default ``asynctier run`` (scheduler, tailers, delay tailers)."""
         with open(self.log, "ab") as out:

@@ -33,7 +33,7 @@ import traceback  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
-from bench import asynctier_run, report, scenarios, spy  # noqa: E402
+from bench import asynctier_run, queue_report, report, scenarios, spy  # noqa: E402
 from bench.records import preload  # noqa: E402
 from bench.report import Results  # noqa: E402
 from bench.stack import Services, machine, services  # noqa: E402
@@ -275,7 +275,8 @@ def main(argv: list[str]) -> int:
     results.settings["wall time"] = f"{time.monotonic() - started:.0f} s"
     text = report.render(results)
     if args.out is not None:
-        args.out.write_text(text)
+        old = args.out.read_text() if args.out.exists() else ""
+        args.out.write_text(queue_report.keep_section(old, text))
         print(f"wrote {args.out}")
     else:
         print(text)

@@ -13,6 +13,7 @@ import datetime
 import os
 import platform
 import tempfile
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,3 +101,32 @@ def machine() -> Machine:
         python=platform.python_version(),
         when=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     )
+
+
+@dataclass(frozen=True)
+class Postgres:
+    """Where the benchmark's PostgreSQL is, whether this run started it, its postmaster."""
+
+    dsn: str
+    own: bool
+    pid: int | None
+
+
+@contextlib.contextmanager
+def postgres() -> Iterator[Postgres]:
+    """The run's PostgreSQL: the first of ``ASYNCTIER_QUEUE_SHARDS`` when set, else a server
+    started here on a free loopback port (``start_test_postgres``) and stopped after."""
+    shards = [s.strip() for s in os.environ.get("ASYNCTIER_QUEUE_SHARDS", "").split(",")
+              if s.strip()]
+    if shards:
+        port = urllib.parse.urlsplit(shards[0]).port or 5432
+        yield Postgres(shards[0], False, _pid_listening(port))
+        return
+    with tempfile.TemporaryDirectory(prefix="asynctier-bench-pg-") as tmp:
+        root = Path(tmp)
+        root.chmod(0o755)  # as root, the server runs as an unprivileged user
+        node = devstack.start_test_postgres(root)
+        try:
+            yield Postgres(node.dsn, True, node.daemon.pid())
+        finally:
+            node.stop()
