@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a machine for asynctier (Debian / Ubuntu):
-#   1. apt-get install what is missing: redis-server, prometheus, maven, a Java 17+ runtime
-#      (when not root it prints the exact command and stops);
+#   1. apt-get install what is missing: redis-server, postgresql (its server binaries, 15+),
+#      prometheus, maven, a Java 17+ runtime (when not root it prints the exact command
+#      and stops);
 #   2. a virtual environment in .venv with asynctier installed in editable mode;
 #   3. Kafka's jars fetched by Maven into ~/.cache/asynctier (once).
 # Environment: PYTHON (default python3, 3.11+), ASYNCTIER_EXTRAS (default "dev").
@@ -20,9 +21,20 @@ java_major() {
   java -version 2>&1 | sed -n 's/.*version "\([0-9][0-9]*\).*/\1/p' | head -n1
 }
 
+postgres_found() {
+  # True when PostgreSQL 15+ server binaries are there (Debian keeps them off PATH).
+  local bin version
+  for bin in /usr/lib/postgresql/*/bin/postgres; do
+    version=$(basename "$(dirname "$(dirname "$bin")")")
+    [ -x "$bin" ] && [ "$version" -ge 15 ] 2>/dev/null && return 0
+  done
+  command -v postgres >/dev/null 2>&1 && command -v initdb >/dev/null 2>&1
+}
+
 missing_packages() {
   local pkgs=()
   command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
+  postgres_found || pkgs+=(postgresql)
   command -v prometheus >/dev/null 2>&1 || pkgs+=(prometheus)
   command -v mvn >/dev/null 2>&1 || pkgs+=(maven)
   [ "$(java_major)" -ge 17 ] || pkgs+=(openjdk-17-jre-headless)

@@ -36,14 +36,15 @@ def mounts(service: dict[str, Any]) -> list[tuple[Path, str]]:
 
 
 def test_every_service_is_there(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) >= {"kafka", "redis", "prometheus", "grafana",
-                                        "scheduler", "tailers", "delay"}
+    assert set(compose["services"]) >= {"kafka", "redis", "postgres", "prometheus",
+                                        "grafana", "scheduler", "tailers", "delay"}
 
 
 def test_ports_agree_with_the_defaults(compose: dict[str, Any]) -> None:
     services = compose["services"]
     assert host_ports(services["kafka"]) == {devstack.DEFAULT_KAFKA_PORT}
     assert host_ports(services["redis"]) == {devstack.DEFAULT_REDIS_PORT}
+    assert host_ports(services["postgres"]) == {devstack.DEFAULT_POSTGRES_PORT}
     assert host_ports(services["prometheus"]) == {9090}
     assert host_ports(services["grafana"]) == {3000}
     scheduler_port = int(DEFAULT_SCHEDULER.rsplit(":", 1)[1])
@@ -116,3 +117,25 @@ def test_grafana_is_provisioned() -> None:
     boards = yaml.safe_load((provisioning / "dashboards" / "asynctier.yml").read_text())
     assert boards["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
     assert (ROOT / "deploy" / "grafana" / "dashboards").is_dir()
+
+
+def test_postgres_is_the_official_image_and_the_platform_uses_it(
+        compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    postgres = services["postgres"]
+    assert postgres["image"].split(":")[0] == "postgres"
+    assert int(postgres["image"].split(":")[1]) >= 15
+    env = postgres["environment"]
+    assert (env["POSTGRES_USER"], env["POSTGRES_DB"]) == ("asynctier", "asynctier")
+    assert "pg_isready" in " ".join(postgres["healthcheck"]["test"])
+    assert "postgres-data" in compose["volumes"]
+    for name in ("scheduler", "tailers", "delay"):
+        service = services[name]
+        shards = service["environment"]["ASYNCTIER_QUEUE_SHARDS"]
+        assert "@postgres:5432/asynctier" in shards
+        assert service["depends_on"]["postgres"]["condition"] == "service_healthy"
+        settings = Settings().from_env({"ASYNCTIER_QUEUE_SHARDS": shards})
+        assert len(settings.queue_shards) == 1
+    from_file = Settings.from_file(ROOT / "deploy" / "asynctier" / "compose.toml")
+    assert from_file.queue_shards == (
+        "postgresql://asynctier:asynctier@postgres:5432/asynctier",)

@@ -1,4 +1,5 @@
-"""The local stack against the real thing: Apache Kafka in KRaft mode and redis-server.
+"""The local stack against the real thing: Apache Kafka in KRaft mode, redis-server and
+PostgreSQL.
 
 These tests start their own stacks on free ports in their own folders, so they never touch
 the session's Kafka and Redis (or a developer's `asynctier dev up`).
@@ -7,6 +8,7 @@ the session's Kafka and Redis (or a developer's `asynctier dev up`).
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -24,29 +26,41 @@ from asynctier import dev as devstack
 from asynctier.cli import main
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
+from asynctier.queue import NewItem, QueueStore
 from tests.helpers import wait_until
 
 
 @pytest.fixture
 def ports() -> dict[str, int]:
     return {"kafka": devstack.free_port(), "controller": devstack.free_port(),
-            "redis": devstack.free_port()}
+            "redis": devstack.free_port(), "postgres": devstack.free_port()}
 
 
 @pytest.fixture
-def dev(tmp_path: Path, ports: dict[str, int]) -> Iterator[Callable[..., Result]]:
-    """Runs ``asynctier dev ...`` in-process against a stack in tmp_path; stops it after."""
+def data_dir(tmp_path: Path) -> Iterator[Path]:
+    """The stack's data folder: in tmp_path, unless PostgreSQL's user cannot reach it
+    there (as root: pytest's folders are 0700), then a folder of its own, removed after."""
+    root = devstack.postgres_data_root(tmp_path)
+    yield root / "data"
+    if root != tmp_path:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def dev(data_dir: Path, ports: dict[str, int]) -> Iterator[Callable[..., Result]]:
+    """Runs ``asynctier dev ...`` in-process against a stack in data_dir; stops it after."""
     runner = CliRunner()
-    data = tmp_path / "data"
+    data = data_dir
 
     def run(*args: str, input: str | None = None) -> Result:
         argv = ["dev", *args, "--data-dir", str(data), "--kafka-port", str(ports["kafka"]),
                 "--controller-port", str(ports["controller"]),
-                "--redis-port", str(ports["redis"])]
+                "--redis-port", str(ports["redis"]), "--postgres-port", str(ports["postgres"])]
         return runner.invoke(main, argv, input=input)
 
     yield run
-    devstack.DevStack(data, ports["kafka"], ports["controller"], ports["redis"]).down(10)
+    devstack.DevStack(data, ports["kafka"], ports["controller"], ports["redis"],
+                      postgres_port=ports["postgres"]).down(10)
 
 
 @pytest.fixture
@@ -86,7 +100,7 @@ def consume_all(bootstrap: str, topic: str, count: int) -> list[bytes]:
 
 
 def test_up_round_trip_down_up_keeps_topics_and_records(
-        dev: Callable[..., Result], tmp_path: Path, ports: dict[str, int]) -> None:
+        dev: Callable[..., Result], data_dir: Path, ports: dict[str, int]) -> None:
     first = dev("up")
     assert first.exit_code == 0, first.output
     assert f"kafka  127.0.0.1:{ports['kafka']}" in first.output
@@ -97,13 +111,16 @@ def test_up_round_trip_down_up_keeps_topics_and_records(
     check = dev("check")
     assert check.exit_code == 0, check.output
     assert "produced and consumed a record" in check.output
+    assert "SELECT 1 answered" in check.output
+    assert f"ASYNCTIER_QUEUE_SHARDS=postgresql://asynctier@127.0.0.1:{ports['postgres']}/" \
+        in first.output
 
     again = dev("up")
     assert again.exit_code == 0, again.output
-    assert again.output.count("already up") == 2
+    assert again.output.count("already up") == 3
 
-    stack = devstack.DevStack(tmp_path / "data", ports["kafka"], ports["controller"],
-                              ports["redis"])
+    stack = devstack.DevStack(data_dir, ports["kafka"], ports["controller"],
+                              ports["redis"], postgres_port=ports["postgres"])
     pid = stack.kafka.daemon.pid()
     assert pid is not None
     assert "kafka.Kafka" in devstack.process_cmdline(pid)
@@ -115,6 +132,8 @@ def test_up_round_trip_down_up_keeps_topics_and_records(
     produce(bootstrap, "kept", values)
     assert sorted(consume_all(bootstrap, "kept", 10)) == sorted(values)
     redis.Redis.from_url(stack.redis.url).set("kept", "yes")
+    with QueueStore(stack.postgres.dsn) as store:
+        store.enqueue("default", [NewItem("kept", b"yes", id="kept")])
 
     down = dev("down")
     assert down.exit_code == 0, down.output
@@ -124,14 +143,31 @@ def test_up_round_trip_down_up_keeps_topics_and_records(
     assert dev("up").exit_code == 0
     assert sorted(consume_all(bootstrap, "kept", 10)) == sorted(values)
     assert redis.Redis.from_url(stack.redis.url).get("kept") == b"yes"
+    with QueueStore(stack.postgres.dsn) as store:
+        kept = store.get("default", "kept", "kept")
+        assert kept is not None and kept.payload == b"yes"
+    assert (data_dir / "postgres" / "pgdata" / "PG_VERSION").is_file()
 
 
 def test_ports_of_the_last_up_are_remembered(tmp_path: Path, ports: dict[str, int]) -> None:
-    stack = devstack.DevStack(tmp_path, ports["kafka"], ports["controller"], ports["redis"])
+    stack = devstack.DevStack(tmp_path, ports["kafka"], ports["controller"], ports["redis"],
+                              postgres_port=ports["postgres"])
     stack._save_state()
     again = devstack.DevStack.resolve(tmp_path)
-    assert (again.kafka_port, again.controller_port, again.redis_port) == (
-        ports["kafka"], ports["controller"], ports["redis"])
+    assert (again.kafka_port, again.controller_port, again.redis_port,
+            again.postgres_port) == (ports["kafka"], ports["controller"], ports["redis"],
+                                     ports["postgres"])
+    assert not again.postgres_port_auto
+
+
+def test_a_taken_postgres_port_becomes_a_free_one_unless_chosen(
+        tmp_path: Path, listening: int) -> None:
+    fresh = devstack.DevStack.resolve(tmp_path)
+    assert (fresh.postgres_port, fresh.postgres_port_auto) == (5432, True)
+    assert not devstack.DevStack.resolve(tmp_path, postgres_port=listening).postgres_port_auto
+    node = devstack.PostgresNode(tmp_path / "pg", port=listening)
+    with pytest.raises(ServiceError, match=f"port {listening} "):
+        node.start()
 
 
 def test_env_prints_export_lines(tmp_path: Path) -> None:
@@ -141,7 +177,12 @@ def test_env_prints_export_lines(tmp_path: Path) -> None:
     assert result.output.splitlines() == [
         "export ASYNCTIER_KAFKA_BOOTSTRAP=127.0.0.1:19999",
         "export ASYNCTIER_REDIS_URL=redis://127.0.0.1:16999/0",
+        "export ASYNCTIER_QUEUE_SHARDS=postgresql://asynctier@127.0.0.1:5432/asynctier",
     ]
+    chosen = CliRunner().invoke(main, ["dev", "env", "--data-dir", str(tmp_path),
+                                       "--postgres-port", "15999"])
+    assert "ASYNCTIER_QUEUE_SHARDS=postgresql://asynctier@127.0.0.1:15999/asynctier" \
+        in chosen.output
 
 
 def test_env_defaults(tmp_path: Path) -> None:
@@ -160,6 +201,7 @@ def test_missing_binaries_name_the_install_command(tmp_path: Path) -> None:
     assert "apt-get install -y openjdk-17-jre-headless" in message
     assert "apt-get install -y redis-server" in message
     assert "apt-get install -y maven" in message
+    assert "apt-get install -y postgresql" in message
     assert not (tmp_path / "data" / "kafka").exists()
 
 
@@ -227,9 +269,10 @@ def test_reset_asks_unless_yes(tmp_path: Path) -> None:
 def test_status_of_a_stack_that_is_down(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["dev", "status", "--data-dir", str(tmp_path),
                                        "--kafka-port", str(devstack.free_port()),
-                                       "--redis-port", str(devstack.free_port())])
+                                       "--redis-port", str(devstack.free_port()),
+                                       "--postgres-port", str(devstack.free_port())])
     assert result.exit_code == 1
-    assert result.output.count("down") == 2
+    assert result.output.count("down") == 3
 
 
 def test_a_pid_file_of_another_program_is_ignored(tmp_path: Path) -> None:

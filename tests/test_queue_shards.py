@@ -141,3 +141,23 @@ def test_a_server_that_cannot_start_names_the_install_command(tmp_path: Path) ->
     node = devstack.PostgresNode(tmp_path / "pg", devstack.free_port(), path=str(tmp_path))
     with pytest.raises(ServiceError, match="apt-get install -y postgresql"):
         node.start()
+
+
+def test_queue_shards_come_from_the_file_then_the_environment(tmp_path: Path) -> None:
+    from asynctier.platform.config import DEFAULT_QUEUE_SHARD, Settings
+
+    assert Settings().queue_shards == (DEFAULT_QUEUE_SHARD,)
+    doc = {"queue": {"shards": ["postgresql://a@h1:5432/q", "postgresql://a@h2:5432/q"]}}
+    settings = Settings.from_mapping(doc)
+    assert settings.queue_shards == ("postgresql://a@h1:5432/q", "postgresql://a@h2:5432/q")
+    env = {"ASYNCTIER_QUEUE_SHARDS": "postgresql://x@h3/q, postgresql://x@h4/q"}
+    assert settings.from_env(env).queue_shards == ("postgresql://x@h3/q", "postgresql://x@h4/q")
+    config = tmp_path / "asynctier.toml"
+    config.write_text('[queue]\nshards = ["postgresql://f@h5/q"]\n')
+    assert Settings.load(config, env={}).queue_shards == ("postgresql://f@h5/q",)
+    with pytest.raises(ConfigError, match="non-empty list"):
+        Settings.from_mapping({"queue": {"shards": []}})
+    with pytest.raises(ConfigError, match="non-empty list"):
+        Settings.from_mapping({"queue": {"shards": "postgresql://a@h/q"}})
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['shard'\] in \[queue\]"):
+        Settings.from_mapping({"queue": {"shard": ["x"]}})

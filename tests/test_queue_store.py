@@ -311,3 +311,43 @@ def test_enqueue_and_drain_are_batched(queue_store: QueueStore, queue_namespace:
                                        acks=[g.id for g in got]).acked
     assert drained == 10_000
     assert time.monotonic() - started < 30
+
+
+def test_resolve_is_one_transaction(queue_store: QueueStore, queue_namespace: str) -> None:
+    """A resolve whose last statement fails in the database changes nothing at all."""
+    fill(queue_store, queue_namespace, 3)
+    got = [g.id for g in queue_store.lease(queue_namespace, TOPIC, 3, 30, "a")]
+    function = f"fail_{queue_namespace}"
+    with psycopg.connect(queue_store.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS "
+                     f"$$ BEGIN IF NEW.namespace = '{queue_namespace}' THEN "
+                     "RAISE EXCEPTION 'refused by the test'; END IF; RETURN NEW; END $$")
+        conn.execute(f"CREATE TRIGGER {function} BEFORE INSERT ON asynctier_queue_dead "
+                     f"FOR EACH ROW EXECUTE FUNCTION {function}()")
+    try:
+        with pytest.raises(psycopg.Error, match="refused by the test"):
+            queue_store.resolve(queue_namespace, TOPIC, "a", acks=[got[0]],
+                                nacks=[Nack(got[1], 0)], deads=[Dead(got[2], "x")])
+    finally:
+        with psycopg.connect(queue_store.dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TRIGGER {function} ON asynctier_queue_dead")
+            conn.execute(f"DROP FUNCTION {function}()")
+    for item_id in got:
+        info = queue_store.get(queue_namespace, TOPIC, item_id)
+        assert info is not None and (info.state, info.lease_owner) == ("leased", "a")
+    done = queue_store.resolve(queue_namespace, TOPIC, "a", acks=[got[0]],
+                               nacks=[Nack(got[1], 0)], deads=[Dead(got[2], "x")])
+    assert (done.acked, done.nacked, done.dead) == (1, 1, 1)
+
+
+def test_a_lease_that_buries_items_still_fills_its_batch(queue_store: QueueStore,
+                                                         queue_namespace: str) -> None:
+    queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"", id=f"old{n}", ttl_s=0.1)
+                                          for n in range(3)])
+    expires = min(i.expires_ms or 0 for i in (queue_store.get(queue_namespace, TOPIC, f"old{n}")
+                                              for n in range(3)) if i is not None)
+    wait_until(lambda: db_now_ms(queue_store) > expires, 5, "the ttl passed")
+    queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"", id=f"new{n}") for n in range(3)])
+    got = queue_store.lease(queue_namespace, TOPIC, 3, 30, "a")
+    assert sorted(g.id for g in got) == ["new0", "new1", "new2"]
+    assert len(queue_store.dead_items(queue_namespace, TOPIC)) == 3

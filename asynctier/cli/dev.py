@@ -1,4 +1,5 @@
-"""``asynctier dev up | down | status | reset | env | fetch``: the local Kafka and Redis."""
+"""``asynctier dev up | down | status | reset | env | fetch``: the local Kafka, Redis and
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import click
 
 from asynctier.cli import settings_of
-from asynctier.dev import DevStack, KafkaJars, redis_answers, round_trip
+from asynctier.dev import DevStack, KafkaJars, postgres_answers, redis_answers, round_trip
 
 
 def _stack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -24,6 +25,9 @@ def _stack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "[env ASYNCTIER_DEV_CONTROLLER_PORT]."),
         click.option("--redis-port", type=int, envvar="ASYNCTIER_DEV_REDIS_PORT",
                      help="Redis's port (default 6379) [env ASYNCTIER_DEV_REDIS_PORT]."),
+        click.option("--postgres-port", type=int, envvar="ASYNCTIER_DEV_POSTGRES_PORT",
+                     help="PostgreSQL's port (default 5432, a free one when 5432 is taken, "
+                          "or the last `dev up`'s) [env ASYNCTIER_DEV_POSTGRES_PORT]."),
         click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
                      envvar="ASYNCTIER_DATA_DIR",
                      help="Where the data is kept (default: the config's data_dir, "
@@ -35,9 +39,10 @@ def _stack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _stack(ctx: click.Context, kafka_port: int | None, controller_port: int | None,
-           redis_port: int | None, data_dir: Path | None) -> DevStack:
+           redis_port: int | None, postgres_port: int | None,
+           data_dir: Path | None) -> DevStack:
     return DevStack.resolve(data_dir or settings_of(ctx).data_dir, kafka_port,
-                            controller_port, redis_port)
+                            controller_port, redis_port, postgres_port)
 
 
 def _with_stack(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -45,22 +50,25 @@ def _with_stack(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(kafka_port: int | None, controller_port: int | None,
-                redis_port: int | None, data_dir: Path | None, **kwargs: Any) -> Any:
+                redis_port: int | None, postgres_port: int | None, data_dir: Path | None,
+                **kwargs: Any) -> Any:
         ctx = click.get_current_context()
-        return fn(_stack(ctx, kafka_port, controller_port, redis_port, data_dir), **kwargs)
+        return fn(_stack(ctx, kafka_port, controller_port, redis_port, postgres_port,
+                         data_dir), **kwargs)
 
     return _stack_options(wrapper)
 
 
 @click.group()
 def dev() -> None:
-    """A local Kafka (KRaft) and Redis for development, data kept in .asynctier/."""
+    """A local Kafka (KRaft), Redis and PostgreSQL for development, data kept in
+    .asynctier/."""
 
 
 @dev.command()
 @_with_stack
 def up(stack: DevStack) -> None:
-    """Start Kafka and Redis; return once both answer."""
+    """Start Kafka, Redis and PostgreSQL; return once all answer."""
     for status in stack.up():
         click.echo(status.describe())
     for line in stack.env_lines():
@@ -70,7 +78,7 @@ def up(stack: DevStack) -> None:
 @dev.command()
 @_with_stack
 def down(stack: DevStack) -> None:
-    """Stop Kafka and Redis (SIGTERM, then wait); the data is kept."""
+    """Stop Kafka, Redis and PostgreSQL (a clean shutdown); the data is kept."""
     for name, was_running in stack.down():
         click.echo(f"{name:<6} {'stopped' if was_running else 'was not running'}")
 
@@ -78,7 +86,7 @@ def down(stack: DevStack) -> None:
 @dev.command()
 @_with_stack
 def status(stack: DevStack) -> None:
-    """Say whether each answers; exit 0 only when both are healthy."""
+    """Say whether each answers; exit 0 only when all are healthy."""
     statuses = stack.status()
     for st in statuses:
         click.echo(st.describe())
@@ -90,9 +98,10 @@ def status(stack: DevStack) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask.")
 @_with_stack
 def reset(stack: DevStack, yes: bool) -> None:
-    """Stop both and wipe the data folder (asks first unless --yes)."""
+    """Stop each and wipe the data folder (asks first unless --yes)."""
     if not yes:
-        click.confirm(f"Delete every topic, offset and key in {stack.data_dir}?", abort=True)
+        click.confirm(f"Delete every topic, offset, key and queue item in {stack.data_dir}?",
+                      abort=True)
     stack.reset()
     click.echo(f"wiped {stack.data_dir}")
 
@@ -108,13 +117,17 @@ def env(stack: DevStack) -> None:
 @dev.command()
 @_with_stack
 def check(stack: DevStack) -> None:
-    """Prove the stack works: a produce/consume round trip through Kafka, a Redis PING."""
+    """Prove the stack works: a produce/consume round trip through Kafka, a Redis PING, a
+    PostgreSQL query."""
     offset = round_trip(stack.kafka.bootstrap)
     click.echo(f"kafka  {stack.kafka.bootstrap}: produced and consumed a record "
                f"(asynctier.devcheck, offset {offset})")
     if not redis_answers(stack.redis.url):
         raise SystemExit(f"redis  {stack.redis.address}: no answer to PING")
     click.echo(f"redis  {stack.redis.address}: PING answered")
+    if not postgres_answers(stack.postgres.dsn):
+        raise SystemExit(f"postgres {stack.postgres.address}: no answer to SELECT 1")
+    click.echo(f"postgres {stack.postgres.address}: SELECT 1 answered")
 
 
 @dev.command()

@@ -29,6 +29,7 @@ from asynctier.dev.process import (
 from asynctier.dev.redis import RedisNode, redis_answers
 from asynctier.dev.stack import DevStack, ServiceStatus, round_trip
 from asynctier.dev.testing import (
+    postgres_data_root,
     random_password,
     start_test_kafka,
     start_test_postgres,
@@ -54,6 +55,7 @@ __all__ = [
     "kafka_cluster_id",
     "pom_kafka_version",
     "postgres_answers",
+    "postgres_data_root",
     "process_cmdline",
     "random_password",
     "redis_answers",

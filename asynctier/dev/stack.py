@@ -1,4 +1,5 @@
-"""The local stack of real services: one Apache Kafka node (KRaft) and one Redis.
+"""The local stack of real services: one Apache Kafka node (KRaft), one Redis and one
+PostgreSQL (the queue source's shard).
 
 ``asynctier dev up`` and the test harness both use this module. Kafka's jars come from
 Maven Central through ``deploy/kafka/pom.xml`` and are cached under
@@ -22,14 +23,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asynctier.dev.kafka import KafkaJars, KafkaNode
+from asynctier.dev.postgres import PostgresNode, find_bin_dir
 from asynctier.dev.process import (
     DEFAULT_CONTROLLER_PORT,
     DEFAULT_KAFKA_PORT,
+    DEFAULT_POSTGRES_PORT,
     DEFAULT_REDIS_PORT,
     INSTALL_COMMANDS,
     STOP_S,
     Service,
     default_cache_dir,
+    free_port,
+    port_is_free,
 )
 from asynctier.dev.redis import RedisNode
 from asynctier.platform.errors import ServiceError
@@ -67,7 +72,7 @@ class ServiceStatus:
 
 @dataclass
 class DevStack:
-    """Kafka and Redis for development, in one data folder."""
+    """Kafka, Redis and PostgreSQL for development, in one data folder."""
 
     data_dir: Path = Path(".asynctier")
     kafka_port: int = DEFAULT_KAFKA_PORT
@@ -75,12 +80,17 @@ class DevStack:
     redis_port: int = DEFAULT_REDIS_PORT
     redis_password: str | None = None
     cache_dir: Path = field(default_factory=default_cache_dir)
-    path: str | None = None  # PATH to look for java, mvn, redis-server (None: $PATH)
+    path: str | None = None  # PATH to look for java, mvn, redis-server, postgres
+    postgres_port: int = DEFAULT_POSTGRES_PORT
+    #: True when no one chose PostgreSQL's port: ``up`` takes a free one when 5432 is
+    #: taken (a system PostgreSQL often holds it), and remembers it.
+    postgres_port_auto: bool = False
 
     @classmethod
     def resolve(cls, data_dir: Path, kafka_port: int | None = None,
                 controller_port: int | None = None,
-                redis_port: int | None = None) -> DevStack:
+                redis_port: int | None = None,
+                postgres_port: int | None = None) -> DevStack:
         """A stack whose unset ports come from the last ``up`` in ``data_dir``, then the
         defaults."""
         saved = _load_state(data_dir)
@@ -90,6 +100,8 @@ class DevStack:
             controller_port=controller_port
             or saved.get("controller_port", DEFAULT_CONTROLLER_PORT),
             redis_port=redis_port or saved.get("redis_port", DEFAULT_REDIS_PORT),
+            postgres_port=postgres_port or saved.get("postgres_port", DEFAULT_POSTGRES_PORT),
+            postgres_port_auto=postgres_port is None and "postgres_port" not in saved,
         )
 
     @property
@@ -105,13 +117,23 @@ class DevStack:
         return RedisNode(self.data_dir / "redis", self.redis_port, self.redis_password,
                          path=self.path)
 
+    @property
+    def postgres(self) -> PostgresNode:
+        """The PostgreSQL server (the queue's one shard)."""
+        return PostgresNode(self.data_dir / "postgres", self.postgres_port, path=self.path)
+
     def services(self) -> tuple[Service, ...]:
-        """Kafka and Redis."""
-        return (self.kafka, self.redis)
+        """Kafka, Redis and PostgreSQL."""
+        return (self.kafka, self.redis, self.postgres)
 
     def up(self) -> list[ServiceStatus]:
-        """Start both (those not running yet) and return once both answer."""
+        """Start each (those not running yet) and return once all answer."""
         self._check_binaries()
+        if (self.postgres_port_auto and not self.postgres.running()
+                and not port_is_free(self.postgres_port)):
+            self.postgres_port = free_port()
+            log.info("port %d is taken: PostgreSQL listens on %d", DEFAULT_POSTGRES_PORT,
+                     self.postgres_port)
         result = []
         for service in self.services():
             started = service.start()
@@ -120,7 +142,7 @@ class DevStack:
         return result
 
     def down(self, timeout_s: float = STOP_S) -> list[tuple[str, bool]]:
-        """Stop both; returns (name, was it running) for each."""
+        """Stop each; returns (name, was it running) for each."""
         return [(s.name, s.stop(timeout_s)) for s in reversed(self.services())]
 
     def status(self) -> list[ServiceStatus]:
@@ -129,14 +151,15 @@ class DevStack:
                 for s in self.services()]
 
     def reset(self) -> None:
-        """Stop both and wipe the data folder."""
+        """Stop each and wipe the data folder."""
         self.down()
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def env_lines(self) -> list[str]:
         """Shell lines that point asynctier (and its tests) at this stack."""
         return [f"export ASYNCTIER_KAFKA_BOOTSTRAP={self.kafka.bootstrap}",
-                f"export ASYNCTIER_REDIS_URL={self.redis.url}"]
+                f"export ASYNCTIER_REDIS_URL={self.redis.url}",
+                f"export ASYNCTIER_QUEUE_SHARDS={self.postgres.dsn}"]
 
     def _check_binaries(self) -> None:
         """Every missing binary at once, before anything starts."""
@@ -144,6 +167,10 @@ class DevStack:
         if not self.kafka.jars.is_fetched():
             needed.append("mvn")
         missing = [n for n in needed if shutil.which(n, path=self.path) is None]
+        try:
+            find_bin_dir(self.path)
+        except ServiceError:
+            missing.append("postgres")
         if missing:
             commands = "; ".join(f"{n}: `{INSTALL_COMMANDS[n]}`" for n in missing)
             raise ServiceError(
@@ -154,7 +181,7 @@ class DevStack:
     def _save_state(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         state = {"kafka_port": self.kafka_port, "controller_port": self.controller_port,
-                 "redis_port": self.redis_port}
+                 "redis_port": self.redis_port, "postgres_port": self.postgres_port}
         (self.data_dir / _STATE_FILE).write_text(json.dumps(state) + "\n")
 
 

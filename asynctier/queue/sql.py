@@ -4,6 +4,11 @@ Time is always the database's (``asynctier_queue_now_ms()``, the statement's sta
 producers, tailers and the clock that expires leases agree. A leased item's
 ``deliver_after`` is its lease expiry: "ready" is ``deliver_after <= now`` alone, which
 the lease index (namespace, topic, priority DESC, deliver_after, seq) serves.
+
+A statement that touches a batch of items by id names them with ``id = ANY(array)`` as
+well as by its join: the planner then reads them through the primary key instead of
+hashing the whole topic (measured: a 500-item lease on 20,000 items took 145 ms with the
+join alone, most of it a sequential scan).
 """
 
 from __future__ import annotations
@@ -67,17 +72,23 @@ WITH picked AS (
     WHERE expires_ms <= {NOW} OR attempts >= %(max_attempts)s::int
 ), removed AS (
     DELETE FROM {ITEMS} i USING doomed d
-    WHERE i.namespace = %(ns)s AND i.topic = %(topic)s AND i.id = d.id
+    WHERE i.namespace = %(ns)s AND i.topic = %(topic)s
+      AND i.id = ANY(ARRAY(SELECT id FROM doomed)) AND i.id = d.id
     RETURNING i.*, d.reason, d.error
-), buried AS ({_BURY})
-UPDATE {ITEMS} i
-SET attempts = i.attempts + 1, lease_owner = %(owner)s,
-    lease_expires = {NOW} + %(lease_ms)s, deliver_after = {NOW} + %(lease_ms)s
-FROM picked p
-WHERE i.namespace = %(ns)s AND i.topic = %(topic)s AND i.id = p.id
-  AND p.id NOT IN (SELECT id FROM doomed)
-RETURNING i.id, i.payload, i.headers, i.priority, i.attempts, i.enqueued_ms,
-          p.deliver_after, i.lease_expires, i.seq
+), buried AS ({_BURY}), leased AS (
+    UPDATE {ITEMS} i
+    SET attempts = i.attempts + 1, lease_owner = %(owner)s,
+        lease_expires = {NOW} + %(lease_ms)s, deliver_after = {NOW} + %(lease_ms)s
+    FROM picked p
+    WHERE i.namespace = %(ns)s AND i.topic = %(topic)s
+      AND i.id = ANY(ARRAY(SELECT id FROM picked)) AND i.id = p.id
+      AND p.id NOT IN (SELECT id FROM doomed)
+    RETURNING i.id, i.payload, i.headers, i.priority, i.attempts, i.enqueued_ms,
+              p.deliver_after, i.lease_expires, i.seq
+)
+SELECT * FROM leased
+UNION ALL  -- one row (id NULL) per item moved to the dead items instead
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM doomed
 """
 
 ACK = f"""
@@ -94,8 +105,8 @@ SET deliver_after = {NOW} + n.delay_ms, lease_owner = NULL, lease_expires = NULL
     last_error = CASE WHEN n.error = '' THEN i.last_error ELSE n.error END
 FROM unnest(%(ids)s::text[], %(delay_ms)s::bigint[], %(spend)s::bool[], %(errors)s::text[])
      AS n(id, delay_ms, spend, error)
-WHERE i.namespace = %(ns)s AND i.topic = %(topic)s AND i.id = n.id
-  AND i.lease_owner = %(owner)s
+WHERE i.namespace = %(ns)s AND i.topic = %(topic)s AND i.id = ANY(%(ids)s::text[])
+  AND i.id = n.id AND i.lease_owner = %(owner)s
 RETURNING i.id
 """
 
@@ -103,8 +114,8 @@ BURY = f"""
 WITH removed AS (
     DELETE FROM {ITEMS} i
     USING unnest(%(ids)s::text[], %(reasons)s::text[], %(errors)s::text[]) AS d(id, reason, error)
-    WHERE i.namespace = %(ns)s AND i.topic = %(topic)s AND i.id = d.id
-      AND i.lease_owner = %(owner)s
+    WHERE i.namespace = %(ns)s AND i.topic = %(topic)s AND i.id = ANY(%(ids)s::text[])
+      AND i.id = d.id AND i.lease_owner = %(owner)s
     RETURNING i.*, d.reason, d.error
 ){_BURY}
 """
@@ -181,7 +192,8 @@ WITH pick AS (
     FOR UPDATE SKIP LOCKED
 ), moved AS (
     DELETE FROM {DEAD} d USING pick p
-    WHERE d.namespace = %(ns)s AND d.topic = %(topic)s AND d.id = p.id
+    WHERE d.namespace = %(ns)s AND d.topic = %(topic)s
+      AND d.id = ANY(ARRAY(SELECT id FROM pick)) AND d.id = p.id
     RETURNING d.*
 )
 INSERT INTO {ITEMS} (namespace, topic, id, priority, deliver_after, payload, headers,

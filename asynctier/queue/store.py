@@ -18,6 +18,7 @@ import json
 import logging
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -55,6 +56,9 @@ log = logging.getLogger(__name__)
 Conn = psycopg.Connection[TupleRow]
 #: How long an operation waits for a connection before saying the shard is down.
 DEFAULT_TIMEOUT_S = 5.0
+#: The most lease statements one ``lease`` call runs (each after one that moved items to
+#: the dead items instead of leasing them).
+LEASE_ROUNDS = 4
 
 
 class QueueStore:
@@ -158,8 +162,9 @@ class QueueStore:
         """Lease up to ``n`` ready items for ``lease_s`` seconds, highest priority first,
         then earliest ``deliver_after``, then enqueue order; items leased by others are
         skipped. With ``max_attempts``, an item that has had that many attempts (its last
-        lease ran out) goes to the dead items instead (so fewer than ``n`` may come back
-        while items are ready)."""
+        lease ran out) goes to the dead items instead, as does one whose time to live ran
+        out; the lease then looks again for the rest (at most :data:`LEASE_ROUNDS`
+        statements in all)."""
         _check_topic_args(namespace, topic)
         if not isinstance(n, int) or not 1 <= n <= MAX_LEASE_BATCH:
             raise QueueError(f"lease of {n!r} items from {topic!r}: ask for 1 to "
@@ -168,10 +173,17 @@ class QueueStore:
         if max_attempts is not None and max_attempts < 1:
             raise QueueError(f"max_attempts={max_attempts} for {topic!r}: give 1 or more "
                              "(or None for no limit)")
-        params = {"ns": namespace, "topic": topic, "n": n, "owner": owner,
-                  "lease_ms": round(lease_s * 1000), "max_attempts": max_attempts}
+        params: dict[str, Any] = {"ns": namespace, "topic": topic, "owner": owner,
+                                  "lease_ms": round(lease_s * 1000),
+                                  "max_attempts": max_attempts}
+        rows: list[tuple[Any, ...]] = []
         with self._conn() as conn:
-            rows = conn.execute(sql.LEASE, params).fetchall()
+            for _ in range(LEASE_ROUNDS):
+                got = conn.execute(sql.LEASE, {**params, "n": n - len(rows)}).fetchall()
+                leased = [r for r in got if r[0] is not None]
+                rows += leased
+                if len(leased) == len(got) or len(rows) >= n:
+                    break  # nothing was buried: no more ready items, or enough
         rows.sort(key=lambda r: (-r[3], r[6], r[8]))
         return [Leased(id=r[0], namespace=namespace, topic=topic, payload=r[1],
                        headers=decode_headers(r[2]), priority=r[3], attempt=r[4],
@@ -349,8 +361,7 @@ def _check_distinct(ids: Sequence[str], topic: str) -> None:
     for item_id in ids:
         check_id(item_id, f"resolve in {topic!r}: ")
     if len(set(ids)) != len(ids):
-        seen: set[str] = set()
-        twice = sorted({i for i in ids if i in seen or seen.add(i)})  # type: ignore[func-returns-value]
+        twice = sorted(i for i, count in Counter(ids).items() if count > 1)
         raise QueueError(f"resolve in {topic!r}: ids {twice[:5]} appear more than once among "
                          "the acks, nacks and deads; give each item one outcome")
 
