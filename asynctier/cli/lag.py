@@ -145,12 +145,13 @@ def _rows(settings: Settings, binding: str | None, readers: Readers) -> Reading:
 
 
 def tables(reading: Reading) -> Group:
-    """The Kafka lag table, and the queue backlog table when there are queue bindings."""
-    parts: list[Table] = [lag_table(reading.lag)]
+    """The Kafka lag table (unless there are queue bindings only), and the queue backlog
+    table when there are queue bindings."""
+    parts: list[Table] = []
+    if reading.lag or not reading.backlog:
+        parts.append(lag_table(reading.lag))
     if reading.backlog:
         parts.append(backlog_table(reading.backlog))
-        if not reading.lag:
-            parts[0].caption = "no Kafka bindings"
     return Group(*parts)
 
 
