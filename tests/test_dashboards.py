@@ -162,23 +162,71 @@ def _scrape(port: int) -> tuple[set[str], set[str], str]:
     return families, samples, text
 
 
+QUEUE_METRICS = ("asynctier_queue_items", "asynctier_queue_oldest_ready_seconds",
+                 "asynctier_queue_lease_expiries_total")
+
+
+def test_the_queue_metrics_have_panels() -> None:
+    """Depth by state, oldest ready age and lease expiries each have a panel, and so do
+    the queue's acks, nacks and dead items (items_total of the queue bindings)."""
+    used: dict[str, list[str]] = {}
+    for path in DASHBOARDS:
+        for panel in panels_of(_load(path)):
+            for target in panel.get("targets", []):
+                for name in metric_names(target.get("expr", "")):
+                    used.setdefault(name, []).append(panel["title"])
+    for name in QUEUE_METRICS:
+        assert name in metrics.exported_series_names()
+        assert used.get(name), f"no panel shows {name}"
+    outcomes = [t["expr"] for path in DASHBOARDS for p in panels_of(_load(path))
+                for t in p.get("targets", [])
+                if "asynctier_items_total" in t.get("expr", "")
+                and "asynctier_queue_items" in t["expr"]]
+    assert any('outcome=~"ok|retry|dead_letter"' in e for e in outcomes), outcomes
+
+
+def _sample(text: str, name: str, labels: dict[str, str]) -> float | None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and labels.items() <= sample.labels.items():
+                return float(sample.value)
+    return None
+
+
 def test_a_live_platform_exports_what_the_dashboards_query(
-        settings: Any, unique_topic: Any, tmp_path: Path) -> None:
+        settings: Any, unique_topic: Any, tmp_path: Path, postgres: str,
+        queue_namespace: str) -> None:
     from tests import ledger
     from tests.helpers import wait_until
     from tests.platform_harness import Platform, produce_json
 
     topic = unique_topic(partitions=2)
-    plat = Platform(settings, tmp_path, allow=("tests.ledger",))
+    plat = Platform(settings, tmp_path, allow=("tests.ledger",),
+                    env={"ASYNCTIER_QUEUE_SHARDS": postgres})
     try:
         plat.cli("bind", "orders", "--topic", topic, "--function", "tests.ledger:record",
                  "--tenant", "acme")
+        plat.cli("bind", "jobs", "--queue", "jobs", "--function", "tests.ledger:record",
+                 "--tenant", queue_namespace)
         plat.start("scheduler", None, "--metrics-port", "0")
         plat.start("tailers", None, "--metrics-port", "0")
         produce_json(settings, topic, [{"id": i} for i in range(200)])
-        wait_until(lambda: set(range(200)) <= set(ledger.ids_seen(plat.ledger)), 60,
-                   "every record ran")
+        lines = "".join(json.dumps({"id": 1000 + i}) + "\n" for i in range(50))
+        plat.cli("enqueue", "jobs", "--namespace", queue_namespace, input=lines)
+        wait_until(lambda: set(range(200)) | set(range(1000, 1050))
+                   <= set(ledger.ids_seen(plat.ledger)), 60, "every record and item ran")
         ports = [_wait_port(plat, name) for name in ("scheduler", "tailers")]
+        depth = {"binding": "jobs", "tenant": queue_namespace, "topic": "jobs"}
+        wait_until(lambda: _sample(_scrape(ports[1])[2], "asynctier_queue_items",
+                                   {**depth, "state": "ready"}) == 0, 30,
+                   "the tailers export the queue's depth, drained")
+        queue_ok = _sample(_scrape(ports[1])[2], "asynctier_items_total",
+                           {"binding": "jobs", "outcome": "ok"})
+        assert queue_ok == 50, "the queue tailer's acks are not in items_total"
+        assert _sample(_scrape(ports[1])[2], "asynctier_queue_oldest_ready_seconds",
+                       depth) == 0
         families: set[str] = set()
         samples: set[str] = set()
         texts = []

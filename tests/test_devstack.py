@@ -337,3 +337,30 @@ def test_a_relative_data_dir_works(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert node.healthy()
     finally:
         node.stop()
+
+
+def test_up_only_postgres_starts_it_alone(tmp_path: Path, ports: dict[str, int]) -> None:
+    """What ``asynctier demo`` does when Kafka answers but no PostgreSQL does."""
+    root = devstack.postgres_data_root(tmp_path)
+    stack = devstack.DevStack(root / "data", ports["kafka"], ports["controller"],
+                              ports["redis"], postgres_port=ports["postgres"])
+    try:
+        statuses = stack.up(only=("postgres",))
+        assert [(s.name, s.started_now) for s in statuses] == [("postgres", True)]
+        assert devstack.postgres_answers(stack.postgres.dsn, timeout_s=5.0)
+        assert not stack.kafka.running() and not stack.redis.running()
+    finally:
+        stack.down()
+        if root != tmp_path:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def test_missing_binaries_of_the_chosen_services_only(tmp_path: Path) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    stack = devstack.DevStack(tmp_path / "data", cache_dir=tmp_path / "cache", path=str(empty))
+    with pytest.raises(ServiceError) as caught:
+        stack.up(only=("postgres",))
+    message = str(caught.value)
+    assert "apt-get install -y postgresql" in message
+    assert "java" not in message and "redis" not in message

@@ -20,7 +20,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                 "asynctier.platform"),
     "queue": ("asynctier.queue", "asynctier.platform"),
     "dev": ("asynctier.dev", "asynctier.platform"),
-    "demo": ("asynctier.demo", "asynctier.delay_streams", "asynctier.platform"),
+    "demo": ("asynctier.demo", "asynctier.delay_streams", "asynctier.queue",
+             "asynctier.platform"),
 }
 
 

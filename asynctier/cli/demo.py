@@ -1,4 +1,5 @@
-"""``asynctier demo``: the whole platform on three seed workloads, in under a minute."""
+"""``asynctier demo``: the whole platform on the seed workloads (three streams and one
+queue), in under a minute."""
 
 from __future__ import annotations
 
@@ -8,7 +9,19 @@ import sys
 import click
 
 from asynctier.cli import settings_of
-from asynctier.dev import DevStack, kafka_answers
+from asynctier.dev import DevStack, kafka_answers, postgres_answers
+from asynctier.platform.config import Settings
+
+
+def _stack_settings(settings: Settings, only: tuple[str, ...] | None) -> Settings:
+    """Start the dev stack's services (``only`` those) and point ``settings`` at them."""
+    stack = DevStack.resolve(settings.data_dir)
+    for status in stack.up(only):
+        click.echo(status.describe())
+    env = dict(line.removeprefix("export ").split("=", 1) for line in stack.env_lines())
+    if only is not None:
+        env = {k: v for k, v in env.items() if k == "ASYNCTIER_QUEUE_SHARDS"}
+    return settings.from_env(env)
 
 
 @click.command()
@@ -16,7 +29,8 @@ from asynctier.dev import DevStack, kafka_answers
               help="Give up after this many seconds.")
 @click.pass_context
 def demo(ctx: click.Context, timeout_s: float) -> None:
-    """Bring the dev stack up if needed, bind three workloads, run them, show a summary."""
+    """Bring the dev stack up if needed, bind four workloads (three Kafka topics and a
+    queue topic), run them, show a summary."""
     from asynctier.demo.run import run_demo
 
     settings = settings_of(ctx)
@@ -24,11 +38,12 @@ def demo(ctx: click.Context, timeout_s: float) -> None:
             settings.kafka_bootstrap, timeout_s=3.0):
         click.echo("no Kafka configured or answering: starting the dev stack "
                    "(asynctier dev up)")
-        stack = DevStack.resolve(settings.data_dir)
-        for status in stack.up():
-            click.echo(status.describe())
-        env = dict(line.removeprefix("export ").split("=", 1) for line in stack.env_lines())
-        settings = settings.from_env(env)
+        settings = _stack_settings(settings, None)
+    elif not os.environ.get("ASYNCTIER_QUEUE_SHARDS") and not postgres_answers(
+            settings.queue_shards[0], timeout_s=3.0):
+        click.echo("no PostgreSQL configured or answering for the queue: starting the dev "
+                   "stack's (asynctier dev up)")
+        settings = _stack_settings(settings, ("postgres",))
     sys.exit(run_demo(settings, timeout_s))
 
 

@@ -1,25 +1,39 @@
-"""``asynctier lag``: committed offset, end offset, lag and lag in seconds per partition.
+"""``asynctier lag``: committed offset, end offset, lag and lag in seconds per partition,
+and beside them the backlog of each queue binding (ready, delayed, leased, dead items and
+the oldest ready age, see :mod:`asynctier.queue.backlog`).
 
-Read from the broker alone (see :mod:`asynctier.platform.lag`), so it works while the
-platform is down, like ``kafka-consumer-groups``.
+Read from the broker and the queue's shards alone (see :mod:`asynctier.platform.lag`), so
+it works while the platform is down, like ``kafka-consumer-groups``. A queue shard that
+does not answer makes its rows say so; the command still succeeds.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import click
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
 from asynctier.cli import settings_of
 from asynctier.platform import metrics
+from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError, BindingError
 from asynctier.platform.lag import LagCollector, LagReader, LagRow, read_lag
 from asynctier.platform.registry import BindingRegistry, RegistryFollower
+from asynctier.queue.backlog import (
+    BacklogRow,
+    QueueDepthCollector,
+    open_queue,
+    queue_bindings,
+    read_backlog,
+)
+from asynctier.queue.shards import ShardedQueue
 
 
 def format_age(seconds: float | None) -> str:
@@ -55,14 +69,90 @@ def lag_table(rows: list[LagRow]) -> Table:
     return table
 
 
-def _rows(settings: Settings, binding: str | None, reader: LagReader) -> list[LagRow]:
-    parts = reader.topics()  # fails with a clear message when the broker does not answer
+def backlog_table(rows: Sequence[BacklogRow]) -> Table:
+    """The queue bindings' backlog as a rich table (a row whose shard is down says so)."""
+    table = Table(title="queue backlog", title_justify="left")
+    for name, justify in (("name", "left"), ("namespace", "left"), ("topic", "left"),
+                          ("ready", "right"), ("delayed", "right"), ("leased", "right"),
+                          ("dead", "right"), ("oldest ready", "right")):
+        table.add_column(name, justify=justify,  # type: ignore[arg-type]
+                         overflow="fold")
+    errors: dict[str, str] = {}
+    for row in rows:
+        if row.error is not None:
+            errors[row.shard] = row.error
+            table.add_row(row.name, row.namespace, row.topic, "unavailable", "-", "-", "-",
+                          "-", style="red")
+            continue
+        style = "red" if row.ready or row.dead else None
+        table.add_row(row.name, row.namespace, row.topic, str(row.ready), str(row.delayed),
+                      str(row.leased), str(row.dead),
+                      format_age(row.oldest_ready_age_s) if row.ready else "-", style=style)
+    if errors:
+        table.caption = "\n".join(f"[red]{error}[/red]" for error in errors.values())
+    return table
+
+
+@dataclass
+class Readers:
+    """The broker reader, and the queue's shards once a queue binding needs them."""
+
+    settings: Settings
+    lag: LagReader
+    queue: ShardedQueue | None = None
+
+    def backlog(self, bindings: Sequence[Binding]) -> list[BacklogRow]:
+        """The backlog rows of the queue bindings among ``bindings``."""
+        wanted = queue_bindings(bindings)
+        if not wanted:
+            return []
+        if self.queue is None:
+            self.queue = open_queue(self.settings)
+        return read_backlog(self.queue, wanted)
+
+    def close(self) -> None:
+        """Close the broker reader and the shards."""
+        self.lag.close()
+        if self.queue is not None:
+            self.queue.close()
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One read: the Kafka lag rows and the queue backlog rows."""
+
+    lag: list[LagRow]
+    backlog: list[BacklogRow]
+
+    def as_json(self) -> list[dict[str, object]]:
+        """Every row, Kafka's then the queue's (``kind`` tells them apart)."""
+        return [r.as_dict() for r in self.lag] + [r.as_dict() for r in self.backlog]
+
+
+def _rows(settings: Settings, binding: str | None, readers: Readers) -> Reading:
+    parts = readers.lag.topics()  # fails with a clear message when the broker does not answer
     has_bindings = settings.names.bindings_topic in parts
     bindings = BindingRegistry(settings).load() if has_bindings else {}
     if binding is not None and binding not in bindings:
         raise BindingError(f"binding: there is no binding named {binding!r} "
                            "(see `asynctier bindings`)")
-    return read_lag(settings, bindings.values(), binding, reader, parts)
+    chosen = list(bindings.values()) if binding is None else [bindings[binding]]
+    if binding is not None and bindings[binding].source_kind == "queue":
+        lag_rows: list[LagRow] = []  # a queue binding has no partitions nor delay topics
+    else:
+        lag_rows = read_lag(settings, bindings.values(), binding, readers.lag, parts)
+    return Reading(lag_rows, readers.backlog(chosen))
+
+
+def tables(reading: Reading) -> Group:
+    """The Kafka lag table (unless there are queue bindings only), and the queue backlog
+    table when there are queue bindings."""
+    parts: list[Table] = []
+    if reading.lag or not reading.backlog:
+        parts.append(lag_table(reading.lag))
+    if reading.backlog:
+        parts.append(backlog_table(reading.backlog))
+    return Group(*parts)
 
 
 @click.command("lag")
@@ -76,59 +166,59 @@ def _rows(settings: Settings, binding: str | None, reader: LagReader) -> list[La
 @click.option("--metrics-port", "metrics_port", type=int, default=None,
               envvar="ASYNCTIER_LAG_METRICS_PORT", metavar="PORT",
               help="Instead of printing, export the lag of every binding and delay topic "
-                   "on this port (0: a free one) until stopped: a lag exporter that keeps "
-                   "working while the platform is down.")
+                   "(and the queue bindings' depth) on this port (0: a free one) until "
+                   "stopped: a lag exporter that keeps working while the platform is down.")
 @click.pass_context
 def lag(ctx: click.Context, binding: str | None, as_json: bool, watch: bool,
         interval_s: float, metrics_port: int | None) -> None:
     """Committed offset, end offset, lag and age of the oldest unresolved record, per
-    binding and partition; delay topics and dead letters as their own rows."""
+    binding and partition; delay topics and dead letters as their own rows; and per queue
+    binding its ready, delayed, leased and dead items and the oldest ready age."""
     settings = settings_of(ctx)
     if metrics_port is not None:
         _export(settings, metrics_port, interval_s)
         return
-    reader = LagReader(settings)
+    readers = Readers(settings, LagReader(settings))
     try:
         if not watch:
-            _show(_rows(settings, binding, reader), as_json, pretty=True)
+            _show(_rows(settings, binding, readers), as_json, pretty=True)
         elif as_json:
             while True:
                 try:
-                    _show(_rows(settings, binding, reader), as_json, pretty=False)
+                    _show(_rows(settings, binding, readers), as_json, pretty=False)
                 except AsynctierError as exc:  # the broker may come back: keep watching
                     click.echo(f"error: {exc}", err=True)
                 time.sleep(interval_s)
         else:
-            _watch_table(settings, binding, reader, interval_s)
+            _watch_table(settings, binding, readers, interval_s)
     except KeyboardInterrupt:
         pass
     finally:
-        reader.close()
+        readers.close()
 
 
-def _show(rows: list[LagRow], as_json: bool, pretty: bool) -> None:
+def _show(reading: Reading, as_json: bool, pretty: bool) -> None:
     if as_json:
-        click.echo(json.dumps([r.as_dict() for r in rows], indent=2 if pretty else None),
-                   nl=True)
+        click.echo(json.dumps(reading.as_json(), indent=2 if pretty else None), nl=True)
     else:
-        Console().print(lag_table(rows))
+        Console().print(tables(reading))
 
 
-def _watch_table(settings: Settings, binding: str | None, reader: LagReader,
+def _watch_table(settings: Settings, binding: str | None, readers: Readers,
                  interval_s: float) -> None:
-    with Live(_table_or_error(settings, binding, reader), auto_refresh=False) as live:
+    with Live(_table_or_error(settings, binding, readers), auto_refresh=False) as live:
         while True:
             time.sleep(interval_s)
-            live.update(_table_or_error(settings, binding, reader), refresh=True)
+            live.update(_table_or_error(settings, binding, readers), refresh=True)
 
 
-def _table_or_error(settings: Settings, binding: str | None, reader: LagReader) -> Table:
+def _table_or_error(settings: Settings, binding: str | None, readers: Readers) -> Group:
     try:
-        return lag_table(_rows(settings, binding, reader))
+        return tables(_rows(settings, binding, readers))
     except AsynctierError as exc:  # the broker may come back: keep watching
         table = lag_table([])
         table.caption = f"[red]error: {exc}[/red] (retrying every few seconds)"
-        return table
+        return Group(table)
 
 
 def _export(settings: Settings, port: int, interval_s: float) -> None:
@@ -139,13 +229,17 @@ def _export(settings: Settings, port: int, interval_s: float) -> None:
     follower.start()
     collector = LagCollector(settings, lambda: dict(follower.bindings), delay=True,
                              interval_s=interval_s)
+    depth = QueueDepthCollector(settings, lambda: dict(follower.bindings),
+                                interval_s=interval_s)
     collector.start()
+    depth.start()
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         pass
     finally:
+        depth.stop()
         collector.stop()
         follower.stop()
 

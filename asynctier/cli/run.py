@@ -44,9 +44,11 @@ def run_tailers(settings: Settings, stop: threading.Event, options: TailerOption
                 export_lag: bool = False) -> None:
     """Run one tailer per binding until ``stop``; then finish, commit and return.
 
-    With ``export_lag`` the process also exports its bindings' consumer lag."""
+    With ``export_lag`` the process also exports its bindings' consumer lag, and its queue
+    bindings' depth."""
     from asynctier.dev.faults import FaultHook
     from asynctier.platform.lag import LagCollector
+    from asynctier.queue.backlog import QueueDepthCollector
     from asynctier.tailers.manager import TailerManager
 
     quiet_gc()
@@ -56,13 +58,16 @@ def run_tailers(settings: Settings, stop: threading.Event, options: TailerOption
     log.info("tailers running for %d binding(s): %s", len(manager.bindings),
              ", ".join(manager.bindings) or "none yet (waiting for `asynctier bind`)")
     lag = LagCollector(settings, lambda: manager.follower.bindings, interval_s=5.0)
+    depth = QueueDepthCollector(settings, lambda: manager.follower.bindings, interval_s=5.0)
     if export_lag:
         lag.start()
+        depth.start()
     wait_for_stop(stop)
     manager.stop()
     client.close()
     if export_lag:
         lag.stop()
+        depth.stop()
 
 
 def _serve_metrics(port: int | None) -> None:

@@ -1,4 +1,5 @@
-"""The demo's functions. Each appends one line per call to ``$ASYNCTIER_DEMO_LEDGER``:
+"""The demo's functions (three stream workloads, one queue workload). Each appends one
+line per call to ``$ASYNCTIER_DEMO_LEDGER``:
 ``workload id attempt started_s record_s status``."""
 
 from __future__ import annotations
@@ -59,3 +60,21 @@ def suggest_friends(payload: Any, ctx: Context) -> list[int]:
     suggestions = sorted({(user * 7919 + k * 104729) % 100_000 for k in range(20)})[:5]
     _note("suggest", payload, ctx, started, "ok")
     return suggestions
+
+
+def transcode_video(payload: Any, ctx: Context) -> dict[str, str]:
+    """Transcode a whole video (a queue item: it takes a while, and its priority says how
+    soon it is wanted). ``seconds`` of work are slept; ``busy`` fails the first attempt
+    (no transcoder free: the item is nacked and leased again after the ladder's first
+    step); ``corrupt`` rejects it for good (a dead item, kept in the queue)."""
+    started = time.time()
+    if payload.get("corrupt"):
+        _note("transcode", payload, ctx, started, "rejected")
+        raise Reject(f"video {payload['id']} cannot be decoded")
+    if payload.get("busy") and ctx.attempt == 1:
+        _note("transcode", payload, ctx, started, "failed")
+        raise RuntimeError(f"no transcoder free for video {payload['id']}")
+    time.sleep(float(payload.get("seconds", 0.05)))
+    digest = hashlib.sha256(str(payload).encode()).hexdigest()[:12]
+    _note("transcode", payload, ctx, started, "ok")
+    return {f"{r}p": f"{digest}-{r}" for r in RESOLUTIONS}

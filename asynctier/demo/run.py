@@ -19,10 +19,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from asynctier.delay_streams.topics import ensure_binding_topics
+from asynctier.demo import transcode
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.kafka import ConfirmingProducer, admin, ensure_topics
 from asynctier.platform.registry import BindingRegistry
+from asynctier.queue.dsn import redact_dsn
 
 MODULE = "asynctier.demo.functions"
 LADDER = (1.0, 2.0, 4.0)
@@ -58,6 +60,17 @@ class Tally:
     latencies: list[float] = field(default_factory=list)
     first: float = 0.0
     last: float = 0.0
+    #: When each queue item's first attempt started (by id).
+    queue_starts: dict[int, float] = field(default_factory=dict)
+
+    def resolved(self, queue: bool) -> int:
+        """Items done or rejected: of the queue workload, or of the stream workloads."""
+        return sum(1 for key in self.done | self.rejected
+                   if (key[0] == transcode.NAME) == queue)
+
+    def queue_rejected(self) -> int:
+        """Queue items rejected for good."""
+        return sum(1 for key in self.rejected if key[0] == transcode.NAME)
 
     def read(self, path: Path, offset: int) -> int:
         """Fold in the lines after ``offset``; return the new offset."""
@@ -75,9 +88,11 @@ class Tally:
             started_s = float(started)
             self.first = started_s if not self.first else min(self.first, started_s)
             self.last = max(self.last, started_s)
+            if workload == transcode.NAME and int(attempt) == 1:
+                self.queue_starts[key[1]] = started_s
             if status == "ok":
                 self.done.add(key)
-                if int(attempt) == 1:
+                if int(attempt) == 1 and workload != transcode.NAME:
                     self.latencies.append(started_s - float(record))
             elif status == "rejected":
                 self.rejected.add(key)
@@ -99,7 +114,7 @@ def _records(workload: Workload, rng: random.Random) -> list[dict[str, object]]:
 
 
 def bind_all(settings: Settings, say: Callable[[str], None]) -> None:
-    """Create the topics and bind the three workloads."""
+    """Create the topics and bind the three stream workloads and the queue workload."""
     names = settings.names
     ensure_topics(admin(settings), {f"{names.prefix}.{w.name}": (w.partitions, {})
                                     for w in WORKLOADS})
@@ -114,6 +129,10 @@ def bind_all(settings: Settings, say: Callable[[str], None]) -> None:
         bindings.append(binding)
         say(f"bound [bold]{w.name}[/] ({w.priority}, tenant {w.tenant}) -> {binding.function}")
     ensure_binding_topics(settings, bindings)
+    queued = transcode.bind(settings, LADDER)
+    say(f"bound [bold]{queued.name}[/] (queue topic {queued.topic}, priorities "
+        f"{', '.join(f'{p} {what}' for p, what in transcode.BANDS)}, tenant "
+        f"{queued.tenant}) -> {queued.function}")
 
 
 def produce_paced(settings: Settings, rate_per_s: float, tick: Callable[[], None]) -> int:
@@ -170,6 +189,7 @@ def _start_platform(settings: Settings, ledger: Path, log: Path) -> subprocess.P
     env = dict(os.environ)
     env.update({"ASYNCTIER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
                 "ASYNCTIER_REDIS_URL": settings.redis_url, "ASYNCTIER_PREFIX": settings.prefix,
+                "ASYNCTIER_QUEUE_SHARDS": ",".join(settings.queue_shards),
                 "ASYNCTIER_DEMO_LEDGER": str(ledger)})
     out = log.open("ab")
     return subprocess.Popen([sys.executable, "-m", "asynctier", "run", "--allow-module",
@@ -191,8 +211,10 @@ def run_demo(settings: Settings, timeout_s: float = 120.0, console: Console | No
     console = console or Console()
     settings = settings.with_overrides(prefix=f"demo{int(time.time())}",
                                        allow_modules=(MODULE,))
+    shards = ", ".join(redact_dsn(dsn) for dsn in settings.queue_shards)
     console.print(f"[bold]asynctier demo[/] on Kafka {settings.kafka_bootstrap}, "
-                  f"Redis {settings.redis_url}, prefix {settings.prefix}")
+                  f"Redis {settings.redis_url}, PostgreSQL {shards}, prefix "
+                  f"{settings.prefix}")
     bind_all(settings, console.print)
     folder = Path(tempfile.mkdtemp(prefix="asynctier-demo-"))
     ledger, log = folder / "ledger.txt", folder / "platform.log"
@@ -210,36 +232,43 @@ def run_demo(settings: Settings, timeout_s: float = 120.0, console: Console | No
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=False) as progress:
             task = progress.add_task("processing", total=total)
+            queue_task = progress.add_task("queue items", total=transcode.COUNT)
 
             def tick() -> None:
                 nonlocal offset
                 offset = tally.read(ledger, offset)
-                progress.update(task, completed=len(tally.done) + len(tally.rejected),
-                                description=f"processing (retries {tally.retried})")
+                progress.update(task, completed=tally.resolved(queue=False),
+                                description=f"records (retries {tally.retried})")
+                progress.update(queue_task, completed=tally.resolved(queue=True))
 
+            enqueued = transcode.enqueue(settings)
             produce_paced(settings, rate_per_s, tick)
             while time.monotonic() < deadline and proc.poll() is None:
                 tick()
-                if (len(tally.done) + len(tally.rejected) >= total
-                        and len(tally.rejected) >= expected_rejects):
+                if (tally.resolved(queue=False) >= total
+                        and len(tally.rejected) - tally.queue_rejected() >= expected_rejects
+                        and tally.resolved(queue=True) >= enqueued
+                        and tally.queue_rejected() >= transcode.expected_rejects()):
                     break
                 time.sleep(0.25)
         letters = dead_letters(settings)
+        queue_dead = transcode.dead_items(settings)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    return _summary(console, tally, total, letters, log)
+    return _summary(console, tally, total, letters, log, queue_dead)
 
 
-def _summary(console: Console, tally: Tally, total: int, letters: int, log: Path) -> int:
-    resolved = len(tally.done) + len(tally.rejected)
+def _summary(console: Console, tally: Tally, total: int, letters: int, log: Path,
+             queue_dead: int) -> int:
+    resolved = tally.resolved(queue=False)
     span = max(tally.last - tally.first, 1e-6)
     table = Table("", "value", title="asynctier demo: summary")
     table.add_row("records", str(total))
-    table.add_row("processed", str(len(tally.done)))
+    table.add_row("processed", str(sum(1 for k in tally.done if k[0] != transcode.NAME)))
     table.add_row("retried (calls after a failure)", str(tally.retried))
     table.add_row("dead letters (in the dead-letter topics)", str(letters))
     table.add_row("function calls", str(tally.calls))
@@ -249,11 +278,35 @@ def _summary(console: Console, tally: Tally, total: int, letters: int, log: Path
                   f"{_percentile(tally.latencies, 0.5) * 1000:.1f} ms")
     table.add_row("record-to-start p99 (first attempts)",
                   f"{_percentile(tally.latencies, 0.99) * 1000:.1f} ms")
+    queue_ran = _queue_rows(table, tally, queue_dead)
     console.print(table)
     if resolved < total:
         console.print(f"[red]only {resolved} of {total} records resolved in time; the "
                       f"platform's log is {log}[/]")
         return 1
+    if queue_ran < transcode.COUNT:
+        console.print(f"[red]only {queue_ran} of {transcode.COUNT} queue items resolved in "
+                      f"time; the platform's log is {log}[/]")
+        return 1
     console.print("every record ran or is a dead letter (see `asynctier dlq list upload` "
-                  "with ASYNCTIER_PREFIX set to the demo's prefix)")
+                  "with ASYNCTIER_PREFIX set to the demo's prefix); every queue item ran or "
+                  f"is a dead item (`asynctier queue dead <prefix>.{transcode.NAME} "
+                  f"--namespace {transcode.TENANT}`)")
     return 0
+
+
+def _queue_rows(table: Table, tally: Tally, queue_dead: int) -> int:
+    """The queue workload's rows; returns how many of its items resolved."""
+    ran = sum(1 for k in tally.done if k[0] == transcode.NAME)
+    table.add_section()
+    table.add_row(f"queue items ({transcode.NAME})", str(transcode.COUNT))
+    table.add_row("queue items ran", str(ran))
+    table.add_row("queue dead items (in the queue)", str(queue_dead))
+    medians = transcode.median_starts(tally.queue_starts)
+    for priority, what in transcode.BANDS:
+        if priority in medians:
+            table.add_row(f"queue priority {priority} ({what}): median start",
+                          f"+{medians[priority]:.2f} s")
+    table.add_row("queue: higher priorities started first",
+                  "yes" if transcode.in_priority_order(medians) else "no")
+    return ran + tally.queue_rejected()

@@ -19,6 +19,7 @@ import logging
 import shutil
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,16 +127,18 @@ class DevStack:
         """Kafka, Redis and PostgreSQL."""
         return (self.kafka, self.redis, self.postgres)
 
-    def up(self) -> list[ServiceStatus]:
-        """Start each (those not running yet) and return once all answer."""
-        self._check_binaries()
-        if (self.postgres_port_auto and not self.postgres.running()
-                and not port_is_free(self.postgres_port)):
+    def up(self, only: Collection[str] | None = None) -> list[ServiceStatus]:
+        """Start each (those not running yet; with ``only``, those named: ``kafka``,
+        ``redis``, ``postgres``) and return once all answer."""
+        chosen = [s for s in self.services() if only is None or s.name in only]
+        self._check_binaries({s.name for s in chosen})
+        if (self.postgres_port_auto and any(s.name == "postgres" for s in chosen)
+                and not self.postgres.running() and not port_is_free(self.postgres_port)):
             self.postgres_port = free_port()
             log.info("port %d is taken: PostgreSQL listens on %d", DEFAULT_POSTGRES_PORT,
                      self.postgres_port)
         result = []
-        for service in self.services():
+        for service in chosen:
             started = service.start()
             self._save_state()
             result.append(ServiceStatus(service.name, service.address, True, True, started))
@@ -161,16 +164,19 @@ class DevStack:
                 f"export ASYNCTIER_REDIS_URL={self.redis.url}",
                 f"export ASYNCTIER_QUEUE_SHARDS={self.postgres.dsn}"]
 
-    def _check_binaries(self) -> None:
-        """Every missing binary at once, before anything starts."""
-        needed = ["java", "redis-server"]
-        if not self.kafka.jars.is_fetched():
+    def _check_binaries(self, names: Collection[str] = ("kafka", "redis", "postgres")) -> None:
+        """Every missing binary (of the services ``names``) at once, before anything
+        starts."""
+        needed = (["java"] if "kafka" in names else []) + \
+            (["redis-server"] if "redis" in names else [])
+        if "kafka" in names and not self.kafka.jars.is_fetched():
             needed.append("mvn")
         missing = [n for n in needed if shutil.which(n, path=self.path) is None]
-        try:
-            find_bin_dir(self.path)
-        except ServiceError:
-            missing.append("postgres")
+        if "postgres" in names:
+            try:
+                find_bin_dir(self.path)
+            except ServiceError:
+                missing.append("postgres")
         if missing:
             commands = "; ".join(f"{n}: `{INSTALL_COMMANDS[n]}`" for n in missing)
             raise ServiceError(

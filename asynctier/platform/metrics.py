@@ -6,8 +6,8 @@ them opens no socket and starts no thread. A process exposes them with :func:`se
 
 Names follow Prometheus conventions (``asynctier_`` prefix, ``_total`` for counters,
 ``_seconds`` for durations) and carry few, fixed labels: ``binding``, ``tenant``,
-``outcome``, ``component``, ``tier``, ``step``, ``reason``, and for lag ``group``,
-``topic``, ``partition``.
+``outcome``, ``component``, ``tier``, ``step``, ``reason``, for lag ``group``,
+``topic``, ``partition``, and for the queue's depth ``topic`` and ``state``.
 
 The hot path records a whole batch with one call per label set, never one call per item::
 
@@ -147,6 +147,21 @@ HANDOFF_FAILURES = Counter(
     "Failed hand-offs to a delay or dead-letter topic (delivery not confirmed).",
     ["topic"],
 )
+QUEUE_ITEMS = Gauge(
+    "asynctier_queue_items",
+    "Items of a queue binding's topic by state: ready, delayed, leased, dead.",
+    ["binding", "tenant", "topic", "state"],
+)
+QUEUE_OLDEST_READY = Gauge(
+    "asynctier_queue_oldest_ready_seconds",
+    "How long the oldest ready item of a queue binding's topic has waited (0: none ready).",
+    ["binding", "tenant", "topic"],
+)
+QUEUE_LEASE_EXPIRIES = Counter(
+    "asynctier_queue_lease_expiries_total",
+    "Queue items leased again because their previous lease ran out unresolved.",
+    ["binding", "tenant"],
+)
 
 #: Every metric above, by the name it is exported under (counters without ``_total``
 #: in prometheus-client's ``_name``; the keys here are the exported family names).
@@ -169,6 +184,9 @@ ALL_METRICS: Final = {
     "asynctier_batches_total": BATCHES,
     "asynctier_handoff_failures_total": HANDOFF_FAILURES,
     "asynctier_run_once_total": RUN_ONCE,
+    "asynctier_queue_items": QUEUE_ITEMS,
+    "asynctier_queue_oldest_ready_seconds": QUEUE_OLDEST_READY,
+    "asynctier_queue_lease_expiries_total": QUEUE_LEASE_EXPIRIES,
 }
 
 
@@ -331,6 +349,33 @@ def forget_consumer_lag(group: str, topic: str, partition: int) -> None:
     for gauge in (CONSUMER_LAG, CONSUMER_LAG_SECONDS):
         with contextlib.suppress(KeyError):
             gauge.remove(*labels)
+
+
+#: The ``state`` label of :data:`QUEUE_ITEMS`.
+QUEUE_STATES: Final = ("ready", "delayed", "leased", "dead")
+
+
+def set_queue_items(binding: str, tenant: str, topic: str, states: Mapping[str, int],
+                    oldest_ready_s: float) -> None:
+    """Set a queue binding's items by state and the age of its oldest ready item."""
+    for state in QUEUE_STATES:
+        QUEUE_ITEMS.labels(binding, tenant, topic, state).set(states.get(state, 0))
+    QUEUE_OLDEST_READY.labels(binding, tenant, topic).set(oldest_ready_s)
+
+
+def forget_queue_items(binding: str, tenant: str, topic: str) -> None:
+    """Drop a queue binding's depth series (it was removed, or its shard is down)."""
+    for state in QUEUE_STATES:
+        with contextlib.suppress(KeyError):
+            QUEUE_ITEMS.remove(binding, tenant, topic, state)
+    with contextlib.suppress(KeyError):
+        QUEUE_OLDEST_READY.remove(binding, tenant, topic)
+
+
+def count_lease_expiries(binding: str, tenant: str, n: int) -> None:
+    """Count ``n`` items of ``binding`` leased again after their lease ran out."""
+    if n:
+        QUEUE_LEASE_EXPIRIES.labels(binding, tenant).inc(n)
 
 
 # --- the endpoint -----------------------------------------------------------------------

@@ -62,7 +62,9 @@ class EnqueueResult:
 
 @dataclass(frozen=True)
 class Leased:
-    """An item leased to one owner until ``lease_expires_ms``; ``attempt`` counts from 1."""
+    """An item leased to one owner until ``lease_expires_ms``; ``attempt`` counts from 1.
+    ``lease_ran_out``: its previous lease expired unresolved (its owner died or hung), so
+    this lease is a lease expiry's retry."""
 
     id: str
     namespace: str
@@ -74,6 +76,7 @@ class Leased:
     enqueued_ms: int
     deliver_after_ms: int
     lease_expires_ms: int
+    lease_ran_out: bool = False
 
 
 @dataclass(frozen=True)

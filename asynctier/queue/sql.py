@@ -84,11 +84,12 @@ WITH picked AS (
       AND i.id = ANY(ARRAY(SELECT id FROM picked)) AND i.id = p.id
       AND p.id NOT IN (SELECT id FROM doomed)
     RETURNING i.id, i.payload, i.headers, i.priority, i.attempts, i.enqueued_ms,
-              p.deliver_after, i.lease_expires, i.seq
+              p.deliver_after, i.lease_expires, i.seq,
+              p.lease_owner IS NOT NULL AS lease_ran_out
 )
 SELECT * FROM leased
 UNION ALL  -- one row (id NULL) per item moved to the dead items instead
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM doomed
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM doomed
 """
 
 ACK = f"""

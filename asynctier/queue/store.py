@@ -187,7 +187,8 @@ class QueueStore:
         rows.sort(key=lambda r: (-r[3], r[6], r[8]))
         return [Leased(id=r[0], namespace=namespace, topic=topic, payload=r[1],
                        headers=decode_headers(r[2]), priority=r[3], attempt=r[4],
-                       enqueued_ms=r[5], deliver_after_ms=r[6], lease_expires_ms=r[7])
+                       enqueued_ms=r[5], deliver_after_ms=r[6], lease_expires_ms=r[7],
+                       lease_ran_out=bool(r[9]))
                 for r in rows]
 
     def resolve(self, namespace: str, topic: str, owner: str, acks: Sequence[str] = (),

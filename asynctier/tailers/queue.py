@@ -96,6 +96,8 @@ class QueueSource:
             return []
         if not leased:
             self._quiet_until = time.monotonic() + IDLE_POLL_S
+        metrics.count_lease_expiries(self.binding.name, self.namespace,
+                                     sum(1 for item in leased if item.lease_ran_out))
         return leased
 
     def _unavailable(self, exc: Exception) -> None:
