@@ -214,12 +214,15 @@ class Client:
         request = encode_call(call)
         backoff = 0.05
         last = "none tried"
+        first = True
         while True:
             address = self._pick()
-            left = deadline - time.monotonic()
+            # the first try has its whole call timeout; tries after it end by the deadline
+            timeout = (self.call_timeout_s if first
+                       else max(0.5, min(self.call_timeout_s, deadline - time.monotonic())))
+            first = False
             try:
-                reply = self._stub(address)(request, timeout=max(0.1, min(
-                    self.call_timeout_s, left)), wait_for_ready=False)
+                reply = self._stub(address)(request, timeout=timeout, wait_for_ready=False)
                 return decode_results(reply)
             except grpc.RpcError as exc:
                 code, detail = exc.code(), exc.details() or ""
