@@ -122,3 +122,77 @@ def test_submit_cli_prints_a_summary_with_line_numbers(
     assert "line 8: invalid: workload 7: the payload does not decode" in done.stdout
     wait_ran(plat, set(range(50)) - {7, 20}, 120)
     assert not {7, 20} & set(succeeded(plat.calls()))
+
+
+def test_a_killed_submitter_loses_nothing_it_accepted_and_the_sdk_moves_on(
+        plat: SubmitterPlatform, queue_namespace: str) -> None:
+    """Two Submitters, two callers sending batches of 100; one Submitter is SIGKILLed
+    mid-stream: every call still gets answered (by the other), and every workload answered
+    accepted (or duplicate: sent again after the lost answer, it has an id) ran."""
+    plat.bind_queue("q", "work", queue_namespace)
+    plat.start("scheduler")
+    plat.start("tailers")
+    plat.start_submitter("s1")
+    plat.start_submitter("s2")
+    client = plat.client(deadline_s=60.0)
+    got: dict[int, Result] = {}
+    half = threading.Event()
+
+    def caller(base: int) -> None:
+        for at in range(base, base + 3000, 100):
+            loads = [Workload(doc(i), id=f"k{i}") for i in range(at, at + 100)]
+            for r in client.submit_many("q", loads):
+                got[at + r.position] = r
+            if len(got) >= 2000:
+                half.set()
+
+    threads = [threading.Thread(target=caller, args=(b,)) for b in (0, 3000)]
+    for t in threads:
+        t.start()
+    assert half.wait(120)
+    plat.kill("s1")
+    for t in threads:
+        t.join(180)
+    assert not plat.alive("s1")
+    assert len(got) == 6000
+    assert {r.status for r in got.values()} <= {"accepted", "duplicate"}
+    wait_ran(plat, set(got), 180)
+    client.close()
+
+
+@pytest.mark.slow
+def test_50k_workloads_from_four_callers_half_queue_half_kafka(
+        plat: SubmitterPlatform, queue_namespace: str) -> None:
+    """50,000 workloads through the SDK, four concurrent callers, half to a queue binding
+    and half to a Kafka binding, one in fifty invalid: every accepted workload ran, none
+    of the refused ones did."""
+    plat.bind_queue("q", "work", queue_namespace)
+    plat.bind("k", "kin", "--create-topic", "4")
+    plat.start("scheduler")
+    plat.start("tailers")
+    plat.start_submitter("s1")
+    plat.start_submitter("s2")
+    client = plat.client(deadline_s=120.0)
+    got: dict[int, Result] = {}
+
+    def caller(base: int, binding: str) -> None:
+        for at in range(base, base + 12_500, 500):
+            # one in fifty carries a priority of 5000: out of range for the queue, and
+            # no priority applies to a Kafka binding; its payload would run if written
+            loads = [Workload(doc(i), priority=None if i % 50 else 5000)
+                     for i in range(at, at + 500)]
+            for r in client.submit_many(binding, loads):
+                got[at + r.position] = r
+
+    threads = [threading.Thread(target=caller, args=(b, "q" if b < 25_000 else "k"))
+               for b in (0, 12_500, 25_000, 37_500)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert len(got) == 50_000
+    accepted = {i for i, r in got.items() if r.status == "accepted"}
+    assert accepted == {i for i in range(50_000) if i % 50}
+    wait_ran(plat, accepted, 600)
+    assert not {i for i in range(0, 50_000, 50)} & set(succeeded(plat.calls()))
+    client.close()
