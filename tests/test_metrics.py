@@ -61,6 +61,9 @@ def test_every_metric_of_the_issue_is_defined() -> None:
         "asynctier_batches_total": ("component", "binding"),
         "asynctier_handoff_failures_total": ("topic",),
         "asynctier_run_once_total": ("binding", "outcome"),
+        "asynctier_submitter_workloads_total": ("binding", "tenant", "outcome"),
+        "asynctier_submitter_refused_calls_total": ("binding", "reason"),
+        "asynctier_submitter_call_seconds": ("binding",),
     }
     assert {n: tuple(m._labelnames) for n, m in metrics.ALL_METRICS.items()} == wanted
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
 from asynctier.client import Client
@@ -172,6 +173,10 @@ def test_a_tenant_over_its_capacity_is_throttled_and_others_are_not(
     assert all(0 < (r.retry_after_ms or 0) <= 60_000 for r in throttled)
     assert "over its enqueue capacity" in (throttled[0].reason or "")
     assert [r.status for r in others] == ["accepted"] * 500
+    counted = {o: REGISTRY.get_sample_value("asynctier_submitter_workloads_total",
+                                            {"binding": "q", "tenant": tenant, "outcome": o})
+               for o in ("accepted", "throttled")}
+    assert counted == {"accepted": 600, "throttled": 1400}
 
 
 def test_the_sdk_retries_throttled_workloads_until_they_are_in(

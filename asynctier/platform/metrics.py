@@ -251,15 +251,15 @@ def set_queue_depths(depths: Mapping[str, int]) -> None:
 
 SUBMITTED = Counter(
     "asynctier_submitter_workloads_total",
-    "Workloads answered by the Submitter, by binding, tenant and status (accepted, "
+    "Workloads answered by the Submitter, by binding, tenant and outcome (accepted, "
     "duplicate, invalid, throttled).",
-    ["binding", "tenant", "status"],
+    ["binding", "tenant", "outcome"],
 )
 SUBMITTER_REFUSED_CALLS = Counter(
     "asynctier_submitter_refused_calls_total",
-    "Submitter calls refused whole, by binding and gRPC status (NOT_FOUND, "
+    "Submitter calls refused whole, by binding and reason: the gRPC status (NOT_FOUND, "
     "INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE).",
-    ["binding", "code"],
+    ["binding", "reason"],
 )
 SUBMITTER_CALL_SECONDS = Histogram(
     "asynctier_submitter_call_seconds",
@@ -267,6 +267,12 @@ SUBMITTER_CALL_SECONDS = Histogram(
     ["binding"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
+
+ALL_METRICS.update({
+    "asynctier_submitter_workloads_total": SUBMITTED,
+    "asynctier_submitter_refused_calls_total": SUBMITTER_REFUSED_CALLS,
+    "asynctier_submitter_call_seconds": SUBMITTER_CALL_SECONDS,
+})
 
 
 def count_submitted(binding: str, tenant: str, statuses: Iterable[str]) -> None:
