@@ -29,6 +29,9 @@ from asynctier.submitter.writers import KafkaWriter
 
 log = logging.getLogger(__name__)
 
+#: Calls a Submitter serves at once at most.
+MAX_CALLS = 512
+
 
 
 class _Handler(grpc.GenericRpcHandler):  # type: ignore[misc]
@@ -70,7 +73,9 @@ async def serve_submitter(settings: Settings, *, listen: str | None, stop: threa
                else Backlog(settings, queue, options.max_backlog, options.backlog_recheck_s))
     submitter = Submitter(bindings, queue, kafka, EnqueueCapacity(redis, settings.names),
                           backlog, options)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    # calls past MAX_CALLS are refused RESOURCE_EXHAUSTED by gRPC before their bytes are
+    # read: with max_pending, what a flood of calls can hold in memory is bounded
+    server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=MAX_CALLS)
     server.add_generic_rpc_handlers((_Handler(submitter),))
     try:
         try:
