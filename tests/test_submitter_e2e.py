@@ -196,3 +196,24 @@ def test_50k_workloads_from_four_callers_half_queue_half_kafka(
     wait_ran(plat, accepted, 600)
     assert not {i for i in range(0, 50_000, 50)} & set(succeeded(plat.calls()))
     client.close()
+
+
+def test_with_the_platform_stopped_the_backlog_cap_throttles_until_it_drains(
+        plat: SubmitterPlatform, queue_namespace: str) -> None:
+    """``run submitter --max-backlog 200``, no scheduler or tailers: once 200 items wait,
+    new workloads are throttled; the platform started, the backlog drains and the SDK's
+    retries get them accepted, and every accepted workload ran."""
+    plat.bind_queue("q", "work", queue_namespace)
+    plat.start_submitter("submitter", "--max-backlog", "200")
+    with plat.client(deadline_s=0.0) as client:
+        first = client.submit_many("q", [doc(i) for i in range(200)])
+        assert [r.status for r in first] == ["accepted"] * 200
+        late = wait_until(lambda: (r := client.submit("q", doc(200))).status == "throttled"
+                          and r, 15, "the Submitter sees the backlog")
+        assert "over the cap of 200" in (late.reason or "")
+    plat.start("scheduler")
+    plat.start("tailers")
+    with plat.client(deadline_s=120.0) as client:
+        after = client.submit_many("q", [doc(i) for i in range(200, 300)])
+    assert [r.status for r in after] == ["accepted"] * 100
+    wait_ran(plat, set(range(300)), 120)

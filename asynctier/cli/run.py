@@ -28,6 +28,7 @@ from asynctier.platform.config import Settings
 from asynctier.platform.gcpolicy import quiet_gc
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.signals import stop_on_signals, wait_for_stop
+from asynctier.submitter.service import SubmitterOptions
 from asynctier.tailers.options import TailerOptions
 
 log = logging.getLogger("asynctier.run")
@@ -75,7 +76,8 @@ def _serve_metrics(port: int | None) -> None:
 
 def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen: str | None,
              metrics_port: int | None, options: TailerOptions,
-             submitter_listen: str | None = None) -> None:
+             submitter_listen: str | None = None,
+             submitter_options: SubmitterOptions | None = None) -> None:
     stop = threading.Event()
     stop_on_signals(stop)
     _serve_metrics(metrics_port)
@@ -92,7 +94,8 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
     elif component == "submitter":
         from asynctier.submitter.server import run_submitter
 
-        run_submitter(settings, listen=submitter_listen or settings.submitter_listen, stop=stop)
+        run_submitter(settings, listen=submitter_listen or settings.submitter_listen, stop=stop,
+                      options=submitter_options)
     elif component == "tailers":
         run_tailers(settings, stop, options, export_lag=metrics_port is not None)
     else:
@@ -185,6 +188,14 @@ DEFAULTS = TailerOptions()
 @click.option("--submitter-listen", envvar="ASYNCTIER_SUBMITTER_LISTEN",
               help="host:port the Submitter serves on [default: 127.0.0.1:50061; "
                    "submitter_listen in asynctier.toml].")
+@click.option("--max-backlog", type=click.IntRange(min=1), default=1_000_000,
+              show_default=True,
+              help="Submitter: a topic's backlog (ready + delayed queue items, or a Kafka "
+                   "binding's lag) past which its new workloads are throttled.")
+@click.option("--max-pending", type=click.IntRange(min=1), default=100_000,
+              show_default=True,
+              help="Submitter: workloads under way at most; calls past it get "
+                   "RESOURCE_EXHAUSTED with a retry-after.")
 @click.option("--metrics-port", type=int, envvar="ASYNCTIER_METRICS_PORT",
               help="Serve /metrics (0: a free port, printed at start).")
 @click.option("--batch-size", type=click.IntRange(1, 100_000), default=DEFAULTS.batch_size,
@@ -199,7 +210,7 @@ DEFAULTS = TailerOptions()
 @click.pass_context
 def run(ctx: click.Context, component: str | None, allow: tuple[str, ...], listen: str | None,
         metrics_port: int | None, batch_size: int, max_in_flight: int,
-        submitter_listen: str | None) -> None:
+        submitter_listen: str | None, max_backlog: int, max_pending: int) -> None:
     """Run the scheduler, the tailers, the delay tailers and the Submitter (all four when
     none is named)."""
     settings = settings_of(ctx)
@@ -209,7 +220,8 @@ def run(ctx: click.Context, component: str | None, allow: tuple[str, ...], liste
     if component is None:
         _run_all(allow, listen, metrics_port, options, submitter_listen)
     else:
-        _run_one(settings, component, allow, listen, metrics_port, options, submitter_listen)
+        _run_one(settings, component, allow, listen, metrics_port, options, submitter_listen,
+                 SubmitterOptions(max_backlog=max_backlog, max_pending=max_pending))
 
 
 COMMANDS = [run]
