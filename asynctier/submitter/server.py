@@ -96,6 +96,8 @@ async def serve_submitter(settings: Settings, *, listen: str | None, stop: threa
                  address, stop_grace_s)
         await server.stop(stop_grace_s)
     finally:
+        if backlog is not None:
+            await asyncio.to_thread(backlog.close)
         await asyncio.to_thread(kafka.close)
         queue.close()
         bindings.close()
