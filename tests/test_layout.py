@@ -19,6 +19,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "tailers": ("asynctier.tailers", "asynctier.delay_streams", "asynctier.queue",
                 "asynctier.platform"),
     "queue": ("asynctier.queue", "asynctier.platform"),
+    "submitter": ("asynctier.submitter", "asynctier.queue", "asynctier.platform"),
     "dev": ("asynctier.dev", "asynctier.platform"),
     "demo": ("asynctier.demo", "asynctier.delay_streams", "asynctier.queue",
              "asynctier.platform"),

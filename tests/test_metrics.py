@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from asynctier.platform import metrics
 
 ALLOWED_LABELS = {"binding", "tenant", "outcome", "component", "tier", "step", "reason",
-                  "group", "topic", "partition"}
+                  "group", "topic", "partition", "state"}
 
 
 def _value(name: str, **labels: str) -> float:
@@ -61,6 +61,12 @@ def test_every_metric_of_the_issue_is_defined() -> None:
         "asynctier_batches_total": ("component", "binding"),
         "asynctier_handoff_failures_total": ("topic",),
         "asynctier_run_once_total": ("binding", "outcome"),
+        "asynctier_submitter_workloads_total": ("binding", "tenant", "outcome"),
+        "asynctier_submitter_refused_calls_total": ("binding", "reason"),
+        "asynctier_submitter_call_seconds": ("binding",),
+        "asynctier_queue_items": ("binding", "tenant", "topic", "state"),
+        "asynctier_queue_oldest_ready_seconds": ("binding", "tenant", "topic"),
+        "asynctier_queue_lease_expiries_total": ("binding", "tenant"),
     }
     assert {n: tuple(m._labelnames) for n, m in metrics.ALL_METRICS.items()} == wanted
 

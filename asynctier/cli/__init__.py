@@ -18,7 +18,8 @@ import click
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError
 
-COMMAND_MODULES = ("dev", "bindings", "run", "produce", "dlq", "lag", "quota", "demo", "queue")
+COMMAND_MODULES = ("dev", "bindings", "run", "produce", "dlq", "lag", "quota", "demo", "queue",
+                   "submit")
 
 
 class _Group(click.Group):

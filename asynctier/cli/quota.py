@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 from asynctier.cli import settings_of
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
+from asynctier.platform.limits.capacity import EnqueueCapacity
 from asynctier.platform.limits.outage import REDIS_DOWN
 from asynctier.platform.limits.quota import Quota, QuotaStore
 
@@ -61,17 +62,43 @@ def quota() -> None:
               help="Items per minute (omit: no limit per minute).")
 @click.option("--per-day", type=click.IntRange(min=1),
               help="Items per UTC day (omit: no limit per day).")
+@click.option("--enqueue-per-minute", type=click.IntRange(min=1),
+              help="Workloads per minute the Submitters accept from TENANT (FOQS's "
+                   "enqueue capacity; the rest are throttled with a retry-after).")
 @click.pass_context
-def set_(ctx: click.Context, tenant: str, per_minute: int | None, per_day: int | None) -> None:
-    """Replace TENANT's quota (a window not given has no limit)."""
+def set_(ctx: click.Context, tenant: str, per_minute: int | None, per_day: int | None,
+         enqueue_per_minute: int | None) -> None:
+    """Replace TENANT's quota (a window not given has no limit); --enqueue-per-minute
+    alone sets only the Submitters' enqueue capacity."""
     if not _TENANT_RE.fullmatch(tenant):
         raise click.BadParameter("letters, digits, '.', '-', '_' (at most 63)",
                                  param_hint="TENANT")
+    if per_minute is None and per_day is None and enqueue_per_minute is None:
+        raise click.UsageError("give --per-minute N, --per-day N, --enqueue-per-minute N "
+                               "or several")
+    settings = settings_of(ctx)
+    if enqueue_per_minute is not None:
+        _set_capacity(settings, tenant, enqueue_per_minute)
+        click.echo(f"{tenant}: {enqueue_per_minute} enqueued per minute")
     if per_minute is None and per_day is None:
-        raise click.UsageError("give --per-minute N, --per-day N or both")
+        return
     new = Quota(per_minute=per_minute, per_day=per_day)
-    _with_store(settings_of(ctx), lambda store: store.set(tenant, new))
+    _with_store(settings, lambda store: store.set(tenant, new))
     click.echo(f"{tenant}: {_describe(new.to_json())}")
+
+
+def _set_capacity(settings: Settings, tenant: str, per_minute: int) -> None:
+    async def run() -> None:
+        client = Redis.from_url(settings.redis_url, socket_timeout=5.0,
+                                socket_connect_timeout=5.0)
+        try:
+            await EnqueueCapacity(client, settings.names).set(tenant, per_minute)
+        except REDIS_DOWN as exc:
+            raise ServiceError(f"Redis at {settings.redis_url} does not answer: {exc}") from exc
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
 
 
 @quota.command()

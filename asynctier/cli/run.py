@@ -1,11 +1,13 @@
-"""``asynctier run [scheduler | tailers | delay]``: run the platform's processes.
+"""``asynctier run [scheduler | tailers | delay | submitter]``: run the platform's processes.
 
-With no component named, the three run as three child processes of this one (the scheduler
-first, then the tailers and the delay tailers); SIGTERM or Ctrl-C stops the tailers first
-(they finish and commit their in-flight batches), then the scheduler, and exits 0.
+With no component named, the four run as child processes of this one (the scheduler
+first, then the tailers, the delay tailers and the Submitter); SIGTERM or Ctrl-C stops the
+Submitter (it finishes the calls under way), the tailers (they finish and commit their
+in-flight batches), then the scheduler, and exits 0.
 
 Metrics: each process serves its own ``/metrics``. With ``--metrics-port P`` the scheduler
-uses P, the tailers P+1 and the delay tailers P+2; a single component uses P.
+uses P, the tailers P+1, the delay tailers P+2 and the Submitter P+3; a single component
+uses P.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from asynctier.platform.config import Settings
 from asynctier.platform.gcpolicy import quiet_gc
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.signals import stop_on_signals, wait_for_stop
+from asynctier.submitter.service import SubmitterOptions
 from asynctier.tailers.options import TailerOptions
 
 log = logging.getLogger("asynctier.run")
 
-COMPONENTS = ("scheduler", "tailers", "delay")
+COMPONENTS = ("scheduler", "tailers", "delay", "submitter")
 
 
 def scheduler_addresses(settings: Settings) -> Callable[[], Sequence[str]]:
@@ -77,7 +80,9 @@ def _serve_metrics(port: int | None) -> None:
 
 
 def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen: str | None,
-             metrics_port: int | None, options: TailerOptions) -> None:
+             metrics_port: int | None, options: TailerOptions,
+             submitter_listen: str | None = None,
+             submitter_options: SubmitterOptions | None = None) -> None:
     stop = threading.Event()
     stop_on_signals(stop)
     _serve_metrics(metrics_port)
@@ -91,6 +96,11 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
         run_scheduler(settings, listen=listen or settings.scheduler_listen,
                       allow_modules=allow or settings.allow_modules, stop=stop,
                       admission=admission)
+    elif component == "submitter":
+        from asynctier.submitter.server import run_submitter
+
+        run_submitter(settings, listen=submitter_listen or settings.submitter_listen, stop=stop,
+                      options=submitter_options)
     elif component == "tailers":
         run_tailers(settings, stop, options, export_lag=metrics_port is not None)
     else:
@@ -114,7 +124,8 @@ def run_delay(settings: Settings, stop: threading.Event, export_lag: bool = Fals
 
 
 def _child_args(component: str, allow: tuple[str, ...], listen: str | None,
-                port: int | None, options: TailerOptions) -> list[str]:
+                port: int | None, options: TailerOptions,
+                submitter_listen: str | None = None) -> list[str]:
     args = [sys.executable, "-m", "asynctier", "run", component,
             "--batch-size", str(options.batch_size),
             "--max-in-flight", str(options.max_in_flight)]
@@ -122,21 +133,24 @@ def _child_args(component: str, allow: tuple[str, ...], listen: str | None,
         args += ["--allow-module", module]
     if listen and component == "scheduler":
         args += ["--listen", listen]
+    if submitter_listen and component == "submitter":
+        args += ["--submitter-listen", submitter_listen]
     if port is not None:
         args += ["--metrics-port", str(port)]
     return args
 
 
 def _run_all(allow: tuple[str, ...], listen: str | None, metrics_port: int | None,
-             options: TailerOptions) -> None:
+             options: TailerOptions, submitter_listen: str | None = None) -> None:
     stop = threading.Event()
     stop_on_signals(stop)
     children: dict[str, subprocess.Popen[bytes]] = {}
     for offset, component in enumerate(COMPONENTS):
         port = None if metrics_port is None else (metrics_port + offset if metrics_port else 0)
         children[component] = subprocess.Popen(
-            _child_args(component, allow, listen, port, options))
-    log.info("asynctier running: scheduler (pid %d), tailers (pid %d), delay (pid %d)",
+            _child_args(component, allow, listen, port, options, submitter_listen))
+    log.info("asynctier running: scheduler (pid %d), tailers (pid %d), delay (pid %d), "
+             "submitter (pid %d)",
              *(c.pid for c in children.values()))
     code = 0
     while not stop.is_set():
@@ -147,7 +161,7 @@ def _run_all(allow: tuple[str, ...], listen: str | None, metrics_port: int | Non
                 code = 1
                 stop.set()
         stop.wait(0.5)
-    for component in ("tailers", "delay", "scheduler"):
+    for component in ("submitter", "tailers", "delay", "scheduler"):
         child = children[component]
         if child.poll() is None:
             child.send_signal(signal.SIGTERM)
@@ -176,6 +190,17 @@ DEFAULTS = TailerOptions()
                    "Also allow_modules in asynctier.toml or ASYNCTIER_ALLOW_MODULES.")
 @click.option("--listen", envvar="ASYNCTIER_SCHEDULER_LISTEN",
               help="host:port the scheduler serves on [default: 127.0.0.1:50051].")
+@click.option("--submitter-listen", envvar="ASYNCTIER_SUBMITTER_LISTEN",
+              help="host:port the Submitter serves on [default: 127.0.0.1:50061; "
+                   "submitter_listen in asynctier.toml].")
+@click.option("--max-backlog", type=click.IntRange(min=1), default=1_000_000,
+              show_default=True,
+              help="Submitter: a topic's backlog (ready + delayed queue items, or a Kafka "
+                   "binding's lag) past which its new workloads are throttled.")
+@click.option("--max-pending", type=click.IntRange(min=1), default=100_000,
+              show_default=True,
+              help="Submitter: workloads under way at most; calls past it get "
+                   "RESOURCE_EXHAUSTED with a retry-after.")
 @click.option("--metrics-port", type=int, envvar="ASYNCTIER_METRICS_PORT",
               help="Serve /metrics (0: a free port, printed at start).")
 @click.option("--batch-size", type=click.IntRange(1, 100_000), default=DEFAULTS.batch_size,
@@ -189,16 +214,19 @@ DEFAULTS = TailerOptions()
                    "--idempotent may run twice).")
 @click.pass_context
 def run(ctx: click.Context, component: str | None, allow: tuple[str, ...], listen: str | None,
-        metrics_port: int | None, batch_size: int, max_in_flight: int) -> None:
-    """Run the scheduler, the tailers and the delay tailers (all three when none is named)."""
+        metrics_port: int | None, batch_size: int, max_in_flight: int,
+        submitter_listen: str | None, max_backlog: int, max_pending: int) -> None:
+    """Run the scheduler, the tailers, the delay tailers and the Submitter (all four when
+    none is named)."""
     settings = settings_of(ctx)
     if metrics_port is None and settings.metrics_port:
         metrics_port = settings.metrics_port
     options = TailerOptions(batch_size=batch_size, max_in_flight=max_in_flight)
     if component is None:
-        _run_all(allow, listen, metrics_port, options)
+        _run_all(allow, listen, metrics_port, options, submitter_listen)
     else:
-        _run_one(settings, component, allow, listen, metrics_port, options)
+        _run_one(settings, component, allow, listen, metrics_port, options, submitter_listen,
+                 SubmitterOptions(max_backlog=max_backlog, max_pending=max_pending))
 
 
 COMMANDS = [run]

@@ -11,6 +11,8 @@ The file::
     allow_modules = ["myapp.jobs"]       # the scheduler runs functions from these only
     schedulers = ["127.0.0.1:50051"]     # used when Redis membership is unavailable
     scheduler_listen = "127.0.0.1:50051"
+    submitter_listen = "127.0.0.1:50061"  # asynctier run submitter
+    submitters = ["127.0.0.1:50061"]     # the Submitters the SDK spreads calls over
     metrics_port = 0                     # 0: no metrics endpoint
     run_once_window = "15m"              # how long a success is remembered (run once)
 
@@ -46,6 +48,7 @@ from asynctier.platform.names import DEFAULT_PREFIX, Names
 DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_SCHEDULER = "127.0.0.1:50051"
+DEFAULT_SUBMITTER = "127.0.0.1:50061"
 #: The dev stack's PostgreSQL (``asynctier dev up``).
 DEFAULT_QUEUE_SHARD = "postgresql://asynctier@127.0.0.1:5432/asynctier"
 
@@ -96,6 +99,9 @@ class Settings:
     allow_modules: tuple[str, ...] = ()
     schedulers: tuple[str, ...] = (DEFAULT_SCHEDULER,)
     scheduler_listen: str = DEFAULT_SCHEDULER
+    #: Where ``asynctier run submitter`` serves, and the Submitters clients spread over.
+    submitter_listen: str = DEFAULT_SUBMITTER
+    submitters: tuple[str, ...] = (DEFAULT_SUBMITTER,)
     metrics_port: int = 0
     #: How long the scheduler remembers a record's success for the run-once guard.
     run_once_window_s: float = DEFAULT_RUN_ONCE_WINDOW_S
@@ -161,7 +167,7 @@ class Settings:
         redis = dict(doc.get("redis", {}))
         queue_shards = _queue_shards(dict(doc.get("queue", {})), source)
         known = {"prefix", "data_dir", "allow_modules", "schedulers", "scheduler_listen",
-                 "metrics_port", "run_once_window"}
+                 "submitter_listen", "submitters", "metrics_port", "run_once_window"}
         bad = set(main) - known
         if bad:
             raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [asynctier]; "
@@ -175,6 +181,8 @@ class Settings:
                 allow_modules=tuple(main.get("allow_modules", ())),
                 schedulers=tuple(main.get("schedulers", (DEFAULT_SCHEDULER,))),
                 scheduler_listen=str(main.get("scheduler_listen", DEFAULT_SCHEDULER)),
+                submitter_listen=str(main.get("submitter_listen", DEFAULT_SUBMITTER)),
+                submitters=tuple(main.get("submitters", (DEFAULT_SUBMITTER,))),
                 metrics_port=int(main.get("metrics_port", 0)),
                 run_once_window_s=_window(main.get("run_once_window",
                                                    DEFAULT_RUN_ONCE_WINDOW_S)),
@@ -203,6 +211,10 @@ class Settings:
             changes["schedulers"] = _split(env["ASYNCTIER_SCHEDULERS"])
         if env.get("ASYNCTIER_QUEUE_SHARDS"):
             changes["queue_shards"] = _split(env["ASYNCTIER_QUEUE_SHARDS"])
+        if env.get("ASYNCTIER_SUBMITTERS"):
+            changes["submitters"] = _split(env["ASYNCTIER_SUBMITTERS"])
+        if env.get("ASYNCTIER_SUBMITTER_LISTEN"):
+            changes["submitter_listen"] = env["ASYNCTIER_SUBMITTER_LISTEN"]
         if env.get("ASYNCTIER_SCHEDULER_LISTEN"):
             changes["scheduler_listen"] = env["ASYNCTIER_SCHEDULER_LISTEN"]
         return replace(self, **changes) if changes else self

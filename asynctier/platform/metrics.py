@@ -267,6 +267,48 @@ def set_queue_depths(depths: Mapping[str, int]) -> None:
         QUEUE_DEPTH.labels(tier).set(n)
 
 
+SUBMITTED = Counter(
+    "asynctier_submitter_workloads_total",
+    "Workloads answered by the Submitter, by binding, tenant and outcome (accepted, "
+    "duplicate, invalid, throttled).",
+    ["binding", "tenant", "outcome"],
+)
+SUBMITTER_REFUSED_CALLS = Counter(
+    "asynctier_submitter_refused_calls_total",
+    "Submitter calls refused whole, by binding and reason: the gRPC status (NOT_FOUND, "
+    "INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE).",
+    ["binding", "reason"],
+)
+SUBMITTER_CALL_SECONDS = Histogram(
+    "asynctier_submitter_call_seconds",
+    "Time the Submitter took to answer a call (validation, limits and the durable write).",
+    ["binding"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+
+ALL_METRICS.update({
+    "asynctier_submitter_workloads_total": SUBMITTED,
+    "asynctier_submitter_refused_calls_total": SUBMITTER_REFUSED_CALLS,
+    "asynctier_submitter_call_seconds": SUBMITTER_CALL_SECONDS,
+})
+
+
+def count_submitted(binding: str, tenant: str, statuses: Iterable[str]) -> None:
+    """Count a call's workloads by status."""
+    for status, n in collections.Counter(statuses).items():
+        SUBMITTED.labels(binding, tenant, status).inc(n)
+
+
+def count_submitter_refused_call(binding: str, code: str) -> None:
+    """Count one call refused whole with ``code``."""
+    SUBMITTER_REFUSED_CALLS.labels(binding, code).inc()
+
+
+def observe_submitter_call(binding: str, seconds: float) -> None:
+    """Observe one answered call's duration."""
+    SUBMITTER_CALL_SECONDS.labels(binding).observe(seconds)
+
+
 def count_throttled(binding: str, n: int = 1) -> None:
     """Count ``n`` items held back by the rate limit."""
     if n:

@@ -25,6 +25,8 @@ def lua(*names: str, **constants: int) -> str:
 TAKE_TOKENS: Final = lua("take_tokens")
 #: Charge a tenant for a chunk against its quotas (``lua/charge_quota.lua``).
 CHARGE_QUOTA: Final = lua("charge_quota")
+#: Take workloads of a tenant's enqueue capacity (``lua/take_enqueue_capacity.lua``).
+TAKE_ENQUEUE_CAPACITY: Final = lua("take_enqueue_capacity")
 #: Take one concurrency lease below the cap (``lua/acquire_lease.lua``).
 ACQUIRE_LEASE: Final = lua("acquire_lease")
 #: Extend the concurrency leases a holder still has (``lua/renew_leases.lua``).

@@ -1,0 +1,27 @@
+-- Take up to N workloads of a tenant's enqueue capacity in the current minute (a fixed
+-- window of Redis TIME), shared by every Submitter process: one round trip per call.
+--
+-- KEYS[1]  the tenant's capacity (a string: workloads per minute; missing: no limit)
+-- KEYS[2]  the tenant's use (hash: m = the minute's id, c = workloads taken in it)
+-- ARGV[1]  N, the workloads the call would write
+-- Returns  {granted, milliseconds until the minute ends} (granted = N and 0 without limit)
+local n = tonumber(ARGV[1])
+local cap = tonumber(redis.call('GET', KEYS[1]))
+if cap == nil then
+  return {n, 0}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local minute = math.floor(now / 60000)
+local used = redis.call('HMGET', KEYS[2], 'm', 'c')
+local c = 0
+if tonumber(used[1]) == minute then
+  c = tonumber(used[2]) or 0
+end
+local granted = math.max(0, math.min(n, cap - c))
+if granted > 0 then
+  redis.call('HSET', KEYS[2], 'm', string.format('%d', minute),
+             'c', string.format('%d', c + granted))
+  redis.call('EXPIRE', KEYS[2], 120)
+end
+return {granted, (minute + 1) * 60000 - now}

@@ -1,0 +1,52 @@
+"""The Submitter's pieces that need no service: config, the CLI's plumbing, the wire, the
+SDK's payloads."""
+
+from __future__ import annotations
+
+from asynctier.cli.run import COMPONENTS, _child_args
+from asynctier.client import as_payload
+from asynctier.platform.config import Settings
+from asynctier.submitter.protocol import (
+    METHOD,
+    Call,
+    Result,
+    Workload,
+    decode_call,
+    decode_results,
+    encode_call,
+    encode_results,
+)
+from asynctier.tailers.options import TailerOptions
+
+
+def test_the_submitters_come_from_the_file_and_the_environment() -> None:
+    doc = {"asynctier": {"submitter_listen": "0.0.0.0:7000", "submitters": ["a:1", "b:2"]}}
+    settings = Settings.from_mapping(doc)
+    assert (settings.submitter_listen, settings.submitters) == ("0.0.0.0:7000", ("a:1", "b:2"))
+    env = {"ASYNCTIER_SUBMITTERS": "c:3,d:4", "ASYNCTIER_SUBMITTER_LISTEN": "127.0.0.1:9"}
+    assert settings.from_env(env).submitters == ("c:3", "d:4")
+    assert settings.from_env(env).submitter_listen == "127.0.0.1:9"
+
+
+def test_a_plain_run_starts_a_submitter_with_its_listen_address() -> None:
+    assert "submitter" in COMPONENTS
+    args = _child_args("submitter", (), None, None, TailerOptions(), "127.0.0.1:7001")
+    assert args[args.index("--submitter-listen") + 1] == "127.0.0.1:7001"
+    assert "--submitter-listen" not in _child_args("tailers", (), None, None, TailerOptions(),
+                                                   "127.0.0.1:7001")
+
+
+def test_a_call_and_its_results_survive_the_wire() -> None:
+    call = Call("b", [Workload(b"{}", b"k", (("h", b"v"), ("n", None)), 5, 1500, "x"),
+                      Workload(None)], all_or_nothing=True)
+    assert decode_call(encode_call(call)) == call
+    results = [Result("accepted", 0, "x", "t", 2, 40), Result("throttled", 1, reason="r",
+                                                              retry_after_ms=900)]
+    assert decode_results(encode_results(results)) == results
+    assert METHOD.startswith("/asynctier.Submitter/SubmitWorkloadsV")
+
+
+def test_the_sdk_sends_bytes_as_they_are_text_as_utf8_and_the_rest_as_json() -> None:
+    assert as_payload(b"\x00\x01") == b"\x00\x01"
+    assert as_payload("héllo") == "héllo".encode()
+    assert as_payload({"id": 1, "x": [1, 2]}) == b'{"id":1,"x":[1,2]}'
