@@ -218,7 +218,7 @@ def test_a_live_platform_exports_what_the_dashboards_query(
         wait_until(lambda: set(range(200)) | set(range(1000, 1050))
                    <= set(ledger.ids_seen(plat.ledger)), 60, "every record and item ran")
         ports = [_wait_port(plat, name) for name in ("scheduler", "tailers")]
-        depth = {"binding": "jobs", "tenant": queue_namespace, "topic": "jobs"}
+        depth = {"binding": "jobs", "tenant": queue_namespace}
         wait_until(lambda: _sample(_scrape(ports[1])[2], "asynctier_queue_items",
                                    {**depth, "state": "ready"}) == 0, 30,
                    "the tailers export the queue's depth, drained")

@@ -64,8 +64,8 @@ def test_every_metric_of_the_issue_is_defined() -> None:
         "asynctier_submitter_workloads_total": ("binding", "tenant", "outcome"),
         "asynctier_submitter_refused_calls_total": ("binding", "reason"),
         "asynctier_submitter_call_seconds": ("binding",),
-        "asynctier_queue_items": ("binding", "tenant", "topic", "state"),
-        "asynctier_queue_oldest_ready_seconds": ("binding", "tenant", "topic"),
+        "asynctier_queue_items": ("binding", "tenant", "state"),
+        "asynctier_queue_oldest_ready_seconds": ("binding", "tenant"),
         "asynctier_queue_lease_expiries_total": ("binding", "tenant"),
     }
     assert {n: tuple(m._labelnames) for n, m in metrics.ALL_METRICS.items()} == wanted

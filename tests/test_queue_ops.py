@@ -121,7 +121,7 @@ def test_lag_watch_json_follows_the_queue(
 
 def _depth(binding: str, tenant: str, topic: str, state: str) -> float | None:
     return REGISTRY.get_sample_value("asynctier_queue_items", {
-        "binding": binding, "tenant": tenant, "topic": topic, "state": state})
+        "binding": binding, "tenant": tenant, "state": state})
 
 
 def test_the_collector_exports_depth_by_state_and_drops_removed_bindings(
@@ -145,7 +145,7 @@ def test_the_collector_exports_depth_by_state_and_drops_removed_bindings(
             assert _depth("depth", ns, "depth", "leased") == 1
             assert _depth("depth", ns, "depth", "dead") == 0
             oldest = REGISTRY.get_sample_value("asynctier_queue_oldest_ready_seconds", {
-                "binding": "depth", "tenant": ns, "topic": "depth"})
+                "binding": "depth", "tenant": ns})
             assert oldest is not None and 0 <= oldest < 120
             _enqueue(queue_store, ns, "depth", 4)
             wait_until(lambda: _depth("depth", ns, "depth", "ready") == 9, 20, "ready 9")

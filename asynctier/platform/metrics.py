@@ -150,12 +150,12 @@ HANDOFF_FAILURES = Counter(
 QUEUE_ITEMS = Gauge(
     "asynctier_queue_items",
     "Items of a queue binding's topic by state: ready, delayed, leased, dead.",
-    ["binding", "tenant", "topic", "state"],
+    ["binding", "tenant", "state"],
 )
 QUEUE_OLDEST_READY = Gauge(
     "asynctier_queue_oldest_ready_seconds",
     "How long the oldest ready item of a queue binding's topic has waited (0: none ready).",
-    ["binding", "tenant", "topic"],
+    ["binding", "tenant"],
 )
 QUEUE_LEASE_EXPIRIES = Counter(
     "asynctier_queue_lease_expiries_total",
@@ -397,21 +397,22 @@ def forget_consumer_lag(group: str, topic: str, partition: int) -> None:
 QUEUE_STATES: Final = ("ready", "delayed", "leased", "dead")
 
 
-def set_queue_items(binding: str, tenant: str, topic: str, states: Mapping[str, int],
+def set_queue_items(binding: str, tenant: str, states: Mapping[str, int],
                     oldest_ready_s: float) -> None:
-    """Set a queue binding's items by state and the age of its oldest ready item."""
+    """Set a queue binding's items by state and the age of its oldest ready item (a
+    binding reads one topic: the binding names it)."""
     for state in QUEUE_STATES:
-        QUEUE_ITEMS.labels(binding, tenant, topic, state).set(states.get(state, 0))
-    QUEUE_OLDEST_READY.labels(binding, tenant, topic).set(oldest_ready_s)
+        QUEUE_ITEMS.labels(binding, tenant, state).set(states.get(state, 0))
+    QUEUE_OLDEST_READY.labels(binding, tenant).set(oldest_ready_s)
 
 
-def forget_queue_items(binding: str, tenant: str, topic: str) -> None:
+def forget_queue_items(binding: str, tenant: str) -> None:
     """Drop a queue binding's depth series (it was removed, or its shard is down)."""
     for state in QUEUE_STATES:
         with contextlib.suppress(KeyError):
-            QUEUE_ITEMS.remove(binding, tenant, topic, state)
+            QUEUE_ITEMS.remove(binding, tenant, state)
     with contextlib.suppress(KeyError):
-        QUEUE_OLDEST_READY.remove(binding, tenant, topic)
+        QUEUE_OLDEST_READY.remove(binding, tenant)
 
 
 def count_lease_expiries(binding: str, tenant: str, n: int) -> None:

@@ -86,7 +86,7 @@ def read_backlog(queue: ShardedQueue, bindings: Iterable[Binding]) -> list[Backl
     return rows
 
 
-Series = tuple[str, str, str]  # (binding, tenant, topic)
+Series = tuple[str, str]  # (binding, tenant)
 
 
 def export_backlog(rows: Iterable[BacklogRow]) -> set[Series]:
@@ -97,9 +97,8 @@ def export_backlog(rows: Iterable[BacklogRow]) -> set[Series]:
             continue
         states = {"ready": row.ready or 0, "delayed": row.delayed or 0,
                   "leased": row.leased or 0, "dead": row.dead or 0}
-        metrics.set_queue_items(row.name, row.namespace, row.topic, states,
-                                row.oldest_ready_age_s or 0.0)
-        series.add((row.name, row.namespace, row.topic))
+        metrics.set_queue_items(row.name, row.namespace, states, row.oldest_ready_age_s or 0.0)
+        series.add((row.name, row.namespace))
     return series
 
 
