@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import secrets
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from asynctier.dev.kafka import KafkaJars, KafkaNode
 from asynctier.dev.postgres import PostgresNode, check_reachable, server_user
@@ -16,8 +18,6 @@ from asynctier.platform.errors import ServiceError
 log = logging.getLogger(__name__)
 
 
-
-
 # --------------------------------------------------------------------------- test harness
 
 
@@ -26,29 +26,35 @@ def start_test_kafka(root: Path, cache_dir: Path | None = None,
     """A Kafka node on free loopback ports with its data under ``root``, started
     (with a SASL/PLAIN listener when ``sasl_plain_users`` maps users to passwords)."""
     jars = KafkaJars(cache_dir=cache_dir or default_cache_dir())
-    for attempt in range(3):
-        node = KafkaNode(root / "kafka", free_port(), free_port(), jars=jars,
-                         sasl_plain_users=sasl_plain_users)
-        try:
-            node.start()
-            return node
-        except ServiceError as exc:
-            node.stop(5.0)
-            if "already in use" not in str(exc) or attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+    return _started(lambda: KafkaNode(root / "kafka", free_port(), free_port(), jars=jars,
+                                      sasl_plain_users=sasl_plain_users))
 
 
 def start_test_redis(root: Path, password: str | None = None) -> RedisNode:
     """A Redis server on a free loopback port with its data under ``root``, started."""
-    for attempt in range(3):
-        node = RedisNode(root / "redis", free_port(), password)
+    return _started(lambda: RedisNode(root / "redis", free_port(), password))
+
+
+class _Node(Protocol):
+    def start(self) -> bool: ...
+
+    def stop(self, timeout_s: float = ...) -> bool: ...
+
+
+NodeT = TypeVar("NodeT", bound=_Node)
+
+
+def _started(make: Callable[[], NodeT], tries: int = 3) -> NodeT:
+    """``make()``'s node, started; made again on other free ports when another process
+    took a port between choosing it and binding it."""
+    for attempt in range(tries):
+        node = make()
         try:
             node.start()
             return node
         except ServiceError as exc:
             node.stop(5.0)
-            if "already in use" not in str(exc) or attempt == 2:
+            if "already in use" not in str(exc) or attempt == tries - 1:
                 raise
     raise AssertionError("unreachable")
 
@@ -66,16 +72,7 @@ def start_test_postgres(root: Path, password: str | None = None) -> PostgresNode
     own under the system's temporary folder instead (:func:`postgres_data_root`).
     """
     base = postgres_data_root(root)
-    for attempt in range(3):
-        node = PostgresNode(base / "postgres", free_port(), password)
-        try:
-            node.start()
-            return node
-        except ServiceError as exc:
-            node.stop(5.0)
-            if "already in use" not in str(exc) or attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+    return _started(lambda: PostgresNode(base / "postgres", free_port(), password))
 
 
 def postgres_data_root(root: Path) -> Path:
