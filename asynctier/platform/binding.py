@@ -7,7 +7,6 @@ Bindings are checked when bound (:meth:`Binding.validate`) and stored as Avro
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import re
@@ -19,7 +18,7 @@ import fastavro
 from asynctier.platform.allowlist import FUNCTION_PATH_RE
 from asynctier.platform.durations import format_duration
 from asynctier.platform.errors import BindingError
-from asynctier.platform.schemas import load_schema
+from asynctier.platform.schemas import decode_stored, encode_stored
 
 Priority = Literal["urgent", "normal", "batch"]
 PayloadFormat = Literal["json", "avro", "bytes"]
@@ -180,14 +179,12 @@ class Binding:
 
     def encode(self) -> bytes:
         """Avro bytes for the bindings topic."""
-        buf = io.BytesIO()
-        fastavro.schemaless_writer(buf, load_schema("binding"), self.to_record())
-        return buf.getvalue()
+        return encode_stored("binding", self.to_record())
 
     @classmethod
     def decode(cls, data: bytes) -> Binding:
         """A binding from the bindings topic's Avro bytes."""
-        doc: Any = fastavro.schemaless_reader(io.BytesIO(data), load_schema("binding"), None)
+        doc: Any = decode_stored("binding", data)
         source = doc.pop("source")
         doc["source_kind"] = source["kind"]
         doc["topic"] = source["topic"]
