@@ -33,7 +33,8 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_se
 log = logging.getLogger(__name__)
 
 #: The ``outcome`` label of :data:`ITEMS`.
-OUTCOMES: Final = frozenset({"ok", "retry", "failed", "dead_letter", "undecodable"})
+OUTCOMES: Final = frozenset({"ok", "retry", "failed", "dead_letter", "undecodable",
+                             "moved"})
 #: The ``reason`` label of :data:`DEAD_LETTERS`.
 DEAD_LETTER_REASONS: Final = frozenset(
     {"undecodable", "rejected", "max_attempts", "function_error", "binding_removed",
