@@ -46,7 +46,8 @@ def _duration(what: str, text: str) -> float:
 @click.option("--topic", help="The Kafka topic to run the function on.")
 @click.option("--queue", "queue_topic", help="Or: the queue topic (in the tenant's namespace).")
 @click.option("--lease", "lease", default="30s", show_default=True,
-              help="--queue: the lease a batch's items get (extended while they run).")
+              help="--queue (or --topic with long work, see --queue-after): the lease a "
+                   "batch's items get (extended while they run).")
 @click.option("--function", "function", required=True, help="module:attr of the function.")
 @click.option("--tenant", default="default", show_default=True)
 @click.option("--priority", type=click.Choice(PRIORITIES), default="normal", show_default=True)
@@ -98,10 +99,9 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
             schema = Path(schema_file).read_text()
         except OSError as exc:
             raise BindingError(f"schema: cannot read {schema_file}: {exc.strerror}") from exc
-    fields: dict[str, object] = {}
+    fields: dict[str, object] = {"lease_s": _duration("lease", lease)}
     if queue_topic is not None:
         fields["source_kind"] = "queue"
-        fields["lease_s"] = _duration("lease", lease)
     ladder = _ladder(retry_ladder)
     if ladder is not None:
         fields["retry_ladder_s"] = ladder
