@@ -15,6 +15,7 @@ a ledger. CI runs seconds-long variants; the 2-minute, 50-record run is ``--long
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -92,12 +93,12 @@ def commit_time(settings: Settings, group: str, topic: str, timeout_s: float) ->
     return time.time()
 
 
-def moved_run(plat: Platform, settings: Settings, unique: Any, n: int, function: str,
-              sleep_s: float, timeout: str, queue_after: str,
+def moved_run(plat: Platform, settings: Settings, unique: Any, docs: list[dict[str, Any]],
+              function: str, timeout: str, queue_after: str,
               *extra: str) -> tuple[float, float]:
-    """Bind a Kafka topic with long work, produce ``n`` records sleeping ``sleep_s``; when
-    the records were produced (all confirmed), and when the main topic was committed to
-    its end."""
+    """Bind a Kafka topic with long work and produce ``docs`` (key: their id); when the
+    records were produced (all confirmed), and when the main topic was committed to its
+    end."""
     topic = unique(partitions=2)
     plat.cli("bind", "long", "--topic", topic, "--function", function, "--timeout", timeout,
              "--queue-after", queue_after, "--lease", "2s", *extra)
@@ -105,7 +106,6 @@ def moved_run(plat: Platform, settings: Settings, unique: Any, n: int, function:
     plat.start("tailers")
     wait_until(lambda: "binding long: assigned" in plat.log("tailers", 10**6), 60,
                "the mover's partitions assigned")
-    docs = [{"id": i, "sleep": sleep_s} for i in range(n)]
     produce_json(settings, topic, docs, key_of="id")
     produced = time.time()
     return produced, commit_time(settings, settings.names.group("long"), topic, 30)
@@ -121,79 +121,90 @@ def assert_no_poll_interval_rebalance(plat: Platform) -> None:
 def test_long_kafka_work_moves_to_the_queue_and_commits_at_once(
         plat: Platform, settings: Settings, unique_topic: Any) -> None:
     """20 records of a 2 s function, timeout 3s over a 2s --queue-after: the offsets are
-    committed before the first call ends; all 20 run once, each with its own key and
-    origin; `asynctier bindings` names the queue path."""
-    produced, committed_at = moved_run(plat, settings, unique_topic, 20, WORK, 2.0, "3s",
-                                       "2s")
+    committed within seconds and before the first call ends; all 20 run once, each with
+    its own key and origin; `asynctier bindings` names the queue path. A 21st record that
+    keeps failing is a dead item of the moved queue topic (reason max_attempts): `queue
+    dead` lists it and `queue replay` runs it again once its bug is fixed."""
+    docs: list[dict[str, Any]] = [{"id": i, "sleep": 2.0} for i in range(20)]
+    docs.append({"id": 20, "until_fixed": True})
+    produced, committed_at = moved_run(plat, settings, unique_topic, docs, WORK, "3s", "2s",
+                                       "--max-attempts", "2", "--retry-ladder", "1s")
     assert committed_at - produced < 10
-    wait_until(lambda: done_ids(plat) == set(range(20)), 60, "all 20 ran", interval=0.5)
+    wait_until(lambda: set(range(20)) <= done_ids(plat), 90, "all 20 ran", interval=0.5)
     lines = ledger(plat)
     first_done = min(line.at for line in lines if line.kind == "D")
     assert committed_at < first_done, (committed_at, first_done)
-    starts = [line for line in lines if line.kind == "S"]
+    starts = [line for line in lines if line.kind == "S" and line.id < 20]
     assert sorted(line.id for line in starts) == list(range(20))  # each ran once
     for line in starts:
         topic, partition, offset = line.source.rsplit("/", 2)
         assert topic.endswith(".topic0") and partition.isdigit() and offset.isdigit()
         assert line.key == str(line.id)
-    shown = plat.cli("bindings", "--json").stdout
-    [doc] = json.loads(shown)
-    assert doc["path"].endswith(f"-> queue default/{settings.names.moved_topic('long')}")
-    assert_no_poll_interval_rebalance(plat)
-
-
-def test_moved_dead_letters_are_dead_items_listed_and_replayed(
-        plat: Platform, settings: Settings, unique_topic: Any) -> None:
-    """A moved record that keeps failing is a dead item of the moved queue topic (reason
-    max_attempts); `queue dead` lists it and `queue replay` runs it again once fixed."""
-    topic = unique_topic()
-    plat.cli("bind", "long", "--topic", topic, "--function", WORK, "--timeout", "3s",
-             "--queue-after", "2s", "--lease", "2s", "--max-attempts", "2",
-             "--retry-ladder", "1s")
-    plat.start("scheduler")
-    plat.start("tailers")
-    produce_json(settings, topic, [{"id": 0}, {"id": 1, "until_fixed": True}])
+    [doc] = json.loads(plat.cli("bindings", "--json").stdout)
     moved = settings.names.moved_topic("long")
+    assert doc["path"].endswith(f"-> queue default/{moved}")
 
     def dead() -> list[dict[str, Any]]:
         out = plat.cli("queue", "dead", moved, "--namespace", "default", "--json").stdout
         return list(json.loads(out))
 
     [item] = wait_until(dead, 60, "the failing record dead in the moved queue topic")
-    assert item["id"].startswith(f"{topic}/0/") and item["reason"] == "max_attempts"
-    assert done_ids(plat) == {0}
+    assert item["id"].startswith(f"{doc['source']['topic']}/")
+    assert item["reason"] == "max_attempts"
+    assert 20 not in done_ids(plat)
     (plat.ledger.parent / (plat.ledger.name + ".fixed")).touch()
     plat.cli("queue", "replay", moved, "--namespace", "default")
-    wait_until(lambda: done_ids(plat) == {0, 1}, 30, "the replayed record ran")
+    wait_until(lambda: 20 in done_ids(plat), 60, "the replayed record ran")
+    assert_no_poll_interval_rebalance(plat)
 
 
-def test_sync_overrun_under_process_isolation_is_stopped_and_retried(
+def test_sync_overruns_stopped_under_processes_reported_under_threads(
         plat: Platform, queue_store: QueueStore, queue_namespace: str) -> None:
-    """A sync call that would sleep 30 s past a 1 s timeout is killed (never returns) and
-    its retry runs and succeeds; the worker process was replaced (another pid)."""
-    plat.cli("bind", "iso", "--queue", "jobs", "--tenant", queue_namespace, "--function",
-             WORK, "--timeout", "1s", "--isolation", "process", "--retry-ladder", "1s",
+    """Two bindings, timeout 1s. Under --isolation process, a call that would sleep 30 s is
+    killed (it never returns) and its retry runs in a new worker and succeeds. Under
+    threads with --concurrency 1, item 10 sleeps 4 s: its attempt fails at once (reason
+    timeout, logged with binding and item), but item 11 does not start until item 10's
+    thread has returned: the slot was not counted free."""
+    ns = queue_namespace
+    plat.cli("bind", "iso", "--queue", "iso-jobs", "--tenant", ns, "--function", WORK,
+             "--timeout", "1s", "--isolation", "process", "--retry-ladder", "1s",
+             "--lease", "2s")
+    plat.cli("bind", "thr", "--queue", "thr-jobs", "--tenant", ns, "--function", WORK,
+             "--timeout", "1s", "--concurrency", "1", "--retry-ladder", "30s",
              "--lease", "2s")
     plat.start("scheduler")
     plat.start("tailers")
-    enqueue(queue_store, queue_namespace, "jobs", [{"id": 0, "sleep_first": 30}])
-    wait_until(lambda: done_ids(plat) == {0}, 30, "the retry succeeded")
+    enqueue(queue_store, ns, "iso-jobs", [{"id": 0, "sleep_first": 30}])
+    enqueue(queue_store, ns, "thr-jobs", [{"id": 10, "sleep_first": 4}, {"id": 11}])
+
+    def finished() -> bool:
+        late = any(ln.id == 10 and ln.attempt == 1 and ln.kind == "D" for ln in ledger(plat))
+        return late and {0, 11} <= done_ids(plat)
+
+    wait_until(finished, 90, "the isolated retry succeeded, item 11 ran and item 10's "
+               "late call returned")
     lines = ledger(plat)
-    [first] = [ln for ln in lines if ln.attempt == 1 and ln.kind == "S"]
-    [second] = [ln for ln in lines if ln.attempt == 2 and ln.kind == "S"]
-    assert not [ln for ln in lines if ln.attempt == 1 and ln.kind == "D"]  # stopped
-    assert first.pid != second.pid  # the killed worker was replaced
-    assert second.at - first.at < 10  # 1 s timeout + 1 s ladder (+ process start)
     log = plat.log("scheduler", 10**6)
+    # --isolation process: stopped and retried in a new worker
+    [first] = [ln for ln in lines if ln.id == 0 and ln.attempt == 1 and ln.kind == "S"]
+    [second] = [ln for ln in lines if ln.id == 0 and ln.attempt == 2 and ln.kind == "S"]
+    assert not [ln for ln in lines if ln.id == 0 and ln.attempt == 1 and ln.kind == "D"]
+    assert first.pid != second.pid  # the killed worker was replaced
+    assert second.at - first.at < 30  # 1 s timeout + 1 s ladder + a new worker's start
     assert "ran past its 1s timeout in worker process" in log and "killed" in log
+    # threads: reported, and the slot stays taken while the late call runs
+    [late] = [ln for ln in lines if ln.id == 10 and ln.attempt == 1 and ln.kind == "D"]
+    [start_11] = [ln for ln in lines if ln.id == 11 and ln.kind == "S"]
+    assert start_11.at >= late.at, (start_11.at, late.at)
+    assert f"binding thr: item queue/{ns}/thr-jobs/10 (attempt 1)" in log
+    assert "a thread cannot be stopped" in log
+    info = queue_store.get(ns, "thr-jobs", "10")
+    assert info is not None and "timed out after 1s" in info.last_error  # a failed attempt
 
 
-def _pool_outcome(function: str, allow: list[str], env_ledger: Path) -> Any:
+def _pool_outcome(function: str, allow: list[str]) -> Any:
     """Run one item of ``function`` in a real worker process of a ProcessPool allowing
     ``allow`` only; its outcome."""
-    import asyncio
-    import os
-
     from asynctier.platform.binding import Binding
     from asynctier.platform.scheduler.processes import ProcessPool
 
@@ -207,8 +218,6 @@ def _pool_outcome(function: str, allow: list[str], env_ledger: Path) -> Any:
     item: Any = {"id": 7, "binding": "iso", "payload": b'{"id": 7}', "key": b"k",
                  "headers": [], "attempt": 1, "source_ref": "t/0/7", "record_time_ms": 0,
                  "priority": 0, "deadline_ms": None}
-    os.environ["ASYNCTIER_TEST_LEDGER"] = str(env_ledger)
-    os.environ.pop("ASYNCTIER_TEST_EVIL_IMPORTED", None)
 
     async def run() -> Any:
         pool = ProcessPool(allow, size=1)
@@ -221,42 +230,19 @@ def _pool_outcome(function: str, allow: list[str], env_ledger: Path) -> Any:
     return asyncio.run(run())
 
 
-def test_worker_processes_run_only_allowed_modules(tmp_path: Path) -> None:
+def test_worker_processes_run_only_allowed_modules(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker process of the pool checks the allowed modules before it imports anything,
     as the scheduler does: an allowed function runs (with its ctx), one of a module not
-    allowed is a function_error and its module is never imported."""
+    allowed is a function_error and is never run."""
     ledger_path = tmp_path / "ledger.txt"
-    good = _pool_outcome(WORK, ["tests.funcs.long_work"], ledger_path)
+    monkeypatch.setenv("ASYNCTIER_TEST_LEDGER", str(ledger_path))
+    good = _pool_outcome(WORK, ["tests.funcs.long_work"])
     assert good["status"] == "ok" and good["id"] == 7
     assert " t/0/7 k" in ledger_path.read_text()
-    refused = _pool_outcome("tests.funcs.evil:run", ["tests.funcs.long_work"], ledger_path)
+    refused = _pool_outcome("tests.funcs.evil:run", ["tests.funcs.long_work"])
     assert refused["status"] == "failed" and refused["reason"] == "function_error"
     assert "not allowed" in refused["error"]
-
-
-def test_sync_overrun_under_threads_is_reported_and_keeps_its_slot(
-        plat: Platform, queue_store: QueueStore, queue_namespace: str) -> None:
-    """Under threads, with --concurrency 1: item 0 sleeps 4 s past a 1 s timeout. The
-    attempt fails at once (reason timeout, logged with binding and item), but item 1 does
-    not start until item 0's thread has returned: the slot was not counted free."""
-    plat.cli("bind", "thr", "--queue", "jobs", "--tenant", queue_namespace, "--function",
-             WORK, "--timeout", "1s", "--concurrency", "1", "--retry-ladder", "30s",
-             "--lease", "2s")
-    plat.start("scheduler")
-    plat.start("tailers")
-    enqueue(queue_store, queue_namespace, "jobs", [{"id": 0, "sleep_first": 4}, {"id": 1}])
-    wait_until(lambda: 1 in done_ids(plat) and 0 in {ln.id for ln in ledger(plat)
-                                                    if ln.kind == "D"},
-               30, "item 1 ran and item 0's late call returned")
-    lines = ledger(plat)
-    [late_return] = [ln for ln in lines if ln.id == 0 and ln.attempt == 1 and ln.kind == "D"]
-    [start_1] = [ln for ln in lines if ln.id == 1 and ln.kind == "S"]
-    assert start_1.at >= late_return.at, (start_1.at, late_return.at)
-    log = plat.log("scheduler", 10**6)
-    assert f"binding thr: item queue/{queue_namespace}/jobs/0 (attempt 1)" in log
-    assert "a thread cannot be stopped" in log
-    info = queue_store.get(queue_namespace, "jobs", "0")
-    assert info is not None and "timed out after 1s" in info.last_error  # a failed attempt
 
 
 @pytest.mark.slow
@@ -264,12 +250,10 @@ def test_two_minute_kafka_work_over_50_records(
         plat: Platform, settings: Settings, unique_topic: Any) -> None:
     """The issue's run: 50 records of a 2-minute (async) function. The main topic is
     committed within seconds; all 50 run once; no max.poll.interval rebalance."""
-    produced, committed_at = moved_run(plat, settings, unique_topic, 50, ASYNC_WORK,
-                                       120.0, "3m", "60s")
-    first_start = wait_until(lambda: min((ln.at for ln in ledger(plat) if ln.kind == "S"),
-                                         default=0), 60, "a call started")
-    print(f"committed {committed_at - produced:.1f}s after the 50 records were produced; "
-          f"first call started {first_start - produced:.1f}s after")
+    produced, committed_at = moved_run(plat, settings, unique_topic,
+                                       [{"id": i, "sleep": 120.0} for i in range(50)],
+                                       ASYNC_WORK, "3m", "60s")
+    print(f"committed {committed_at - produced:.1f}s after the 50 records were produced")
     assert committed_at - produced < 10
     wait_until(lambda: done_ids(plat) == set(range(50)), 900, "all 50 ran", interval=2)
     lines = ledger(plat)

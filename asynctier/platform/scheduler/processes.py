@@ -21,7 +21,7 @@ from typing import Any
 
 from asynctier.platform import metrics
 from asynctier.platform.scheduler import outcomes
-from asynctier.platform.scheduler.worker_main import LENGTH_BYTES, frame
+from asynctier.platform.scheduler.frames import LENGTH_BYTES, frame
 from asynctier.platform.wire import Item, Outcome, retry
 
 log = logging.getLogger(__name__)

@@ -22,33 +22,16 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import IO, Any
+from typing import Any
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.context import Context
 from asynctier.platform.errors import DecodeError, FunctionNotFound, ModuleNotAllowed
 from asynctier.platform.scheduler import outcomes
+from asynctier.platform.scheduler.frames import frame, read_frame
 from asynctier.platform.scheduler.payloads import Decoder, decoder_for
 from asynctier.platform.scheduler.resolver import FunctionResolver
 from asynctier.platform.wire import FUNCTION_ERROR, Outcome, failed, ok
-
-#: Bytes of a frame's length prefix (big-endian).
-LENGTH_BYTES = 4
-
-
-def read_frame(stream: IO[bytes]) -> bytes | None:
-    """One frame, or None at the end of the stream."""
-    head = stream.read(LENGTH_BYTES)
-    if len(head) < LENGTH_BYTES:
-        return None
-    size = int.from_bytes(head, "big")
-    body = stream.read(size)
-    return body if len(body) == size else None
-
-
-def frame(data: bytes) -> bytes:
-    """``data`` with its length prefix."""
-    return len(data).to_bytes(LENGTH_BYTES, "big") + data
 
 
 def _bytes(text: str | None) -> bytes | None:
