@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,97 +119,145 @@ def assert_no_poll_interval_rebalance(plat: Platform) -> None:
         assert "max.poll.interval" not in text and "MAX_POLL_EXCEEDED" not in text, name
 
 
+def cli(plat: Platform, *args: str) -> str:
+    """Run one ``asynctier`` command in this process (a new Python per command costs
+    seconds on a busy machine) with the platform's environment; its output."""
+    from click.testing import CliRunner
+
+    from asynctier.cli import main
+
+    result = CliRunner().invoke(main, list(args), env=plat.env(), catch_exceptions=False)
+    assert result.exit_code == 0, (args, result.output)
+    return result.stdout
+
+
+@dataclass(frozen=True)
+class Shared:
+    """One platform for the short tests (process starts are most of their time): the
+    moved Kafka binding ``long`` on ``topic``, and the queue bindings ``iso`` (process
+    isolation) and ``thr`` (threads, concurrency 1) in namespace ``ns``."""
+
+    plat: Platform
+    settings: Settings
+    topic: str
+    ns: str
+
+
+@pytest.fixture(scope="module")
+def shared(kafka_bootstrap: str, redis_url: str, postgres: str, kafka_admin: Any,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    from confluent_kafka.admin import NewTopic
+
+    prefix = "t" + uuid.uuid4().hex[:10]
+    settings = Settings(kafka={"bootstrap.servers": kafka_bootstrap}, redis_url=redis_url,
+                        prefix=prefix)
+    topic = f"{prefix}.long"
+    kafka_admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)],
+                              operation_timeout=30)[topic].result(timeout=30)
+    plat = Platform(settings, tmp_path_factory.mktemp("long_work"), allow=("tests.funcs",),
+                    env={"ASYNCTIER_QUEUE_SHARDS": postgres})
+    try:
+        cli(plat, "bind", "long", "--topic", topic, "--function", WORK, "--timeout", "3s",
+                 "--queue-after", "2s", "--lease", "2s", "--max-attempts", "2",
+                 "--retry-ladder", "1s")
+        cli(plat, "bind", "iso", "--queue", "iso-jobs", "--tenant", prefix, "--function",
+                 WORK, "--timeout", "1s", "--isolation", "process", "--retry-ladder", "1s",
+                 "--lease", "2s")
+        cli(plat, "bind", "thr", "--queue", "thr-jobs", "--tenant", prefix, "--function",
+                 WORK, "--timeout", "1s", "--concurrency", "1", "--retry-ladder", "30s",
+                 "--lease", "2s")
+        plat.start("scheduler")
+        plat.start("tailers")
+        wait_until(lambda: "binding long: assigned" in plat.log("tailers", 10**6), 60,
+                   "the mover's partitions assigned")
+        yield Shared(plat, settings, topic, prefix)
+    finally:
+        plat.stop_all()
+        kafka_admin.delete_topics([topic], operation_timeout=0)
+
+
 def test_long_kafka_work_moves_to_the_queue_and_commits_at_once(
-        plat: Platform, settings: Settings, unique_topic: Any) -> None:
-    """20 records of a 2 s function, timeout 3s over a 2s --queue-after: the offsets are
+        shared: Shared, queue_store: QueueStore) -> None:
+    """20 records of a 1 s function, timeout 3s over a 2s --queue-after: the offsets are
     committed within seconds and before the first call ends; all 20 run once, each with
     its own key and origin; `asynctier bindings` names the queue path. A 21st record that
     keeps failing is a dead item of the moved queue topic (reason max_attempts): `queue
     dead` lists it and `queue replay` runs it again once its bug is fixed."""
-    docs: list[dict[str, Any]] = [{"id": i, "sleep": 2.0} for i in range(20)]
+    plat, settings = shared.plat, shared.settings
+    docs: list[dict[str, Any]] = [{"id": i, "sleep": 1.0} for i in range(20)]
     docs.append({"id": 20, "until_fixed": True})
-    produced, committed_at = moved_run(plat, settings, unique_topic, docs, WORK, "3s", "2s",
-                                       "--max-attempts", "2", "--retry-ladder", "1s")
+    produce_json(settings, shared.topic, docs, key_of="id")
+    produced = time.time()
+    committed_at = commit_time(settings, settings.names.group("long"), shared.topic, 30)
     assert committed_at - produced < 10
     wait_until(lambda: set(range(20)) <= done_ids(plat), 90, "all 20 ran", interval=0.5)
-    lines = ledger(plat)
+    lines = [line for line in ledger(plat) if line.id <= 20]
     first_done = min(line.at for line in lines if line.kind == "D")
     assert committed_at < first_done, (committed_at, first_done)
     starts = [line for line in lines if line.kind == "S" and line.id < 20]
     assert sorted(line.id for line in starts) == list(range(20))  # each ran once
     for line in starts:
         topic, partition, offset = line.source.rsplit("/", 2)
-        assert topic.endswith(".topic0") and partition.isdigit() and offset.isdigit()
+        assert topic == shared.topic and partition in ("0", "1") and offset.isdigit()
         assert line.key == str(line.id)
-    [doc] = json.loads(plat.cli("bindings", "--json").stdout)
     moved = settings.names.moved_topic("long")
-    assert doc["path"].endswith(f"-> queue default/{moved}")
-
-    def dead() -> list[dict[str, Any]]:
-        out = plat.cli("queue", "dead", moved, "--namespace", "default", "--json").stdout
-        return list(json.loads(out))
-
-    [item] = wait_until(dead, 60, "the failing record dead in the moved queue topic")
-    assert item["id"].startswith(f"{doc['source']['topic']}/")
-    assert item["reason"] == "max_attempts"
+    [doc] = [d for d in json.loads(cli(plat, "bindings", "--json"))
+             if d["name"] == "long"]
+    assert doc["path"] == f"{shared.topic} -> queue default/{moved}"
+    wait_until(lambda: queue_store.dead_items("default", moved), 60,
+               "the failing record dead in the moved queue topic")
+    [item] = json.loads(cli(plat, "queue", "dead", moved, "--json"))
+    assert item["id"].startswith(f"{shared.topic}/") and item["reason"] == "max_attempts"
     assert 20 not in done_ids(plat)
     (plat.ledger.parent / (plat.ledger.name + ".fixed")).touch()
-    plat.cli("queue", "replay", moved, "--namespace", "default")
+    cli(plat, "queue", "replay", moved)
     wait_until(lambda: 20 in done_ids(plat), 60, "the replayed record ran")
     assert_no_poll_interval_rebalance(plat)
 
 
 def test_sync_overruns_stopped_under_processes_reported_under_threads(
-        plat: Platform, queue_store: QueueStore, queue_namespace: str) -> None:
-    """Two bindings, timeout 1s. Under --isolation process, a call that would sleep 30 s is
-    killed (it never returns) and its retry runs in a new worker and succeeds. Under
-    threads with --concurrency 1, item 10 sleeps 4 s: its attempt fails at once (reason
-    timeout, logged with binding and item), but item 11 does not start until item 10's
-    thread has returned: the slot was not counted free."""
-    ns = queue_namespace
-    plat.cli("bind", "iso", "--queue", "iso-jobs", "--tenant", ns, "--function", WORK,
-             "--timeout", "1s", "--isolation", "process", "--retry-ladder", "1s",
-             "--lease", "2s")
-    plat.cli("bind", "thr", "--queue", "thr-jobs", "--tenant", ns, "--function", WORK,
-             "--timeout", "1s", "--concurrency", "1", "--retry-ladder", "30s",
-             "--lease", "2s")
-    plat.start("scheduler")
-    plat.start("tailers")
-    enqueue(queue_store, ns, "iso-jobs", [{"id": 0, "sleep_first": 30}])
-    enqueue(queue_store, ns, "thr-jobs", [{"id": 10, "sleep_first": 4}, {"id": 11}])
+        shared: Shared, queue_store: QueueStore) -> None:
+    """Timeout 1s. Under --isolation process, a call that would sleep 30 s is killed (it
+    never returns) and its retry runs in a new worker and succeeds. Under threads with
+    --concurrency 1, item 110 sleeps 4 s: its attempt fails at once (reason timeout,
+    logged with binding and item), but item 111 does not start until item 110's thread has
+    returned: the slot was not counted free."""
+    plat, ns = shared.plat, shared.ns
+    enqueue(queue_store, ns, "iso-jobs", [{"id": 100, "sleep_first": 30}])
+    enqueue(queue_store, ns, "thr-jobs", [{"id": 110, "sleep_first": 4}, {"id": 111}])
 
     def finished() -> bool:
-        late = any(ln.id == 10 and ln.attempt == 1 and ln.kind == "D" for ln in ledger(plat))
-        return late and {0, 11} <= done_ids(plat)
+        late = any(ln.id == 110 and ln.attempt == 1 and ln.kind == "D"
+                   for ln in ledger(plat))
+        return late and {100, 111} <= done_ids(plat)
 
-    wait_until(finished, 90, "the isolated retry succeeded, item 11 ran and item 10's "
+    wait_until(finished, 90, "the isolated retry succeeded, item 111 ran and item 110's "
                "late call returned")
     lines = ledger(plat)
     log = plat.log("scheduler", 10**6)
     # --isolation process: stopped and retried in a new worker
-    [first] = [ln for ln in lines if ln.id == 0 and ln.attempt == 1 and ln.kind == "S"]
-    [second] = [ln for ln in lines if ln.id == 0 and ln.attempt == 2 and ln.kind == "S"]
-    assert not [ln for ln in lines if ln.id == 0 and ln.attempt == 1 and ln.kind == "D"]
+    [first] = [ln for ln in lines if ln.id == 100 and ln.attempt == 1 and ln.kind == "S"]
+    [second] = [ln for ln in lines if ln.id == 100 and ln.attempt == 2 and ln.kind == "S"]
+    assert not [ln for ln in lines if ln.id == 100 and ln.attempt == 1 and ln.kind == "D"]
     assert first.pid != second.pid  # the killed worker was replaced
     assert second.at - first.at < 30  # 1 s timeout + 1 s ladder + a new worker's start
-    assert "ran past its 1s timeout in worker process" in log and "killed" in log
+    assert f"binding iso: item queue/{ns}/iso-jobs/100 (attempt 1) ran past its 1s " \
+           "timeout in worker process" in log
     # threads: reported, and the slot stays taken while the late call runs
-    [late] = [ln for ln in lines if ln.id == 10 and ln.attempt == 1 and ln.kind == "D"]
-    [start_11] = [ln for ln in lines if ln.id == 11 and ln.kind == "S"]
-    assert start_11.at >= late.at, (start_11.at, late.at)
-    assert f"binding thr: item queue/{ns}/thr-jobs/10 (attempt 1)" in log
+    [late] = [ln for ln in lines if ln.id == 110 and ln.attempt == 1 and ln.kind == "D"]
+    [start_111] = [ln for ln in lines if ln.id == 111 and ln.kind == "S"]
+    assert start_111.at >= late.at, (start_111.at, late.at)
+    assert f"binding thr: item queue/{ns}/thr-jobs/110 (attempt 1)" in log
     assert "a thread cannot be stopped" in log
-    info = queue_store.get(ns, "thr-jobs", "10")
+    info = queue_store.get(ns, "thr-jobs", "110")
     assert info is not None and "timed out after 1s" in info.last_error  # a failed attempt
 
 
-def _pool_outcome(function: str, allow: list[str]) -> Any:
-    """Run one item of ``function`` in a real worker process of a ProcessPool allowing
-    ``allow`` only; its outcome."""
+def _pool_outcomes(functions: list[str], allow: list[str]) -> list[Any]:
+    """Run one item of each of ``functions`` in a real worker process of a ProcessPool of
+    one worker, allowing ``allow`` only; their outcomes."""
     from asynctier.platform.binding import Binding
     from asynctier.platform.scheduler.processes import ProcessPool
-
-    binding = Binding("iso", "t", function, isolation="process", timeout_s=10)
 
     @dataclass(frozen=True)
     class _Job:
@@ -219,10 +268,14 @@ def _pool_outcome(function: str, allow: list[str]) -> Any:
                  "headers": [], "attempt": 1, "source_ref": "t/0/7", "record_time_ms": 0,
                  "priority": 0, "deadline_ms": None}
 
-    async def run() -> Any:
+    async def run() -> list[Any]:
         pool = ProcessPool(allow, size=1)
         try:
-            return await pool.run_item(_Job(binding, binding.encode()), item)
+            results = []
+            for function in functions:
+                binding = Binding("iso", "t", function, isolation="process", timeout_s=10)
+                results.append(await pool.run_item(_Job(binding, binding.encode()), item))
+            return results
         finally:
             pool.close()
             await pool.wait_closed()
@@ -237,10 +290,9 @@ def test_worker_processes_run_only_allowed_modules(tmp_path: Path,
     allowed is a function_error and is never run."""
     ledger_path = tmp_path / "ledger.txt"
     monkeypatch.setenv("ASYNCTIER_TEST_LEDGER", str(ledger_path))
-    good = _pool_outcome(WORK, ["tests.funcs.long_work"])
+    good, refused = _pool_outcomes([WORK, "tests.funcs.evil:run"], ["tests.funcs.long_work"])
     assert good["status"] == "ok" and good["id"] == 7
     assert " t/0/7 k" in ledger_path.read_text()
-    refused = _pool_outcome("tests.funcs.evil:run", ["tests.funcs.long_work"])
     assert refused["status"] == "failed" and refused["reason"] == "function_error"
     assert "not allowed" in refused["error"]
 
