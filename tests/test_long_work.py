@@ -297,6 +297,20 @@ def test_worker_processes_run_only_allowed_modules(tmp_path: Path,
     assert "not allowed" in refused["error"]
 
 
+def test_items_of_a_slow_function_get_chunks_of_one() -> None:
+    """Once a binding's items are measured at the chunk target or slower, each runs in a
+    chunk of its own: a sync function's items would otherwise run one after another in
+    one worker thread (eight 2-minute calls in 16 minutes); faster ones keep the floor."""
+    from asynctier.platform.scheduler.sizing import ChunkSizer
+
+    sizer = ChunkSizer(target_s=0.02, min_items=8)
+    sizer.observe("long", 120.0, 1)
+    assert sizer.size("long") == 1
+    assert [len(c) for c in sizer.split("long", list(range(50)), spread=8)] == [1] * 50
+    sizer.observe("quick", 0.001, 1)
+    assert sizer.size("quick") == 20
+
+
 @pytest.mark.slow
 def test_two_minute_kafka_work_over_50_records(
         plat: Platform, settings: Settings, unique_topic: Any) -> None:
