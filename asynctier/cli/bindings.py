@@ -15,7 +15,7 @@ from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.allowlist import check_function_allowed
 from asynctier.platform.binding import FORMATS, PRIORITIES, Binding
 from asynctier.platform.config import Settings
-from asynctier.platform.durations import parse_duration, parse_ladder
+from asynctier.platform.durations import format_duration, parse_duration, parse_ladder
 from asynctier.platform.errors import BindingError, ModuleNotAllowed
 from asynctier.platform.kafka import admin, ensure_topics, topic_partitions
 from asynctier.platform.registry import BindingRegistry
@@ -68,6 +68,10 @@ def _duration(what: str, text: str) -> float:
 @click.option("--redis-policy", type=click.Choice(["fail_open", "fail_closed"]),
               default="fail_open", show_default=True,
               help="When Redis is down: local limits (fail_open) or pause (fail_closed).")
+@click.option("--start-within", help="A record should start this long after its record "
+              "time (5s, 1m...): its deadline. Within a tier, earliest deadline first.")
+@click.option("--expire-after", help="A record not started this long after its record time "
+              "is useless: a dead letter with reason 'expired', never run late.")
 @click.option("--create-topic", type=int, metavar="N",
               help="Create the topic with N partitions when it does not exist.")
 @click.pass_context
@@ -75,7 +79,8 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
          lease: str, function: str, tenant: str, priority: str,
          fmt: str, schema_file: str | None, rate: float | None, burst: int | None,
          concurrency: int | None, max_attempts: int, timeout: str, retry_ladder: str | None,
-         idempotent: bool, redis_policy: str, create_topic: int | None) -> None:
+         idempotent: bool, redis_policy: str, start_within: str | None,
+         expire_after: str | None, create_topic: int | None) -> None:
     """Bind topic --topic (or queue topic --queue) to function --function under NAME."""
     settings = settings_of(ctx)
     if (topic is None) == (queue_topic is None):
@@ -91,6 +96,10 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
     if queue_topic is not None:
         fields["source_kind"] = "queue"
         fields["lease_s"] = _duration("lease", lease)
+    if start_within is not None:
+        fields["start_within_s"] = _duration("start within", start_within)
+    if expire_after is not None:
+        fields["expire_after_s"] = _duration("expire after", expire_after)
     ladder = _ladder(retry_ladder)
     if ladder is not None:
         fields["retry_ladder_s"] = ladder
@@ -149,14 +158,23 @@ def bindings(ctx: click.Context, as_json: bool) -> None:
         click.echo(json.dumps([b.to_json() for b in found.values()], indent=2))
         return
     table = Table("name", "source", "function", "tenant", "priority", "format", "rate",
-                  "concurrency", "attempts", "timeout", "ladder")
+                  "concurrency", "attempts", "timeout", "ladder", "start/expire")
     for b in sorted(found.values(), key=lambda b: b.name):
         source = b.topic if b.source_kind == "kafka" else f"queue {b.tenant}/{b.topic}"
         table.add_row(b.name, source, b.function, b.tenant, b.priority, b.format,
                       f"{b.rate_per_s:g}/s" if b.rate_per_s else "-",
                       str(b.max_concurrency or "-"), str(b.max_attempts), f"{b.timeout_s:g}s",
-                      ",".join(b.ladder_names))
+                      ",".join(b.ladder_names), _deadlines(b))
     Console().print(table)
+
+
+def _deadlines(b: Binding) -> str:
+    """``start within / expire after`` of a binding, ``-`` for what it does not set."""
+    def shown(s: float | None) -> str:
+        return "-" if s is None else format_duration(s)
+    if b.start_within_s is None and b.expire_after_s is None:
+        return "-"
+    return f"{shown(b.start_within_s)}/{shown(b.expire_after_s)}"
 
 
 COMMANDS = [bind, unbind, bindings]

@@ -67,6 +67,8 @@ class Binding:
     source_kind: str = "kafka"
     lease_s: float = 30.0  # a queue binding's lease per batch (its items run within it)
     created_ms: int = 0
+    start_within_s: float | None = None  # should start this long after its record time
+    expire_after_s: float | None = None  # not started this long after it: dead, "expired"
     _parsed_schema: Any = field(default=None, compare=False, repr=False)
 
     @property
@@ -132,6 +134,20 @@ class Binding:
                f"timeout {self.timeout_s:g}s is out of range: 0 < S <= 3600")
         _check(1 <= self.lease_s <= 3600, "lease",
                f"lease {self.lease_s:g}s is out of range: 1s <= S <= 1h")
+        self._validate_deadlines()
+
+    def _validate_deadlines(self) -> None:
+        within, expire = self.start_within_s, self.expire_after_s
+        if within is not None:
+            _check(0 < within <= 30 * 86400, "start within",
+                   f"--start-within {within:g}s is out of range: 0 < S <= 30d")
+        if expire is not None:
+            _check(0 < expire <= 30 * 86400, "expire after",
+                   f"--expire-after {expire:g}s is out of range: 0 < S <= 30d")
+        if within is not None and expire is not None:
+            _check(expire >= within, "expire after",
+                   f"--expire-after {format_duration(expire)} is shorter than --start-within "
+                   f"{format_duration(within)}: a record would expire before its deadline")
 
     def _validate_ladder(self) -> None:
         ladder = self.retry_ladder_s

@@ -37,7 +37,7 @@ OUTCOMES: Final = frozenset({"ok", "retry", "failed", "dead_letter", "undecodabl
 #: The ``reason`` label of :data:`DEAD_LETTERS`.
 DEAD_LETTER_REASONS: Final = frozenset(
     {"undecodable", "rejected", "max_attempts", "function_error", "binding_removed",
-     "too_large"}
+     "too_large", "expired"}
 )
 #: Suggested ``component`` label values.
 COMPONENTS: Final = ("tailer", "scheduler", "delay")
@@ -111,6 +111,11 @@ DEAD_LETTERS = Counter(
     "Items written to the binding's dead-letter topic, by reason.",
     ["binding", "reason"],
 )
+EXPIRED = Counter(
+    "asynctier_expired_total",
+    "Items not run because they passed their binding's --expire-after (dead letters).",
+    ["binding"],
+)
 CONSUMER_LAG = Gauge(
     "asynctier_consumer_lag",
     "Records not yet committed by the group: end offset minus committed offset.",
@@ -177,6 +182,7 @@ ALL_METRICS: Final = {
     "asynctier_redis_fallback_total": REDIS_FALLBACK,
     "asynctier_retries_total": RETRIES,
     "asynctier_dead_letters_total": DEAD_LETTERS,
+    "asynctier_expired_total": EXPIRED,
     "asynctier_consumer_lag": CONSUMER_LAG,
     "asynctier_consumer_lag_seconds": CONSUMER_LAG_SECONDS,
     "asynctier_delay_backlog": DELAY_BACKLOG,
@@ -349,6 +355,12 @@ def record_dead_letters(binding: str, reasons: Mapping[str, int]) -> None:
                              f"expected one of {sorted(DEAD_LETTER_REASONS)}")
         if n:
             DEAD_LETTERS.labels(binding, reason).inc(n)
+
+
+def count_expired(binding: str, n: int = 1) -> None:
+    """Count ``n`` items of ``binding`` the scheduler answered ``expired`` (never run)."""
+    if n:
+        EXPIRED.labels(binding).inc(n)
 
 
 def count_batch(component: str, binding: str, n: int = 1) -> None:

@@ -43,7 +43,8 @@ class Scheduler:
                            options.max_chunk_items)
         self.dispatcher = Dispatcher(runtime, admission, self.queue, sizer, options.workers,
                                      options.capped_chunks_per_binding,
-                                     options.admission_error_retry_s)
+                                     options.admission_error_retry_s,
+                                     default_window_s=options.default_start_within_s)
 
     def start(self) -> None:
         """Start the workers (on the running loop)."""

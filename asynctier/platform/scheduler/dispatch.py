@@ -18,6 +18,10 @@ Per chunk (never per item), in this order:
    :class:`~asynctier.platform.limits.RedisAdmission` has: AIMD shrinks it when failures
    spike).
 3. :meth:`Admission.report` with the successes and failures of the chunk.
+
+Deadlines (:mod:`.deadlines`): a batch's expired records are answered ``expired`` before
+the claim, the others get their deadline, a chunk is queued by its earliest, and what
+expired while queued is answered ``expired`` when the chunk leaves the queue, not run.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.errors import FunctionNotFound, ModuleNotAllowed
 from asynctier.platform.limits.bucket import burst_of
 from asynctier.platform.scheduler.bounded import BoundedQueue, Chunk
+from asynctier.platform.scheduler.deadlines import order_key, split_expired, stamp_deadlines
 from asynctier.platform.scheduler.outcomes import error_text
 from asynctier.platform.scheduler.runtime import Job, Runtime
 from asynctier.platform.scheduler.sizing import ChunkSizer
@@ -58,7 +63,8 @@ class Dispatcher:
 
     def __init__(self, runtime: Runtime, admission: Admission, queue: BoundedQueue,
                  sizer: ChunkSizer, workers: int = 8, capped_chunks: int = 2,
-                 admission_retry_s: float = 5.0, busy_grace_s: float = 10.0) -> None:
+                 admission_retry_s: float = 5.0, busy_grace_s: float = 10.0,
+                 default_window_s: float = 60.0) -> None:
         self.runtime = runtime
         self.admission = admission
         self.queue = queue
@@ -67,6 +73,7 @@ class Dispatcher:
         self.capped_chunks = capped_chunks
         self.admission_retry_s = admission_retry_s
         self.busy_grace_s = busy_grace_s
+        self.default_window_s = default_window_s
         self.running_items = 0
         self._capped: dict[str, asyncio.Semaphore] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -91,7 +98,10 @@ class Dispatcher:
         answered ``ok`` without running, and one still running elsewhere (a copy read again
         after a crash) waits for that run to end, then is answered ``ok`` or runs here.
         """
+        expired, items = split_expired(binding, items, int(time.time() * 1000))
+        stamp_deadlines(binding, items)
         skipped, items, busy = await self._claim(binding, items)
+        skipped = expired + skipped
         if busy:
             metrics.count_run_once(binding.name, "waited", len(busy))
         waiting = asyncio.create_task(self._when_free(binding, busy)) if busy else None
@@ -239,7 +249,9 @@ class Dispatcher:
             refused, admitted = await self._admit_or_retry(binding, items)
         if not admitted:
             return refused, None
-        chunk = Chunk(binding, admitted, asyncio.get_running_loop().create_future())
+        chunk = Chunk(binding, admitted, asyncio.get_running_loop().create_future(),
+                      deadline=order_key(binding, admitted, time.time(),
+                                         self.default_window_s))
         if self._cap(binding):
             await self._capped_gate(chunk)
         chunk.queued_at = time.monotonic()
@@ -304,13 +316,17 @@ class Dispatcher:
         return [ok(o["id"]) if o["id"] in elsewhere else o for o in outcomes]
 
     async def _run(self, chunk: Chunk) -> list[Outcome]:
-        binding = chunk.binding
+        expired, items = split_expired(chunk.binding, chunk.items, int(time.time() * 1000))
+        if not items:
+            return expired
+        return expired + await self._run_items(chunk.binding, items)
+
+    async def _run_items(self, binding: Binding, items: list[Item]) -> list[Outcome]:
         try:
             job = self.runtime.job(binding)
         except (ModuleNotAllowed, FunctionNotFound) as exc:
-            return [failed(i["id"], str(exc), FUNCTION_ERROR) for i in chunk.items]
+            return [failed(i["id"], str(exc), FUNCTION_ERROR) for i in items]
         started = time.monotonic()
-        items = chunk.items
         metrics.observe_record_ages(binding.name, [i["record_time_ms"] for i in items],
                                     time.time())
         cap = self._cap(binding)
@@ -320,7 +336,7 @@ class Dispatcher:
             outcomes = await self.runtime.run(job, items)
         took = time.monotonic() - started
         if not cap:
-            self.sizer.observe(binding.name, took, chunk.cost)
+            self.sizer.observe(binding.name, took, len(items))
         # Items of a chunk run one after another: each is counted at the chunk's mean.
         metrics.observe_durations(binding.name, [took / len(items)], repeat=len(items))
         self._report(binding, outcomes)

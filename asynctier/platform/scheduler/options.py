@@ -20,7 +20,9 @@ class SchedulerOptions:
     ``urgent``, ``normal`` and ``batch``; ``tenant_weights`` between the tenants of a tier
     (1 when not named). A binding with a concurrency cap keeps at most
     ``capped_chunks_per_binding`` chunks in this scheduler, so that chunks waiting for its
-    slots cannot hold every worker.
+    slots cannot hold every worker. Within a tier and tenant, chunks run earliest
+    deadline first; a binding without ``--start-within`` is ordered as if due
+    ``default_start_within_s`` after its items arrived (:mod:`.deadlines`).
     """
 
     workers: int = 8
@@ -31,6 +33,7 @@ class SchedulerOptions:
     tier_weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
     capped_chunks_per_binding: int = 2
+    default_start_within_s: float = 60.0
     unknown_binding_retry_s: float = 5.0
     admission_error_retry_s: float = 5.0
     stop_grace_s: float = 30.0
