@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from asynctier.platform.config import Settings
 from asynctier.platform.scheduler.queues import DEFAULT_TIER_WEIGHTS
 
 
@@ -39,3 +40,13 @@ class SchedulerOptions:
     stop_grace_s: float = 30.0
     heartbeat_interval_s: float = 1.0
     membership_ttl_s: float = 5.0
+
+
+def options_from_settings(settings: Settings,
+                          base: SchedulerOptions | None = None) -> SchedulerOptions:
+    """``base`` (default :class:`SchedulerOptions`) with the config file's ``[scheduler]``
+    table applied: ``workers`` and ``tier_weights`` (tiers not named keep theirs)."""
+    base = base or SchedulerOptions()
+    weights = {**base.tier_weights, **settings.tier_weights}
+    workers = settings.scheduler_workers or base.workers
+    return replace(base, workers=workers, tier_weights=weights)
