@@ -69,6 +69,8 @@ class Binding:
     created_ms: int = 0
     start_within_s: float | None = None  # should start this long after its record time
     expire_after_s: float | None = None  # not started this long after it: dead, "expired"
+    breaker_ratio: float | None = None  # --breaker 50%/30s: opens at this failure share...
+    breaker_window_s: float = 30.0  # ... over this window
     _parsed_schema: Any = field(default=None, compare=False, repr=False)
 
     @property
@@ -135,6 +137,12 @@ class Binding:
         _check(1 <= self.lease_s <= 3600, "lease",
                f"lease {self.lease_s:g}s is out of range: 1s <= S <= 1h")
         self._validate_deadlines()
+        if self.breaker_ratio is not None:
+            _check(0 < self.breaker_ratio <= 1, "breaker",
+                   f"--breaker {self.breaker_ratio:.0%}: the failure share must be above 0% "
+                   "and at most 100%, such as 50%/30s")
+            _check(1 <= self.breaker_window_s <= 3600, "breaker",
+                   f"--breaker window {self.breaker_window_s:g}s is out of range: 1s to 1h")
 
     def _validate_deadlines(self) -> None:
         within, expire = self.start_within_s, self.expire_after_s

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from asynctier.platform.admission import Admission
+from asynctier.platform.limits.breaker import Breakers
 from asynctier.platform.scheduler.bindings import BindingSource
 from asynctier.platform.scheduler.bounded import BoundedQueue
 from asynctier.platform.scheduler.dispatch import Dispatcher
@@ -31,7 +32,8 @@ class Scheduler:
     """Runs submitted batches: admission, fair bounded queue, workers, outcomes."""
 
     def __init__(self, bindings: BindingSource, runtime: Runtime, admission: Admission,
-                 options: SchedulerOptions | None = None) -> None:
+                 options: SchedulerOptions | None = None,
+                 breakers: Breakers | None = None) -> None:
         self.options = options = options or SchedulerOptions()
         self.bindings = bindings
         self.runtime = runtime
@@ -44,7 +46,9 @@ class Scheduler:
         self.dispatcher = Dispatcher(runtime, admission, self.queue, sizer, options.workers,
                                      options.capped_chunks_per_binding,
                                      options.admission_error_retry_s,
-                                     default_window_s=options.default_start_within_s)
+                                     default_window_s=options.default_start_within_s,
+                                     breakers=breakers)
+        self.breakers = breakers
 
     def start(self) -> None:
         """Start the workers (on the running loop)."""

@@ -19,6 +19,11 @@ Per chunk (never per item), in this order:
    spike).
 3. :meth:`Admission.report` with the successes and failures of the chunk.
 
+Breakers (:mod:`asynctier.platform.limits.breaker`, when the scheduler has them): a
+batch of a binding whose breaker is open or ramping is parked but for what the breaker lets
+through; a chunk leaving the queue while it is open is parked but for its probes; each
+chunk's outcomes are reported to it.
+
 Deadlines (:mod:`.deadlines`): a batch's expired records are answered ``expired`` before
 the claim, the others get their deadline, a chunk is queued by its earliest, and what
 expired while queued is answered ``expired`` when the chunk leaves the queue, not run.
@@ -38,6 +43,7 @@ from asynctier.platform.admission import BUSY, DONE, RUN, TAKEN_OVER, Admission
 from asynctier.platform.binding import Binding
 from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.errors import FunctionNotFound, ModuleNotAllowed
+from asynctier.platform.limits.breaker import Breakers
 from asynctier.platform.limits.bucket import burst_of
 from asynctier.platform.scheduler.bounded import BoundedQueue, Chunk
 from asynctier.platform.scheduler.deadlines import order_key, split_expired, stamp_deadlines
@@ -64,7 +70,7 @@ class Dispatcher:
     def __init__(self, runtime: Runtime, admission: Admission, queue: BoundedQueue,
                  sizer: ChunkSizer, workers: int = 8, capped_chunks: int = 2,
                  admission_retry_s: float = 5.0, busy_grace_s: float = 10.0,
-                 default_window_s: float = 60.0) -> None:
+                 default_window_s: float = 60.0, breakers: Breakers | None = None) -> None:
         self.runtime = runtime
         self.admission = admission
         self.queue = queue
@@ -74,6 +80,7 @@ class Dispatcher:
         self.admission_retry_s = admission_retry_s
         self.busy_grace_s = busy_grace_s
         self.default_window_s = default_window_s
+        self.breakers = breakers
         self.running_items = 0
         self._capped: dict[str, asyncio.Semaphore] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -100,6 +107,9 @@ class Dispatcher:
         """
         expired, items = split_expired(binding, items, int(time.time() * 1000))
         stamp_deadlines(binding, items)
+        if self.breakers is not None:
+            parked, items = await self.breakers.admit(binding, items)
+            expired += parked
         skipped, items, busy = await self._claim(binding, items)
         skipped = expired + skipped
         if busy:
@@ -316,10 +326,18 @@ class Dispatcher:
         return [ok(o["id"]) if o["id"] in elsewhere else o for o in outcomes]
 
     async def _run(self, chunk: Chunk) -> list[Outcome]:
-        expired, items = split_expired(chunk.binding, chunk.items, int(time.time() * 1000))
+        binding = chunk.binding
+        expired, items = split_expired(binding, chunk.items, int(time.time() * 1000))
+        breakers = self.breakers
+        if breakers is not None and items and breakers.parks_now(binding):
+            expired += breakers.park(binding, [i for i in items if not breakers.is_probe(i)])
+            items = [i for i in items if breakers.is_probe(i)]
         if not items:
             return expired
-        return expired + await self._run_items(chunk.binding, items)
+        outcomes = await self._run_items(binding, items)
+        if breakers is not None:
+            outcomes = await breakers.report(binding, items, outcomes)
+        return expired + outcomes
 
     async def _run_items(self, binding: Binding, items: list[Item]) -> list[Outcome]:
         try:
