@@ -89,6 +89,7 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
     if component == "scheduler":
         from asynctier.platform.limits import AdmissionConfig, RedisAdmission
         from asynctier.platform.limits.breaker import Breakers
+        from asynctier.platform.limits.tenants import TenantStore
         from asynctier.platform.scheduler import run_scheduler
         from asynctier.platform.scheduler.options import options_from_settings
 
@@ -98,7 +99,8 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
         run_scheduler(settings, listen=listen or settings.scheduler_listen,
                       allow_modules=allow or settings.allow_modules, stop=stop,
                       admission=admission, options=options_from_settings(settings),
-                      breakers=Breakers.from_settings(settings))
+                      breakers=Breakers.from_settings(settings),
+                      tenants=TenantStore.from_settings(settings))
     elif component == "submitter":
         from asynctier.submitter.server import run_submitter
 

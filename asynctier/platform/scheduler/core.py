@@ -16,6 +16,7 @@ import grpc
 
 from asynctier.platform.admission import Admission
 from asynctier.platform.limits.breaker import Breakers
+from asynctier.platform.limits.tenants import TenantStore
 from asynctier.platform.scheduler.bindings import BindingSource
 from asynctier.platform.scheduler.bounded import BoundedQueue
 from asynctier.platform.scheduler.dispatch import Dispatcher
@@ -23,6 +24,7 @@ from asynctier.platform.scheduler.options import SchedulerOptions
 from asynctier.platform.scheduler.queues import FairQueue
 from asynctier.platform.scheduler.runtime import Runtime
 from asynctier.platform.scheduler.sizing import ChunkSizer
+from asynctier.platform.scheduler.tenants import TenantFollower
 from asynctier.platform.wire import Item, Outcome, decode_items, encode_outcomes, retry
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,8 @@ class Scheduler:
 
     def __init__(self, bindings: BindingSource, runtime: Runtime, admission: Admission,
                  options: SchedulerOptions | None = None,
-                 breakers: Breakers | None = None) -> None:
+                 breakers: Breakers | None = None,
+                 tenants: TenantStore | None = None) -> None:
         self.options = options = options or SchedulerOptions()
         self.bindings = bindings
         self.runtime = runtime
@@ -49,15 +52,21 @@ class Scheduler:
                                      default_window_s=options.default_start_within_s,
                                      breakers=breakers)
         self.breakers = breakers
+        self.tenants = (None if tenants is None else
+                        TenantFollower(tenants, fair, base=dict(options.tenant_weights)))
 
     def start(self) -> None:
-        """Start the workers (on the running loop)."""
+        """Start the workers (on the running loop), and the tenant follower."""
         self.dispatcher.start()
+        if self.tenants is not None:
+            self.tenants.start()
 
     async def stop(self) -> None:
         """Stop the workers and the thread pool."""
         await self.dispatcher.stop()
         self.runtime.close()
+        if self.tenants is not None:
+            await self.tenants.stop()
 
     @property
     def load(self) -> int:

@@ -116,6 +116,17 @@ class FairQueue(Generic[T]):
         self.items = 0
         self.entries = 0
         self._by_tenant: dict[str, int] = {}
+        self.started_by_tenant: dict[str, int] = {}  # items popped, for shared usage
+
+    def set_tenant_weights(self, weights: Mapping[str, float]) -> None:
+        """Share every tier between tenants by ``weights`` from now on (1 when not named)."""
+        for tier in self._tiers.values():
+            tier.drr.weights = dict(weights)
+
+    def take_started(self) -> dict[str, int]:
+        """Items popped per tenant since the last call (and reset)."""
+        started, self.started_by_tenant = self.started_by_tenant, {}
+        return started
 
     def __len__(self) -> int:
         return self.entries
@@ -149,6 +160,7 @@ class FairQueue(Generic[T]):
         tier.pass_ += cost / tier.weight
         self.items -= cost
         self.entries -= 1
+        self.started_by_tenant[tenant] = self.started_by_tenant.get(tenant, 0) + cost
         left = self._by_tenant[tenant] - cost
         if left:
             self._by_tenant[tenant] = left
