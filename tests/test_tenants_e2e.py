@@ -23,6 +23,7 @@ def platform(settings: Settings, tmp_path: Path) -> Iterator[Platform]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_weights_3_to_1_hold_across_two_schedulers(
         platform: Platform, unique_topic: Callable[..., str], settings: Settings) -> None:
     """Long (--long): 16,000 records, so that the shares are taken over many DRR rounds."""
