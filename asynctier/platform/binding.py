@@ -31,6 +31,9 @@ REDIS_POLICIES: tuple[RedisPolicy, ...] = ("fail_open", "fail_closed")
 DEFAULT_LADDER_S: tuple[float, ...] = (30.0, 60.0, 300.0, 1800.0)
 #: The kinds of source a binding may name (each has a tailer: asynctier.tailers.registry).
 SOURCE_KINDS: tuple[str, ...] = ("kafka", "queue")
+#: The highest per-binding payload limit (the queue's item limit, and Kafka's default
+#: message.max.bytes is about the same).
+MAX_PAYLOAD_LIMIT = 1024 * 1024
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
@@ -66,6 +69,8 @@ class Binding:
     redis_policy: RedisPolicy = "fail_open"
     source_kind: str = "kafka"
     lease_s: float = 30.0  # a queue binding's lease per batch (its items run within it)
+    #: The largest payload the Submitter accepts for this binding; None: its default (1 MiB).
+    max_payload_bytes: int | None = None
     created_ms: int = 0
     start_within_s: float | None = None  # should start this long after its record time
     expire_after_s: float | None = None  # not started this long after it: dead, "expired"
@@ -143,6 +148,10 @@ class Binding:
                    "and at most 100%, such as 50%/30s")
             _check(1 <= self.breaker_window_s <= 3600, "breaker",
                    f"--breaker window {self.breaker_window_s:g}s is out of range: 1s to 1h")
+        if self.max_payload_bytes is not None:
+            _check(1 <= self.max_payload_bytes <= MAX_PAYLOAD_LIMIT, "max payload",
+                   f"max payload {self.max_payload_bytes:,} bytes is out of range: give 1 "
+                   f"byte to {MAX_PAYLOAD_LIMIT:,} (1MiB)")
 
     def _validate_deadlines(self) -> None:
         within, expire = self.start_within_s, self.expire_after_s
