@@ -16,9 +16,10 @@ from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.allowlist import check_function_allowed
 from asynctier.platform.binding import FORMATS, ISOLATIONS, PRIORITIES, Binding
 from asynctier.platform.config import Settings
-from asynctier.platform.durations import parse_duration, parse_ladder
+from asynctier.platform.durations import format_duration, parse_duration, parse_ladder
 from asynctier.platform.errors import BindingError, ModuleNotAllowed
 from asynctier.platform.kafka import admin, ensure_topics, topic_partitions
+from asynctier.platform.limits.breaker import parse_breaker
 from asynctier.platform.registry import BindingRegistry
 
 #: How long ``bind`` looks again for a topic it does not find: one created by another tool
@@ -93,6 +94,13 @@ def _size(what: str, text: str) -> int:
 @click.option("--redis-policy", type=click.Choice(["fail_open", "fail_closed"]),
               default="fail_open", show_default=True,
               help="When Redis is down: local limits (fail_open) or pause (fail_closed).")
+@click.option("--start-within", help="A record should start this long after its record "
+              "time (5s, 1m...): its deadline. Within a tier, earliest deadline first.")
+@click.option("--expire-after", help="A record not started this long after its record time "
+              "is useless: a dead letter with reason 'expired', never run late.")
+@click.option("--breaker", help="Circuit breaker: SHARE%/WINDOW, such as 50%/30s. When that "
+              "share of calls fails over the window, new records are parked (no attempt "
+              "spent), probes test the downstream, and records flow back at a ramped rate.")
 @click.option("--max-payload", "max_payload", metavar="SIZE",
               help="The largest payload the Submitter accepts (512KB, 1MB; at most 1MiB) "
                    "[default: 1MiB].")
@@ -104,6 +112,7 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
          fmt: str, schema_file: str | None, rate: float | None, burst: int | None,
          concurrency: int | None, max_attempts: int, timeout: str, retry_ladder: str | None,
          queue_after: str, isolation: str, idempotent: bool, redis_policy: str,
+         start_within: str | None, expire_after: str | None, breaker: str | None,
          max_payload: str | None,
          create_topic: int | None) -> None:
     """Bind topic --topic (or queue topic --queue) to function --function under NAME."""
@@ -120,6 +129,15 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
     fields: dict[str, object] = {"lease_s": _duration("lease", lease)}
     if queue_topic is not None:
         fields["source_kind"] = "queue"
+    if start_within is not None:
+        fields["start_within_s"] = _duration("start within", start_within)
+    if expire_after is not None:
+        fields["expire_after_s"] = _duration("expire after", expire_after)
+    if breaker is not None:
+        try:
+            fields["breaker_ratio"], fields["breaker_window_s"] = parse_breaker(breaker)
+        except ValueError as exc:
+            raise BindingError(f"breaker: {exc}") from exc
     if max_payload is not None:
         fields["max_payload_bytes"] = _size("max payload", max_payload)
     ladder = _ladder(retry_ladder)
@@ -196,18 +214,64 @@ def bindings(ctx: click.Context, as_json: bool) -> None:
     """List the bindings."""
     settings = settings_of(ctx)
     found = BindingRegistry(settings).load()
+    states = breaker_states(settings, [b.name for b in found.values()
+                                       if b.breaker_ratio is not None])
     if as_json:
-        click.echo(json.dumps([{**b.to_json(), "path": path_of(settings, b)}
+        click.echo(json.dumps([{**b.to_json(), "path": path_of(settings, b),
+                                "breaker_state": states.get(b.name)}
                                for b in found.values()], indent=2))
         return
     table = Table("name", "source", "function", "tenant", "priority", "format", "rate",
-                  "concurrency", "attempts", "timeout", "isolation", "ladder")
+                  "concurrency", "attempts", "timeout", "isolation", "ladder",
+                  "start/expire", "breaker")
     for b in sorted(found.values(), key=lambda b: b.name):
         table.add_row(b.name, path_of(settings, b), b.function, b.tenant, b.priority,
                       b.format, f"{b.rate_per_s:g}/s" if b.rate_per_s else "-",
                       str(b.max_concurrency or "-"), str(b.max_attempts), f"{b.timeout_s:g}s",
-                      b.isolation, ",".join(b.ladder_names))
+                      b.isolation, ",".join(b.ladder_names), _deadlines(b),
+                      _breaker(b, states))
     Console().print(table)
+
+
+def breaker_states(settings: Settings, names: list[str]) -> dict[str, str]:
+    """The shared breaker state of each binding named (``unknown`` while Redis does not
+    answer)."""
+    if not names:
+        return {}
+    import asyncio
+
+    from redis.asyncio import Redis
+
+    from asynctier.platform.limits.breaker import read_states
+
+    async def read() -> dict[str, str]:
+        client = Redis.from_url(settings.redis_url, socket_timeout=2.0,
+                                socket_connect_timeout=2.0)
+        try:
+            return await read_states(client, settings.names, names)
+        finally:
+            await client.aclose()
+
+    try:
+        return asyncio.run(read())
+    except Exception:  # redis down: the table still shows the bindings
+        return dict.fromkeys(names, "unknown")
+
+
+def _breaker(b: Binding, states: dict[str, str]) -> str:
+    if b.breaker_ratio is None:
+        return "-"
+    return (f"{b.breaker_ratio:.0%}/{format_duration(b.breaker_window_s)} "
+            f"{states.get(b.name, 'closed')}")
+
+
+def _deadlines(b: Binding) -> str:
+    """``start within / expire after`` of a binding, ``-`` for what it does not set."""
+    def shown(s: float | None) -> str:
+        return "-" if s is None else format_duration(s)
+    if b.start_within_s is None and b.expire_after_s is None:
+        return "-"
+    return f"{shown(b.start_within_s)}/{shown(b.expire_after_s)}"
 
 
 COMMANDS = [bind, unbind, bindings]

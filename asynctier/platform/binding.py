@@ -79,6 +79,10 @@ class Binding:
     #: The largest payload the Submitter accepts for this binding; None: its default (1 MiB).
     max_payload_bytes: int | None = None
     created_ms: int = 0
+    start_within_s: float | None = None  # should start this long after its record time
+    expire_after_s: float | None = None  # not started this long after it: dead, "expired"
+    breaker_ratio: float | None = None  # --breaker 50%/30s: opens at this failure share...
+    breaker_window_s: float = 30.0  # ... over this window
     _parsed_schema: Any = field(default=None, compare=False, repr=False)
 
     @property
@@ -161,10 +165,30 @@ class Binding:
                f"queue-after {self.queue_after_s:g}s is out of range: 1s <= S <= 1h")
         _check(1 <= self.lease_s <= 3600, "lease",
                f"lease {self.lease_s:g}s is out of range: 1s <= S <= 1h")
+        self._validate_deadlines()
+        if self.breaker_ratio is not None:
+            _check(0 < self.breaker_ratio <= 1, "breaker",
+                   f"--breaker {self.breaker_ratio:.0%}: the failure share must be above 0% "
+                   "and at most 100%, such as 50%/30s")
+            _check(1 <= self.breaker_window_s <= 3600, "breaker",
+                   f"--breaker window {self.breaker_window_s:g}s is out of range: 1s to 1h")
         if self.max_payload_bytes is not None:
             _check(1 <= self.max_payload_bytes <= MAX_PAYLOAD_LIMIT, "max payload",
                    f"max payload {self.max_payload_bytes:,} bytes is out of range: give 1 "
                    f"byte to {MAX_PAYLOAD_LIMIT:,} (1MiB)")
+
+    def _validate_deadlines(self) -> None:
+        within, expire = self.start_within_s, self.expire_after_s
+        if within is not None:
+            _check(0 < within <= 30 * 86400, "start within",
+                   f"--start-within {within:g}s is out of range: 0 < S <= 30d")
+        if expire is not None:
+            _check(0 < expire <= 30 * 86400, "expire after",
+                   f"--expire-after {expire:g}s is out of range: 0 < S <= 30d")
+        if within is not None and expire is not None:
+            _check(expire >= within, "expire after",
+                   f"--expire-after {format_duration(expire)} is shorter than --start-within "
+                   f"{format_duration(within)}: a record would expire before its deadline")
 
     def _validate_ladder(self) -> None:
         ladder = self.retry_ladder_s

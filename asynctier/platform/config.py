@@ -26,6 +26,10 @@ The file::
     [queue]                              # the queue source's PostgreSQL shards
     shards = ["postgresql://asynctier@127.0.0.1:5432/asynctier"]
 
+    [scheduler]                          # asynctier run scheduler
+    workers = 8                          # chunks running at once (its capacity)
+    tier_weights = { urgent = 8, normal = 4, batch = 1 }   # shares under contention
+
 Environment overrides: ``ASYNCTIER_KAFKA_BOOTSTRAP``, ``ASYNCTIER_REDIS_URL``,
 ``ASYNCTIER_QUEUE_SHARDS`` (comma separated),
 ``ASYNCTIER_PREFIX``, ``ASYNCTIER_ALLOW_MODULES`` (comma separated),
@@ -72,6 +76,32 @@ def _split(value: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
+#: The tiers a ``[scheduler] tier_weights`` table may weigh.
+TIER_NAMES = ("urgent", "normal", "batch")
+
+
+def _scheduler_table(table: dict[str, Any], source: str) -> tuple[int | None,
+                                                                  dict[str, float]]:
+    """``[scheduler]``: (workers or None, tier weights named there)."""
+    bad = set(table) - {"workers", "tier_weights"}
+    if bad:
+        raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [scheduler]; "
+                          "known keys: ['tier_weights', 'workers']")
+    workers = table.get("workers")
+    if workers is not None and (not isinstance(workers, int) or not 1 <= workers <= 1024):
+        raise ConfigError(f"{source}: [scheduler] workers = {workers!r}: give 1 to 1024")
+    weights = table.get("tier_weights", {})
+    if not isinstance(weights, dict) or set(weights) - set(TIER_NAMES):
+        raise ConfigError(f"{source}: [scheduler] tier_weights must be a table of "
+                          f"{', '.join(TIER_NAMES)}, such as "
+                          "{ urgent = 8, normal = 4, batch = 1 }")
+    for tier, weight in weights.items():
+        if not isinstance(weight, int | float) or not 0 < weight <= 1000:
+            raise ConfigError(f"{source}: [scheduler] tier_weights.{tier} = {weight!r}: "
+                              "give a number above 0, at most 1000")
+    return workers, {str(t): float(w) for t, w in weights.items()}
+
+
 def _queue_shards(queue: dict[str, Any], source: str) -> tuple[str, ...]:
     """``[queue] shards``: a non-empty list of postgresql:// DSNs."""
     bad = set(queue) - {"shards"}
@@ -107,6 +137,10 @@ class Settings:
     run_once_window_s: float = DEFAULT_RUN_ONCE_WINDOW_S
     #: The queue source's PostgreSQL databases (``[queue] shards``), one per shard.
     queue_shards: tuple[str, ...] = (DEFAULT_QUEUE_SHARD,)
+    #: ``[scheduler] workers``: chunks a scheduler runs at once (None: its default).
+    scheduler_workers: int | None = None
+    #: ``[scheduler] tier_weights``: the tiers' shares (the ones not named keep 8:4:1).
+    tier_weights: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def names(self) -> Names:
@@ -155,12 +189,13 @@ class Settings:
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any], source: str = "config") -> Settings:
         """Settings from a parsed TOML document."""
-        unknown = set(doc) - {"asynctier", "kafka", "redis", "queue"}
+        unknown = set(doc) - {"asynctier", "kafka", "redis", "queue", "scheduler"}
         if unknown:
             raise ConfigError(
                 f"{source}: unknown table(s) {sorted(unknown)}; "
-                "expected [asynctier], [kafka], [redis], [queue]"
+                "expected [asynctier], [kafka], [redis], [queue], [scheduler]"
             )
+        workers, tier_weights = _scheduler_table(dict(doc.get("scheduler", {})), source)
         main = dict(doc.get("asynctier", {}))
         kafka = {str(k): str(v) for k, v in dict(doc.get("kafka", {})).items()}
         kafka.setdefault("bootstrap.servers", DEFAULT_KAFKA_BOOTSTRAP)
@@ -187,6 +222,8 @@ class Settings:
                 run_once_window_s=_window(main.get("run_once_window",
                                                    DEFAULT_RUN_ONCE_WINDOW_S)),
                 queue_shards=queue_shards,
+                scheduler_workers=workers,
+                tier_weights=tier_weights,
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {exc}") from exc

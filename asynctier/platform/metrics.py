@@ -38,7 +38,7 @@ OUTCOMES: Final = frozenset({"ok", "retry", "failed", "dead_letter", "undecodabl
 #: The ``reason`` label of :data:`DEAD_LETTERS`.
 DEAD_LETTER_REASONS: Final = frozenset(
     {"undecodable", "rejected", "max_attempts", "function_error", "binding_removed",
-     "too_large"}
+     "too_large", "expired"}
 )
 #: Suggested ``component`` label values.
 COMPONENTS: Final = ("tailer", "scheduler", "delay")
@@ -112,6 +112,27 @@ DEAD_LETTERS = Counter(
     "Items written to the binding's dead-letter topic, by reason.",
     ["binding", "reason"],
 )
+EXPIRED = Counter(
+    "asynctier_expired_total",
+    "Items not run because they passed their binding's --expire-after (dead letters).",
+    ["binding"],
+)
+BREAKER_STATE = Gauge(
+    "asynctier_breaker_state",
+    "A binding's circuit breaker as its scheduler last saw it: 0 closed, 1 ramp, 2 open.",
+    ["binding"],
+)
+BREAKER_PARKED = Counter(
+    "asynctier_breaker_parked_total",
+    "Items parked (retried later, no attempt spent) because their binding's breaker held "
+    "them back.",
+    ["binding"],
+)
+BREAKER_PROBES = Counter(
+    "asynctier_breaker_probes_total",
+    "Probe items let through an open breaker.",
+    ["binding"],
+)
 CONSUMER_LAG = Gauge(
     "asynctier_consumer_lag",
     "Records not yet committed by the group: end offset minus committed offset.",
@@ -178,6 +199,10 @@ ALL_METRICS: Final = {
     "asynctier_redis_fallback_total": REDIS_FALLBACK,
     "asynctier_retries_total": RETRIES,
     "asynctier_dead_letters_total": DEAD_LETTERS,
+    "asynctier_expired_total": EXPIRED,
+    "asynctier_breaker_state": BREAKER_STATE,
+    "asynctier_breaker_parked_total": BREAKER_PARKED,
+    "asynctier_breaker_probes_total": BREAKER_PROBES,
     "asynctier_consumer_lag": CONSUMER_LAG,
     "asynctier_consumer_lag_seconds": CONSUMER_LAG_SECONDS,
     "asynctier_delay_backlog": DELAY_BACKLOG,
@@ -350,6 +375,29 @@ def record_dead_letters(binding: str, reasons: Mapping[str, int]) -> None:
                              f"expected one of {sorted(DEAD_LETTER_REASONS)}")
         if n:
             DEAD_LETTERS.labels(binding, reason).inc(n)
+
+
+def count_expired(binding: str, n: int = 1) -> None:
+    """Count ``n`` items of ``binding`` the scheduler answered ``expired`` (never run)."""
+    if n:
+        EXPIRED.labels(binding).inc(n)
+
+
+def set_breaker_state(binding: str, value: int) -> None:
+    """The state of ``binding``'s breaker (0 closed, 1 ramp, 2 open)."""
+    BREAKER_STATE.labels(binding).set(value)
+
+
+def count_breaker_parked(binding: str, n: int = 1) -> None:
+    """Count ``n`` items of ``binding`` parked by its breaker."""
+    if n:
+        BREAKER_PARKED.labels(binding).inc(n)
+
+
+def count_breaker_probes(binding: str, n: int = 1) -> None:
+    """Count ``n`` probe items let through ``binding``'s open breaker."""
+    if n:
+        BREAKER_PROBES.labels(binding).inc(n)
 
 
 def count_batch(component: str, binding: str, n: int = 1) -> None:

@@ -21,7 +21,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -172,8 +172,9 @@ class PendingCall:
     """A submit call under way; :meth:`result` waits for its outcomes."""
 
     def __init__(self, client: SchedulerClient, items: list[Item] | None, payload: bytes,
-                 count: int | None = None) -> None:
+                 count: int | None = None, spread: str | None = None) -> None:
         self.client = client
+        self.spread = spread  # calls of one spread key go round the schedulers in turn
         self._items = items
         self.count = len(items) if items is not None else (count or 0)
         self.payload = payload
@@ -181,7 +182,7 @@ class PendingCall:
         if len(payload) > MAX_REQUEST_BYTES:
             self.address, self.future = "", self._too_large()
         else:
-            self.address, self.future = client._send(payload)
+            self.address, self.future = client._send(payload, spread)
 
     @property
     def items(self) -> list[Item]:
@@ -224,7 +225,7 @@ class PendingCall:
             if self.crashes >= CRASHES_BEFORE_ISOLATING:
                 return self._isolate(stop)
             self.client._wait_for_one(stop)
-            self.address, self.future = self.client._send(self.payload)
+            self.address, self.future = self.client._send(self.payload, self.spread)
 
     def _too_large(self) -> Future[bytes]:
         """The answer to a call too large to send: every item failed (a dead letter)."""
@@ -281,6 +282,7 @@ class SchedulerClient:
         self._channels: dict[str, tuple[grpc.Channel, Any]] = {}
         self._down: dict[str, float] = {}
         self._rr = itertools.count()
+        self._rr_by: dict[str, Iterator[int]] = {}
         self._timeout = call_timeout_s
         self._lock = threading.Lock()
         self._wrong_wire_logged: dict[str, float] = {}
@@ -293,19 +295,25 @@ class SchedulerClient:
         """Start a submit call for one batch; :meth:`PendingCall.result` waits for it."""
         return PendingCall(self, items, encode_items(items))
 
-    def submit_encoded(self, payload: bytes, count: int) -> PendingCall:
-        """Start a submit call for a batch already encoded (see :class:`wire.Columns`)."""
-        return PendingCall(self, None, payload, count)
+    def submit_encoded(self, payload: bytes, count: int,
+                       spread: str | None = None) -> PendingCall:
+        """Start a submit call for a batch already encoded (see :class:`wire.Columns`).
+        The calls of one ``spread`` key (a binding) go round the live schedulers in turn,
+        so that every scheduler holds work of every busy binding and tenant (and so serves
+        the tenants by their weights)."""
+        return PendingCall(self, None, payload, count, spread)
 
-    def _pick(self) -> str | None:
+    def _pick(self, spread: str | None = None) -> str | None:
         now = time.monotonic()
         live = [a for a in self._addresses() if self._down.get(a, 0.0) <= now]
         if not live:
             return None
-        return live[next(self._rr) % len(live)]
+        turn = self._rr if spread is None else self._rr_by.setdefault(spread,
+                                                                     itertools.count())
+        return live[next(turn) % len(live)]
 
-    def _send(self, payload: bytes) -> tuple[str, Any]:
-        address = self._pick()
+    def _send(self, payload: bytes, spread: str | None = None) -> tuple[str, Any]:
+        address = self._pick(spread)
         if address is None:  # everyone is marked down: try the first known one anyway
             known = list(self._addresses())
             if not known:

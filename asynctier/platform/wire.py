@@ -31,6 +31,7 @@ FUNCTION_ERROR = "function_error"  # the function is not found or its module not
 TIMEOUT = "timeout"  # the function ran past the binding's timeout
 MAX_ATTEMPTS = "max_attempts"  # the binding's max attempts are spent
 BINDING_REMOVED = "binding_removed"  # the binding went away while the record waited
+EXPIRED = "expired"  # not started within the binding's --expire-after: never run late
 
 
 class Header(TypedDict):

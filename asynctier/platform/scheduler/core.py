@@ -15,6 +15,8 @@ from typing import Any
 import grpc
 
 from asynctier.platform.admission import Admission
+from asynctier.platform.limits.breaker import Breakers
+from asynctier.platform.limits.tenants import TenantStore
 from asynctier.platform.scheduler.bindings import BindingSource
 from asynctier.platform.scheduler.bounded import BoundedQueue
 from asynctier.platform.scheduler.dispatch import Dispatcher
@@ -22,6 +24,7 @@ from asynctier.platform.scheduler.options import SchedulerOptions
 from asynctier.platform.scheduler.queues import FairQueue
 from asynctier.platform.scheduler.runtime import Runtime
 from asynctier.platform.scheduler.sizing import ChunkSizer
+from asynctier.platform.scheduler.tenants import TenantFollower
 from asynctier.platform.wire import Item, Outcome, decode_items, encode_outcomes, retry
 
 log = logging.getLogger(__name__)
@@ -31,7 +34,9 @@ class Scheduler:
     """Runs submitted batches: admission, fair bounded queue, workers, outcomes."""
 
     def __init__(self, bindings: BindingSource, runtime: Runtime, admission: Admission,
-                 options: SchedulerOptions | None = None) -> None:
+                 options: SchedulerOptions | None = None,
+                 breakers: Breakers | None = None,
+                 tenants: TenantStore | None = None) -> None:
         self.options = options = options or SchedulerOptions()
         self.bindings = bindings
         self.runtime = runtime
@@ -43,17 +48,26 @@ class Scheduler:
                            options.max_chunk_items)
         self.dispatcher = Dispatcher(runtime, admission, self.queue, sizer, options.workers,
                                      options.capped_chunks_per_binding,
-                                     options.admission_error_retry_s)
+                                     options.admission_error_retry_s,
+                                     default_window_s=options.default_start_within_s,
+                                     breakers=breakers)
+        self.breakers = breakers
+        self.tenants = (None if tenants is None else
+                        TenantFollower(tenants, fair, base=dict(options.tenant_weights)))
 
     def start(self) -> None:
-        """Start the workers (on the running loop)."""
+        """Start the workers (on the running loop), and the tenant follower."""
         self.dispatcher.start()
+        if self.tenants is not None:
+            self.tenants.start()
 
     async def stop(self) -> None:
         """Stop the workers and the thread pool."""
         await self.dispatcher.stop()
         self.runtime.close()
         await self.runtime.processes.wait_closed()
+        if self.tenants is not None:
+            await self.tenants.stop()
 
     @property
     def load(self) -> int:

@@ -18,6 +18,15 @@ Per chunk (never per item), in this order:
    :class:`~asynctier.platform.limits.RedisAdmission` has: AIMD shrinks it when failures
    spike).
 3. :meth:`Admission.report` with the successes and failures of the chunk.
+
+Breakers (:mod:`asynctier.platform.limits.breaker`, when the scheduler has them): a
+batch of a binding whose breaker is open or ramping is parked but for what the breaker lets
+through; a chunk leaving the queue while it is open is parked but for its probes; each
+chunk's outcomes are reported to it.
+
+Deadlines (:mod:`.deadlines`): a batch's expired records are answered ``expired`` before
+the claim, the others get their deadline, a chunk is queued by its earliest, and what
+expired while queued is answered ``expired`` when the chunk leaves the queue, not run.
 """
 
 from __future__ import annotations
@@ -34,8 +43,10 @@ from asynctier.platform.admission import BUSY, DONE, RUN, TAKEN_OVER, Admission
 from asynctier.platform.binding import Binding
 from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.errors import FunctionNotFound, ModuleNotAllowed
+from asynctier.platform.limits.breaker import Breakers
 from asynctier.platform.limits.bucket import burst_of
 from asynctier.platform.scheduler.bounded import BoundedQueue, Chunk
+from asynctier.platform.scheduler.deadlines import order_key, split_expired, stamp_deadlines
 from asynctier.platform.scheduler.outcomes import error_text
 from asynctier.platform.scheduler.runtime import Job, Runtime
 from asynctier.platform.scheduler.sizing import ChunkSizer
@@ -58,7 +69,8 @@ class Dispatcher:
 
     def __init__(self, runtime: Runtime, admission: Admission, queue: BoundedQueue,
                  sizer: ChunkSizer, workers: int = 8, capped_chunks: int = 2,
-                 admission_retry_s: float = 5.0, busy_grace_s: float = 10.0) -> None:
+                 admission_retry_s: float = 5.0, busy_grace_s: float = 10.0,
+                 default_window_s: float = 60.0, breakers: Breakers | None = None) -> None:
         self.runtime = runtime
         self.admission = admission
         self.queue = queue
@@ -67,6 +79,8 @@ class Dispatcher:
         self.capped_chunks = capped_chunks
         self.admission_retry_s = admission_retry_s
         self.busy_grace_s = busy_grace_s
+        self.default_window_s = default_window_s
+        self.breakers = breakers
         self.running_items = 0
         self._capped: dict[str, asyncio.Semaphore] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -91,7 +105,13 @@ class Dispatcher:
         answered ``ok`` without running, and one still running elsewhere (a copy read again
         after a crash) waits for that run to end, then is answered ``ok`` or runs here.
         """
+        expired, items = split_expired(binding, items, int(time.time() * 1000))
+        stamp_deadlines(binding, items)
+        if self.breakers is not None:
+            parked, items = await self.breakers.admit(binding, items)
+            expired += parked
         skipped, items, busy = await self._claim(binding, items)
+        skipped = expired + skipped
         if busy:
             metrics.count_run_once(binding.name, "waited", len(busy))
         waiting = asyncio.create_task(self._when_free(binding, busy)) if busy else None
@@ -239,7 +259,9 @@ class Dispatcher:
             refused, admitted = await self._admit_or_retry(binding, items)
         if not admitted:
             return refused, None
-        chunk = Chunk(binding, admitted, asyncio.get_running_loop().create_future())
+        chunk = Chunk(binding, admitted, asyncio.get_running_loop().create_future(),
+                      deadline=order_key(binding, admitted, time.time(),
+                                         self.default_window_s))
         if self._cap(binding):
             await self._capped_gate(chunk)
         chunk.queued_at = time.monotonic()
@@ -305,12 +327,24 @@ class Dispatcher:
 
     async def _run(self, chunk: Chunk) -> list[Outcome]:
         binding = chunk.binding
+        expired, items = split_expired(binding, chunk.items, int(time.time() * 1000))
+        breakers = self.breakers
+        if breakers is not None and items and breakers.parks_now(binding):
+            expired += breakers.park(binding, [i for i in items if not breakers.is_probe(i)])
+            items = [i for i in items if breakers.is_probe(i)]
+        if not items:
+            return expired
+        outcomes = await self._run_items(binding, items)
+        if breakers is not None:
+            outcomes = await breakers.report(binding, items, outcomes)
+        return expired + outcomes
+
+    async def _run_items(self, binding: Binding, items: list[Item]) -> list[Outcome]:
         try:
             job = self.runtime.job(binding)
         except (ModuleNotAllowed, FunctionNotFound) as exc:
-            return [failed(i["id"], str(exc), FUNCTION_ERROR) for i in chunk.items]
+            return [failed(i["id"], str(exc), FUNCTION_ERROR) for i in items]
         started = time.monotonic()
-        items = chunk.items
         metrics.observe_record_ages(binding.name, [i["record_time_ms"] for i in items],
                                     time.time())
         cap = self._cap(binding)
@@ -320,7 +354,7 @@ class Dispatcher:
             outcomes = await self.runtime.run(job, items)
         took = time.monotonic() - started
         if not cap:
-            self.sizer.observe(binding.name, took, chunk.cost)
+            self.sizer.observe(binding.name, took, len(items))
         # Items of a chunk run one after another: each is counted at the chunk's mean.
         metrics.observe_durations(binding.name, [took / len(items)], repeat=len(items))
         self._report(binding, outcomes)

@@ -64,8 +64,11 @@ class Job:
 
 
 def context_of(binding: Binding, item: Item, deadline: float) -> Context:
-    """The ``ctx`` of one item (positional arguments: built once per item, hot path)."""
+    """The ``ctx`` of one item (positional arguments: built once per item, hot path);
+    ``ctx.deadline`` is the record's deadline when it has one, else ``deadline``."""
     headers = item["headers"]
+    if item["deadline_ms"] is not None:
+        deadline = item["deadline_ms"] / 1000.0
     return Context(binding.name, item["key"],
                    tuple((h["name"], h["value"]) for h in headers) if headers else (),
                    item["source_ref"], item["attempt"], item["record_time_ms"] / 1000.0,
