@@ -17,7 +17,7 @@ from asynctier.platform.binding import FORMATS, PRIORITIES, Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import parse_duration, parse_ladder
 from asynctier.platform.errors import BindingError, ModuleNotAllowed
-from asynctier.platform.kafka import admin, ensure_topics, topic_partitions
+from asynctier.platform.kafka import admin, ensure_topics, topic_partitions, topic_replication
 from asynctier.platform.registry import BindingRegistry
 
 #: How long ``bind`` looks again for a topic it does not find: one created by another tool
@@ -127,7 +127,8 @@ def _kafka_topic(settings: Settings, topic: str, create_topic: int | None) -> No
                                "--create-topic N")
         if not 1 <= create_topic <= 1000:
             raise BindingError("create-topic: give 1 to 1000 partitions")
-        ensure_topics(client, {topic: (create_topic, {})})
+        ensure_topics(client, {topic: (create_topic, {})},
+                      replication=topic_replication(settings))
 
 
 @click.command()

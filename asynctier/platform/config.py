@@ -15,6 +15,8 @@ The file::
     submitters = ["127.0.0.1:50061"]     # the Submitters the SDK spreads calls over
     metrics_port = 0                     # 0: no metrics endpoint
     run_once_window = "15m"              # how long a success is remembered (run once)
+    topic_replication_factor = 0         # the platform's topics; 0: 3 on 3+ brokers
+    topic_min_insync_replicas = 0        # 0: 2 with 3 replicas or more
 
     [kafka]                              # passed to librdkafka as is
     "bootstrap.servers" = "127.0.0.1:9092"
@@ -29,7 +31,8 @@ The file::
 Environment overrides: ``ASYNCTIER_KAFKA_BOOTSTRAP``, ``ASYNCTIER_REDIS_URL``,
 ``ASYNCTIER_QUEUE_SHARDS`` (comma separated),
 ``ASYNCTIER_PREFIX``, ``ASYNCTIER_ALLOW_MODULES`` (comma separated),
-``ASYNCTIER_SCHEDULERS`` (comma separated), ``ASYNCTIER_DATA_DIR``.
+``ASYNCTIER_SCHEDULERS`` (comma separated), ``ASYNCTIER_DATA_DIR``,
+``ASYNCTIER_TOPIC_REPLICATION_FACTOR``, ``ASYNCTIER_TOPIC_MIN_INSYNC_REPLICAS``.
 """
 
 from __future__ import annotations
@@ -107,6 +110,10 @@ class Settings:
     run_once_window_s: float = DEFAULT_RUN_ONCE_WINDOW_S
     #: The queue source's PostgreSQL databases (``[queue] shards``), one per shard.
     queue_shards: tuple[str, ...] = (DEFAULT_QUEUE_SHARD,)
+    #: Replication of the topics the platform creates (0: chosen from the broker count,
+    #: see :func:`asynctier.platform.kafka.replication_for`).
+    topic_replication_factor: int = 0
+    topic_min_insync_replicas: int = 0
 
     @property
     def names(self) -> Names:
@@ -167,7 +174,8 @@ class Settings:
         redis = dict(doc.get("redis", {}))
         queue_shards = _queue_shards(dict(doc.get("queue", {})), source)
         known = {"prefix", "data_dir", "allow_modules", "schedulers", "scheduler_listen",
-                 "submitter_listen", "submitters", "metrics_port", "run_once_window"}
+                 "submitter_listen", "submitters", "metrics_port", "run_once_window",
+                 "topic_replication_factor", "topic_min_insync_replicas"}
         bad = set(main) - known
         if bad:
             raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [asynctier]; "
@@ -187,6 +195,8 @@ class Settings:
                 run_once_window_s=_window(main.get("run_once_window",
                                                    DEFAULT_RUN_ONCE_WINDOW_S)),
                 queue_shards=queue_shards,
+                topic_replication_factor=int(main.get("topic_replication_factor", 0)),
+                topic_min_insync_replicas=int(main.get("topic_min_insync_replicas", 0)),
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {exc}") from exc
@@ -217,4 +227,12 @@ class Settings:
             changes["submitter_listen"] = env["ASYNCTIER_SUBMITTER_LISTEN"]
         if env.get("ASYNCTIER_SCHEDULER_LISTEN"):
             changes["scheduler_listen"] = env["ASYNCTIER_SCHEDULER_LISTEN"]
+        for name in ("topic_replication_factor", "topic_min_insync_replicas"):
+            value = env.get(f"ASYNCTIER_{name.upper()}")
+            if value:
+                try:
+                    changes[name] = int(value)
+                except ValueError as exc:
+                    raise ConfigError(f"ASYNCTIER_{name.upper()}={value!r} is not a whole "
+                                      "number") from exc
         return replace(self, **changes) if changes else self
