@@ -190,3 +190,51 @@ def test_enqueue_capacity_on_the_cluster(csettings: Settings) -> None:
 def test_data_dir_is_per_node(cluster: RedisClusterNodes) -> None:
     assert len({n.data_dir for n in cluster.nodes}) == 6
     assert all((n.data_dir / "nodes.conf").is_file() for n in cluster.nodes)
+
+
+def test_run_once_comes_back_on_the_replica_that_took_over_a_killed_master(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A master killed mid-run: claims fall back (fail_open) while its slots have no
+    master, then the replica that took over answers with the successes it had: records
+    done before the kill are still done (any forgotten one would run again: counted)."""
+    nodes = RedisClusterNodes(tmp_path_factory.mktemp("rfailover"), replicas=1)
+    try:
+        nodes.start()
+    except ServiceError as exc:
+        nodes.stop(5.0)
+        service_unavailable("a Redis Cluster", exc)
+    settings = Settings(redis_url=nodes.url, prefix=f"t{uuid.uuid4().hex[:10]}")
+    guarded = BASE.with_changes(idempotent=False)
+    before = [f"orders/0/{i}" for i in range(500)]
+    after = [f"orders/1/{i}" for i in range(50)]
+
+    async def scenario() -> tuple[str, str, str, int]:
+        admission = RedisAdmission(settings)
+        try:
+            for s in range(0, len(before), 50):
+                chunk = make_items(before[s:s + 50])
+                await admission.claim(guarded, chunk)
+                await admission.finish(guarded, chunk, [ok(i["id"]) for i in chunk])
+            await asyncio.sleep(0.2)  # the replica has had time to follow
+            nodes.master_of(settings.names.once_key(guarded.name, "1")).kill()
+            during = await admission.claim(guarded, make_items(["orders/2/1"]))
+            await asyncio.to_thread(nodes.wait_ok)
+            deadline = time.monotonic() + 20
+            while True:  # the client finds the new master on its next calls
+                first = await admission.claim(guarded, make_items(after))
+                if not admission.redis_down or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+            await admission.finish(guarded, make_items(after), [ok(i) for i in range(50)])
+            again = await admission.claim(guarded, make_items(after))
+            old = await admission.claim(guarded, make_items(before))
+            return during, first, again, old.count(RUN)
+        finally:
+            await admission.close()
+            nodes.stop(5.0)
+
+    during, first, again, forgotten = asyncio.run(scenario())
+    assert during == RUN  # fail_open: it runs (the guard is off for the outage)
+    assert first == RUN * 50 and again == DONE * 50  # the guard works on the new master
+    print(f"\nsuccesses forgotten by the failover: {forgotten} of {len(before)}")
+    assert forgotten == 0

@@ -78,10 +78,12 @@ class RedisClusterNodes:
 
     def wait_ok(self, timeout_s: float = CLUSTER_READY_S) -> None:
         """Wait until every live node says ``cluster_state:ok`` with every slot served by
-        a live master (after a kill: once a replica took over)."""
+        a live master (after a kill: once a replica took over), and every live replica
+        has its master's data (a replica that takes over before it synced has none)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if all(self._state_ok(n) for n in self.live()) and self._masters_live():
+            if (all(self._state_ok(n) for n in self.live()) and self._masters_live()
+                    and all(self._synced(n) for n in self.live())):
                 return
             time.sleep(0.1)
         raise ServiceError(f"the Redis Cluster under {self.root} was not ok within "
@@ -120,6 +122,16 @@ class RedisClusterNodes:
 
     def _state_ok(self, node: RedisNode) -> bool:
         return "cluster_state:ok" in self._info(node)
+
+    @staticmethod
+    def _synced(node: RedisNode) -> bool:
+        import redis
+
+        try:
+            info = _command(node, "INFO", "replication")  # parsed by redis-py: a dict
+        except redis.RedisError:
+            return False
+        return bool(info.get("role") != "slave" or info.get("master_link_status") == "up")
 
     def _slots_assigned(self, node: RedisNode) -> bool:
         return "cluster_slots_assigned:16384" in self._info(node)
