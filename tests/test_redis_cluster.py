@@ -90,7 +90,7 @@ def test_rate_limit_holds_on_the_cluster(csettings: Settings) -> None:
             await b.close()
 
     elapsed = asyncio.run(scenario())
-    assert 1.5 <= elapsed < 3.5, elapsed
+    assert 1.5 <= elapsed < 8.0, elapsed  # 2.0 s on an idle machine
 
 
 def test_quota_charges_once_on_the_cluster(csettings: Settings) -> None:
@@ -148,9 +148,7 @@ def test_run_once_holds_on_the_cluster(csettings: Settings) -> None:
             seen = [await a.claim(guarded, batch), await b.claim(guarded, batch)]
             await a.finish(guarded, batch[:2], [ok(0), retry(1, "boom")])
             seen.append(await b.claim(guarded, batch))
-            client = async_client(csettings.redis_url)
-            await client.delete(a._once.holder_key(guarded.name))  # a died
-            await client.aclose()
+            await a._once.close()  # a died: no heartbeat, its holder key is gone
             seen.append(await b.claim(guarded, batch[2:]))
             return seen
         finally:
