@@ -258,15 +258,22 @@ class KafkaNode:
         (the nodes of a cluster answer only once a quorum of them runs)."""
         if self.running():
             return False
+        java = self.prepare()
+        self.daemon.start(self._java_argv(java, "kafka.Kafka", str(self.properties_file)),
+                          cwd=self.data_dir)
+        return True
+
+    def prepare(self) -> str:
+        """Fetch jars if needed, write the config and format the storage once; the path
+        of java. A cluster prepares every node before it starts any (a started node
+        waits for its quorum only so long)."""
         java = require_binary("java", self.path)
         ensure_ports_free({"Kafka": self.port, "Kafka controller": self.controller_port})
         self.jars.ensure()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._write_config()
         self._format(java)
-        self.daemon.start(self._java_argv(java, "kafka.Kafka", str(self.properties_file)),
-                          cwd=self.data_dir)
-        return True
+        return java
 
     def stop(self, timeout_s: float = STOP_S) -> bool:
         """Controlled shutdown (SIGTERM, wait, SIGKILL last); data is kept."""
@@ -322,6 +329,8 @@ class KafkaNode:
         if self.voters is not None:
             del props["controller.quorum.bootstrap.servers"]
             props["controller.quorum.voters"] = self.voters
+            # the other nodes may take minutes to start on a loaded machine (default 60 s)
+            props["initial.broker.registration.timeout.ms"] = "300000"
         if self.sasl_plain_users:
             props.update(self._sasl_properties())
         return "".join(f"{k}={v}\n" for k, v in props.items())

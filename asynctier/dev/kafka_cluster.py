@@ -32,6 +32,9 @@ class KafkaCluster:
         """Start every node (formatting them once) and wait until each answers."""
         if not self.nodes:
             self.nodes = self._make()
+        for node in self.nodes:
+            if not node.running():
+                node.prepare()
         started = [node.launch() for node in self.nodes]
         for node in self.nodes:
             node.wait()

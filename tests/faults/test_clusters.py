@@ -77,6 +77,7 @@ def _run(plat: FaultPlatform, settings: Settings, records: int) -> range:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a cluster start is minutes on a loaded machine
 def test_redis_cluster_master_failed_over_mid_run(
         redis_cluster: RedisClusterNodes, kafka_bootstrap: str, prefix: str, tmp_path: Path,
         records: int, fault_results: list[Report]) -> None:
@@ -99,6 +100,7 @@ def test_redis_cluster_master_failed_over_mid_run(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_kafka_broker_sigkilled_mid_drain_and_brought_back(
         kafka_cluster: KafkaCluster, redis_url: str, prefix: str, tmp_path: Path,
         records: int, fault_results: list[Report]) -> None:

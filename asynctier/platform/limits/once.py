@@ -34,7 +34,6 @@ idempotent should say so (``asynctier bind --idempotent``) and skip all of it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Sequence
@@ -112,7 +111,8 @@ def _settle(waiters: list[asyncio.Future[set[str]]], result: set[str] | None = N
 class RunOnce:
     """Claims records for this scheduler and remembers the ones that succeeded."""
 
-    def __init__(self, client: AsyncRedis, names: Names, done_ttl_s: float = DEFAULT_DONE_TTL_S,
+    def __init__(self, client: AsyncRedis, names: Names,
+                 done_ttl_s: float = DEFAULT_DONE_TTL_S,
                  holder_ttl_s: float = DEFAULT_HOLDER_TTL_S) -> None:
         self._client = client
         self._names = names
@@ -215,11 +215,10 @@ class RunOnce:
                     _settle(mine, exception=down)
                     continue
                 try:
-                    codes = await self._finish(keys=[self.holder_key(binding)],
-                                               args=[self._span_ms, self.prefix(binding),
-                                                     join_refs(done) if done else "",
-                                                     join_refs(free) if free else "",
-                                                     self.holder])
+                    args: list[str | int] = [
+                        self._span_ms, self.prefix(binding), join_refs(done) if done else "",
+                        join_refs(free) if free else "", self.holder]
+                    codes = await self._finish(keys=[self.holder_key(binding)], args=args)
                     text = as_text(codes)
                     elsewhere = ({ref for ref, code in zip(free, text, strict=True)
                                   if code == "1"} if "1" in text else set())
@@ -240,8 +239,10 @@ class RunOnce:
         if self._heartbeat is not None:
             await cancel_and_wait(self._heartbeat)
         for binding in self._running:  # one key at a time: each has its own slot
-            with contextlib.suppress(*REDIS_DOWN):
+            try:
                 await self._client.delete(self.holder_key(binding))
+            except REDIS_DOWN:
+                return  # Redis is away: the holder keys expire by themselves
 
     def _ensure_heartbeat(self) -> None:
         if self._heartbeat is None or self._heartbeat.done():
