@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import ConfigResource, ResourceType
 
 from asynctier.dev.kafka import KafkaJars
 from asynctier.dev.kafka_cluster import KafkaCluster
@@ -67,8 +68,10 @@ def _run(plat: FaultPlatform, settings: Settings, records: int) -> range:
     ensure_topics(admin(settings), {topic: (4, {})},
                   replication=topic_replication(settings))
     ids = range(records)
-    produce(settings, topic, make_docs(records, failing_every=50,
-                                       extra={i: {"sleep": 0.0003} for i in range(records)}))
+    docs = make_docs(records, failing_every=50,
+                     extra={i: {"sleep": 0.0003} for i in range(records)})
+    for start in range(0, records, 5_000):  # each confirmed within the harness' 60 s
+        produce(settings, topic, docs[start:start + 5_000])
     plat.bind("orders", topic, *ARGS)
     plat.start("scheduler")
     plat.start("delay")
@@ -106,10 +109,13 @@ def test_kafka_broker_sigkilled_mid_drain_and_brought_back(
         records: int, fault_results: list[Report]) -> None:
     settings = Settings(kafka={"bootstrap.servers": kafka_cluster.bootstrap},
                         redis_url=redis_url, prefix=prefix)
+    records = min(records, 20_000)  # 3 brokers and the platform on 2 cores: 20,000 even --long
     plat = FaultPlatform(settings, tmp_path)
     try:
         ids = _run(plat, settings, records)
         on_progress(plat, records // 4)()
+        _assert_replicated(settings, [f"{prefix}.orders", settings.names.delay_topic("1s"),
+                                      settings.names.dlq_topic("orders")])
         victim = kafka_cluster.nodes[0]
         victim.kill()
         count = len(plat.calls())
@@ -123,3 +129,14 @@ def test_kafka_broker_sigkilled_mid_drain_and_brought_back(
     finally:
         plat.stop_all()
     assert result.ok, result.summary()
+
+
+def _assert_replicated(settings: Settings, topics: list[str]) -> None:
+    """Each topic has 3 replicas per partition and ``min.insync.replicas=2``."""
+    client = admin(settings)
+    meta = client.list_topics(timeout=30).topics
+    for topic in topics:
+        assert {len(p.replicas) for p in meta[topic].partitions.values()} == {3}, topic
+    resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
+    for resource, future in client.describe_configs(resources).items():
+        assert future.result()["min.insync.replicas"].value == "2", resource.name
