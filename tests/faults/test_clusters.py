@@ -121,7 +121,8 @@ def test_kafka_broker_sigkilled_mid_drain_and_brought_back(
         count = len(plat.calls())
         wait_until(lambda: len(plat.calls()) >= count + records // 10, 120,
                    "records keep flowing with one broker of three down")
-        victim.start()
+        victim.launch()  # a broker catching up on a loaded machine: minutes, not 90 s
+        wait_until(victim.healthy, 600, "the restarted broker answers", interval=1.0)
         wait_resolved(plat, ids, 300)
         assert all(plat.alive(n) for n in ("scheduler", "delay", "tailers"))
         result = report(plat, "Kafka broker of 3 SIGKILLed mid-drain", "orders", ids,
