@@ -33,7 +33,8 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_se
 log = logging.getLogger(__name__)
 
 #: The ``outcome`` label of :data:`ITEMS`.
-OUTCOMES: Final = frozenset({"ok", "retry", "failed", "dead_letter", "undecodable"})
+OUTCOMES: Final = frozenset({"ok", "retry", "failed", "dead_letter", "undecodable",
+                             "moved"})
 #: The ``reason`` label of :data:`DEAD_LETTERS`.
 DEAD_LETTER_REASONS: Final = frozenset(
     {"undecodable", "rejected", "max_attempts", "function_error", "binding_removed",
@@ -45,7 +46,7 @@ COMPONENTS: Final = ("tailer", "scheduler", "delay")
 #: Function run time: from 1 ms to the longest timeout people set (minutes).
 DURATION_BUCKETS_S: Final = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-    60.0, 120.0, 300.0,
+    60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
 )
 #: Record time to function start: milliseconds when keeping up, an hour and more after
 #: retries through the delay ladder or a long outage.
@@ -422,6 +423,34 @@ def count_lease_expiries(binding: str, tenant: str, n: int) -> None:
 
 
 # --- the endpoint -----------------------------------------------------------------------
+
+
+#: How a call past its timeout was handled (the ``handling`` label of :data:`TIMEOUTS`).
+TIMEOUT_HANDLING: Final = frozenset({"cancelled", "stopped", "left_running"})
+TIMEOUTS = Counter(
+    "asynctier_function_timeouts_total",
+    "Calls past their binding's timeout, by how they were handled: cancelled (async), "
+    "stopped (worker process killed) or left_running (a worker thread cannot be stopped).",
+    ["binding", "handling"],
+)
+OVERRUNNING = Gauge(
+    "asynctier_overrunning_calls",
+    "Sync calls past their timeout still running in a worker thread (each holds its "
+    "thread and, for a capped binding, its concurrency slot until it returns).",
+    ["binding"],
+)
+
+
+def count_timeout(binding: str, handling: str) -> None:
+    """One call past its timeout, handled as ``handling``."""
+    if handling not in TIMEOUT_HANDLING:
+        raise ValueError(f"unknown timeout handling {handling!r}")
+    TIMEOUTS.labels(binding, handling).inc()
+
+
+def add_overrunning(binding: str, delta: int) -> None:
+    """A sync call of ``binding`` went past its timeout (+1) or finally returned (-1)."""
+    OVERRUNNING.labels(binding).inc(delta)
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> int:

@@ -266,9 +266,16 @@ class PendingCall:
 
 
 class SchedulerClient:
-    """Sends batches to schedulers; ``addresses()`` gives the live ones (re-read often)."""
+    """Sends batches to schedulers; ``addresses()`` gives the live ones (re-read often).
 
-    def __init__(self, addresses: Addresses, call_timeout_s: float = 900.0,
+    A call has no deadline by default (``call_timeout_s=None``): a batch takes as long as
+    its items, each ended by its binding's ``--timeout`` (up to 1 h) in the scheduler, and
+    a deadline shorter than that would cut a long batch off and send it again, a limit
+    silently lower than the binding's. A scheduler that died or became unreachable is
+    found by gRPC keepalive (a ping every 10 s, 5 s to answer) and the batch goes
+    elsewhere."""
+
+    def __init__(self, addresses: Addresses, call_timeout_s: float | None = None,
                  wait_for_scheduler: bool = True) -> None:
         self._addresses = addresses
         self._channels: dict[str, tuple[grpc.Channel, Any]] = {}

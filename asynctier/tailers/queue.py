@@ -233,11 +233,15 @@ class QueueTailer:
         """What became of the items so far (ok, retry, dead_letter)."""
         return self.source.stats if self.source is not None else Counter()
 
+    def _source(self, queue: ShardedQueue, stop: threading.Event) -> QueueSource:
+        """The source of this tailer."""
+        return QueueSource(self.binding, queue, lease_owner(self.binding), stop)
+
     def run(self, stop: threading.Event) -> None:
         """Lease, run and resolve until ``stop`` is set; then finish what is under way."""
         own = self._queue is None
         queue = self._queue or ShardedQueue(self.settings.queue_shards)
-        source = QueueSource(self.binding, queue, lease_owner(self.binding), stop)
+        source = self._source(queue, stop)
         pipeline = Pipeline(source, self.client, COMPONENT, self.binding.name, self.options,
                             self.hook)
         source.pipeline = pipeline

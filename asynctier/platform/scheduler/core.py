@@ -53,11 +53,13 @@ class Scheduler:
         """Stop the workers and the thread pool."""
         await self.dispatcher.stop()
         self.runtime.close()
+        await self.runtime.processes.wait_closed()
 
     @property
     def load(self) -> int:
         """Items queued or running here."""
-        return self.queue.items + self.dispatcher.running_items
+        # a call past its timeout that still runs in its thread is load too
+        return self.queue.items + self.dispatcher.running_items + self.runtime.hung_threads
 
     async def submit(self, request: bytes, context: Any = None) -> bytes:
         """The gRPC method: Avro items in, Avro outcomes out."""

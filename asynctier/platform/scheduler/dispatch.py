@@ -353,16 +353,42 @@ class Dispatcher:
 
         async def lane() -> None:
             for item in pending:
-                try:
-                    async with self.admission.slot(job.binding):
-                        results.append(await self.runtime.run_one(job, item))
-                except Exception as exc:  # the slot could not be had (run_one never raises)
-                    results.append(retry(item["id"], f"admission failed: {error_text(exc)}",
-                                         after_s=self.admission_retry_s,
-                                         spends_attempt=False))
+                results.append(await self._run_in_slot(job, item))
 
         await asyncio.gather(*(lane() for _ in range(min(cap, len(items)))))
         return results
+
+    async def _run_in_slot(self, job: Job, item: Item) -> Outcome:
+        """Run one item inside a concurrency slot. A sync call that overran its timeout
+        is answered ``timeout`` at once, but its slot is not free until the call returns
+        (its thread cannot be stopped): a background task holds it until then."""
+        answer: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(self._hold_slot(job, item, answer))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        try:
+            return await asyncio.shield(answer)
+        except asyncio.CancelledError:
+            if not answer.done():  # the caller went away before it ended: stop it
+                task.cancel()
+            raise
+
+    async def _hold_slot(self, job: Job, item: Item, answer: asyncio.Future[Outcome]) -> None:
+        try:
+            async with self.admission.slot(job.binding):
+                outcome, late = await self.runtime.run_one_held(job, item)
+                if not answer.done():
+                    answer.set_result(outcome)
+                if late:
+                    await asyncio.gather(*late, return_exceptions=True)
+        except Exception as exc:  # the slot could not be had (run_one_held never raises)
+            if not answer.done():
+                answer.set_result(retry(item["id"], f"admission failed: {error_text(exc)}",
+                                        after_s=self.admission_retry_s,
+                                        spends_attempt=False))
+            else:
+                log.exception("binding %s: releasing a concurrency slot failed",
+                              job.binding.name)
 
     def _report(self, binding: Binding, outcomes: list[Outcome]) -> None:
         # the failures counted by reason: bad input says nothing about the downstream's health
