@@ -18,7 +18,7 @@ from asynctier.platform.binding import FORMATS, ISOLATIONS, PRIORITIES, Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import format_duration, parse_duration, parse_ladder
 from asynctier.platform.errors import BindingError, ModuleNotAllowed
-from asynctier.platform.kafka import admin, ensure_topics, topic_partitions
+from asynctier.platform.kafka import admin, ensure_topics, topic_partitions, topic_replication
 from asynctier.platform.limits.breaker import parse_breaker
 from asynctier.platform.registry import BindingRegistry
 
@@ -195,7 +195,8 @@ def _kafka_topic(settings: Settings, topic: str, create_topic: int | None) -> No
                                "--create-topic N")
         if not 1 <= create_topic <= 1000:
             raise BindingError("create-topic: give 1 to 1000 partitions")
-        ensure_topics(client, {topic: (create_topic, {})})
+        ensure_topics(client, {topic: (create_topic, {})},
+                      replication=topic_replication(settings))
 
 
 @click.command()
@@ -240,12 +241,11 @@ def breaker_states(settings: Settings, names: list[str]) -> dict[str, str]:
         return {}
     import asyncio
 
-    from redis.asyncio import Redis
-
     from asynctier.platform.limits.breaker import read_states
+    from asynctier.platform.redis_client import async_client
 
     async def read() -> dict[str, str]:
-        client = Redis.from_url(settings.redis_url, socket_timeout=2.0,
+        client = async_client(settings.redis_url, socket_timeout=2.0,
                                 socket_connect_timeout=2.0)
         try:
             return await read_states(client, settings.names, names)

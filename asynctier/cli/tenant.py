@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import click
-from redis.asyncio import Redis
 
 from asynctier.cli import settings_of
 from asynctier.cli.quota import _TENANT_RE
@@ -17,13 +16,14 @@ from asynctier.platform.errors import ServiceError
 from asynctier.platform.limits.outage import REDIS_DOWN
 from asynctier.platform.limits.quota import QuotaStore
 from asynctier.platform.limits.tenants import TenantStore
+from asynctier.platform.redis_client import AsyncRedis, async_client
 
 T = TypeVar("T")
 
 
-def _with_redis(settings: Settings, fn: Callable[[Redis], Awaitable[T]]) -> T:
+def _with_redis(settings: Settings, fn: Callable[[AsyncRedis], Awaitable[T]]) -> T:
     async def run() -> T:
-        client = Redis.from_url(settings.redis_url, socket_timeout=5.0,
+        client = async_client(settings.redis_url, socket_timeout=5.0,
                                 socket_connect_timeout=5.0)
         try:
             return await fn(client)
@@ -34,7 +34,7 @@ def _with_redis(settings: Settings, fn: Callable[[Redis], Awaitable[T]]) -> T:
     return asyncio.run(run())
 
 
-async def tenant_rows(client: Redis, settings: Settings) -> list[dict[str, Any]]:
+async def tenant_rows(client: AsyncRedis, settings: Settings) -> list[dict[str, Any]]:
     """Every tenant with a weight, a quota or usage: weight, items started over all
     schedulers this minute and the last, share of the last minute, quota and its use."""
     tenants = TenantStore(client, settings.names)

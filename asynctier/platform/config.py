@@ -15,6 +15,8 @@ The file::
     submitters = ["127.0.0.1:50061"]     # the Submitters the SDK spreads calls over
     metrics_port = 0                     # 0: no metrics endpoint
     run_once_window = "15m"              # how long a success is remembered (run once)
+    topic_replication_factor = 0         # the platform's topics; 0: 3 on 3+ brokers
+    topic_min_insync_replicas = 0        # 0: 2 with 3 replicas or more
 
     [kafka]                              # passed to librdkafka as is
     "bootstrap.servers" = "127.0.0.1:9092"
@@ -33,7 +35,8 @@ The file::
 Environment overrides: ``ASYNCTIER_KAFKA_BOOTSTRAP``, ``ASYNCTIER_REDIS_URL``,
 ``ASYNCTIER_QUEUE_SHARDS`` (comma separated),
 ``ASYNCTIER_PREFIX``, ``ASYNCTIER_ALLOW_MODULES`` (comma separated),
-``ASYNCTIER_SCHEDULERS`` (comma separated), ``ASYNCTIER_DATA_DIR``.
+``ASYNCTIER_SCHEDULERS`` (comma separated), ``ASYNCTIER_DATA_DIR``,
+``ASYNCTIER_TOPIC_REPLICATION_FACTOR``, ``ASYNCTIER_TOPIC_MIN_INSYNC_REPLICAS``.
 """
 
 from __future__ import annotations
@@ -141,6 +144,10 @@ class Settings:
     scheduler_workers: int | None = None
     #: ``[scheduler] tier_weights``: the tiers' shares (the ones not named keep 8:4:1).
     tier_weights: Mapping[str, float] = field(default_factory=dict)
+    #: Replication of the topics the platform creates (0: chosen from the broker count,
+    #: see :func:`asynctier.platform.kafka.replication_for`).
+    topic_replication_factor: int = 0
+    topic_min_insync_replicas: int = 0
 
     @property
     def names(self) -> Names:
@@ -202,7 +209,8 @@ class Settings:
         redis = dict(doc.get("redis", {}))
         queue_shards = _queue_shards(dict(doc.get("queue", {})), source)
         known = {"prefix", "data_dir", "allow_modules", "schedulers", "scheduler_listen",
-                 "submitter_listen", "submitters", "metrics_port", "run_once_window"}
+                 "submitter_listen", "submitters", "metrics_port", "run_once_window",
+                 "topic_replication_factor", "topic_min_insync_replicas"}
         bad = set(main) - known
         if bad:
             raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [asynctier]; "
@@ -224,6 +232,8 @@ class Settings:
                 queue_shards=queue_shards,
                 scheduler_workers=workers,
                 tier_weights=tier_weights,
+                topic_replication_factor=int(main.get("topic_replication_factor", 0)),
+                topic_min_insync_replicas=int(main.get("topic_min_insync_replicas", 0)),
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {exc}") from exc
@@ -254,4 +264,12 @@ class Settings:
             changes["submitter_listen"] = env["ASYNCTIER_SUBMITTER_LISTEN"]
         if env.get("ASYNCTIER_SCHEDULER_LISTEN"):
             changes["scheduler_listen"] = env["ASYNCTIER_SCHEDULER_LISTEN"]
+        for name in ("topic_replication_factor", "topic_min_insync_replicas"):
+            value = env.get(f"ASYNCTIER_{name.upper()}")
+            if value:
+                try:
+                    changes[name] = int(value)
+                except ValueError as exc:
+                    raise ConfigError(f"ASYNCTIER_{name.upper()}={value!r} is not a whole "
+                                      "number") from exc
         return replace(self, **changes) if changes else self

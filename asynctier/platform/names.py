@@ -88,3 +88,18 @@ class Names:
     def redis_key(self, *parts: str) -> str:
         """A Redis key under the prefix: ``asynctier:rate:<binding>`` and so on."""
         return ":".join((self.prefix, *parts))
+
+    def redis_tagged_key(self, tag: str, *parts: str) -> str:
+        """A Redis key with the hash tag ``{tag}``: ``asynctier:{tenant:acme}:quota``.
+
+        Redis Cluster puts every key of one tag in one slot, so one Lua script may touch
+        them all; binding, tenant and prefix names hold no brace."""
+        return ":".join((self.prefix, "{" + tag + "}", *parts))
+
+    def tenant_key(self, tenant: str, *parts: str) -> str:
+        """A key of one tenant (its quota, usage, charges, enqueue capacity)."""
+        return self.redis_tagged_key(f"tenant:{tenant}", *parts)
+
+    def once_key(self, binding: str, *parts: str) -> str:
+        """A run-once key of one binding (claims, done bitmaps, holders)."""
+        return self.redis_tagged_key(f"once:{binding}", *parts)

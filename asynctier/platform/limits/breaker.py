@@ -23,14 +23,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
-
 from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.limits.outage import REDIS_DOWN
 from asynctier.platform.limits.scripts import BREAKER
 from asynctier.platform.names import Names
+from asynctier.platform.redis_client import AsyncRedis, async_client
 from asynctier.platform.wire import EXPIRED, TOO_LARGE, UNDECODABLE, Item, Outcome, retry
 
 log = logging.getLogger(__name__)
@@ -74,7 +73,7 @@ class _Seen:
 class Breakers:
     """Every binding's breaker, on one Redis client (created here unless given)."""
 
-    def __init__(self, client: Redis, names: Names, config: BreakerConfig | None = None,
+    def __init__(self, client: AsyncRedis, names: Names, config: BreakerConfig | None = None,
                  own_client: bool = False) -> None:
         self.client = client
         self.names = names
@@ -88,7 +87,7 @@ class Breakers:
     def from_settings(cls, settings: Settings,
                       config: BreakerConfig | None = None) -> Breakers:
         """Breakers on a new client of ``settings.redis_url``."""
-        client = Redis.from_url(settings.redis_url, socket_timeout=2.0,
+        client = async_client(settings.redis_url, socket_timeout=2.0,
                                 socket_connect_timeout=2.0)
         return cls(client, settings.names, config, own_client=True)
 
@@ -196,7 +195,7 @@ def _meaning(binding: Binding, state: str, cfg: BreakerConfig) -> str:
     return "records flow as usual"
 
 
-async def read_states(client: Redis, names: Names,
+async def read_states(client: AsyncRedis, names: Names,
                       bindings: Sequence[str]) -> dict[str, str]:
     """The shared state of each binding's breaker (``closed`` when it has none yet)."""
     out: dict[str, str] = {}

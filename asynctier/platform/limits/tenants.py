@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from redis.asyncio import Redis
-
 from asynctier.platform.config import Settings
 from asynctier.platform.names import Names
+from asynctier.platform.redis_client import AsyncRedis, async_client
 
 #: A per-minute usage counter lives this long (the current and the previous minute).
 USAGE_TTL_S = 180
@@ -28,7 +27,7 @@ class TenantStore:
     """Weights (hash ``<prefix>:tenant-weights``) and usage per minute
     (``<prefix>:tenant-used:<minute>``, a hash of tenant -> items started)."""
 
-    def __init__(self, client: Redis, names: Names, own_client: bool = False) -> None:
+    def __init__(self, client: AsyncRedis, names: Names, own_client: bool = False) -> None:
         self.client = client
         self.names = names
         self._own = own_client
@@ -36,7 +35,7 @@ class TenantStore:
     @classmethod
     def from_settings(cls, settings: Settings) -> TenantStore:
         """A store on a new client of ``settings.redis_url``."""
-        client = Redis.from_url(settings.redis_url, socket_timeout=2.0,
+        client = async_client(settings.redis_url, socket_timeout=2.0,
                                 socket_connect_timeout=2.0)
         return cls(client, settings.names, own_client=True)
 
