@@ -143,6 +143,7 @@ class LongWork:
             self._give_back(items, "no scheduler is registered")
             self.source.stop.wait(NO_SCHEDULER_RETRY_S)
             return []
+        metrics.count_batch(COMPONENT, self.binding.name)
         started = time.monotonic()
         for item in items:
             self.running[item.id] = Run(item, call, float(item.lease_expires_ms), started)
