@@ -38,14 +38,16 @@ class Scenario:
     quick_within_s: float  # quick items resolve within this of their enqueue
     idempotent: bool  # no run-once claim: a killed scheduler's item starts without waiting
     # for the dead scheduler's run-once claim to expire, which CI has no time for
+    kill_progress: float  # the scheduler is killed once this much work is checkpointed...
+    kill_delay_s: float  # ... and this long after: mid-step, between two checkpoints
 
 
 SHORT = Scenario(seconds=6, every=1, lease="2s", lease_s=2.0, quick_within_s=4.0,
-                 idempotent=True)
+                 idempotent=True, kill_progress=3, kill_delay_s=0.5)
 LONG = Scenario(seconds=90, every=10, lease="15s", lease_s=15.0, quick_within_s=5.0,
-                idempotent=False)
+                idempotent=False, kill_progress=40, kill_delay_s=5)  # killed at ~45 s
 SCENARIOS = [pytest.param(SHORT, id="short"),
-             pytest.param(LONG, id="90s", marks=pytest.mark.slow)]
+             pytest.param(LONG, id="90s", marks=[pytest.mark.slow, pytest.mark.timeout(1200)])]
 
 
 @dataclass(frozen=True)
@@ -182,9 +184,10 @@ def resumes_after_a_scheduler_kill(plat: QueuePlatform, queue_store: QueueStore,
                                    s: Scenario) -> tuple[float, float]:
     """Phase 2 (long item 1000); returns (seconds until leased again, progress saved)."""
     enqueue_long(queue_store, ns, s, 1000, range(1001, 1011))
-    kill_at = s.seconds / 2  # about half-way: at the first checkpoint there or past it
+    kill_at = s.kill_progress
     wait_until(lambda: any(x.id == 1000 and x.done >= kill_at for x in steps(plat)),
                s.seconds * 2, f"the long item past {kill_at:g}s of progress")
+    time.sleep(s.kill_delay_s)  # not a wait for a state: it puts the kill mid-step
     plat.kill("scheduler")  # the supervisor starts it again on the same port
     killed_at = time.time()
     saved = max(x.done for x in steps(plat) if x.id == 1000 and x.at < killed_at)
