@@ -200,8 +200,9 @@ def resumes_after_a_scheduler_kill(plat: QueuePlatform, queue_store: QueueStore,
     assert starts_of(plat, 1000) == [1, 2]
     again = [c.at for c in plat.calls() if c.id == 1000 and c.kind == "S"][1] - killed_at
     # its lease runs out, the scheduler is back (and, not idempotent, the run-once claim
-    # of the dead one expires) before it starts again
-    bound = s.lease_s + (10 if s.idempotent else 25)
+    # of the dead one expires) before it starts again; on a loaded machine a scheduler's
+    # restart alone was measured at 15 s
+    bound = s.lease_s + (30 if s.idempotent else 45)
     assert again <= bound, f"started again {again:.1f}s after the kill"
     assert set(range(1001, 1011)) <= set(succeeded(plat.calls()))  # nothing lost
     assert succeeded(plat.calls())[1000] == 1
