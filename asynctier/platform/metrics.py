@@ -184,6 +184,23 @@ QUEUE_LEASE_EXPIRIES = Counter(
     "Queue items leased again because their previous lease ran out unresolved.",
     ["binding", "tenant"],
 )
+LONGEST_RUN = Gauge(
+    "asynctier_queue_longest_run_seconds",
+    "How long the longest-running item of a queue binding has run in its tailer (0: none).",
+    ["binding", "tenant"],
+)
+CHECKPOINTS = Counter(
+    "asynctier_checkpoints_total",
+    "Checkpoints functions saved (ctx.checkpoint), by result: saved, or refused (the lease "
+    "was lost or the queue could not store it).",
+    ["binding", "result"],
+)
+LEASES_LOST = Counter(
+    "asynctier_queue_leases_lost_total",
+    "Items that lost their lease while running, by why: no_heartbeat (its scheduler stopped "
+    "reporting it), stream_broke (its scheduler went away), not_held (leased elsewhere).",
+    ["binding", "why"],
+)
 
 #: Every metric above, by the name it is exported under (counters without ``_total``
 #: in prometheus-client's ``_name``; the keys here are the exported family names).
@@ -213,6 +230,9 @@ ALL_METRICS: Final = {
     "asynctier_queue_items": QUEUE_ITEMS,
     "asynctier_queue_oldest_ready_seconds": QUEUE_OLDEST_READY,
     "asynctier_queue_lease_expiries_total": QUEUE_LEASE_EXPIRIES,
+    "asynctier_queue_longest_run_seconds": LONGEST_RUN,
+    "asynctier_checkpoints_total": CHECKPOINTS,
+    "asynctier_queue_leases_lost_total": LEASES_LOST,
 }
 
 
@@ -468,6 +488,23 @@ def count_lease_expiries(binding: str, tenant: str, n: int) -> None:
     """Count ``n`` items of ``binding`` leased again after their lease ran out."""
     if n:
         QUEUE_LEASE_EXPIRIES.labels(binding, tenant).inc(n)
+
+
+
+def set_longest_run(binding: str, tenant: str, seconds: float) -> None:
+    """How long the longest item of a queue binding running in this tailer has run."""
+    LONGEST_RUN.labels(binding, tenant).set(seconds)
+
+
+def count_checkpoint(binding: str, result: str) -> None:
+    """Count one checkpoint of ``binding``: ``saved`` or ``refused``."""
+    CHECKPOINTS.labels(binding, result).inc()
+
+
+def count_leases_lost(binding: str, why: str, n: int) -> None:
+    """Count ``n`` items of ``binding`` that lost their lease while running, for ``why``."""
+    if n:
+        LEASES_LOST.labels(binding, why).inc(n)
 
 
 # --- the endpoint -----------------------------------------------------------------------

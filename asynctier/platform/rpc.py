@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import itertools
 import logging
+import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 import grpc
 
 from asynctier.platform.errors import SchedulerUnavailable
+from asynctier.platform.stream import RUN, STREAM_VERSION, Event, StreamCall
 from asynctier.platform.wire import (
     TOO_LARGE,
     Item,
@@ -75,6 +77,8 @@ CHANNEL_OPTIONS = [
 ]
 
 SubmitFn = Callable[[bytes, Any], Awaitable[bytes]]
+#: The run stream's method (:mod:`asynctier.platform.stream`): requests in, messages out.
+RunFn = Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]
 
 
 def header_bytes(headers: Iterable[tuple[str, bytes | None]]) -> int:
@@ -120,22 +124,27 @@ def died_mid_call(exc: grpc.RpcError) -> bool:
     return code == grpc.StatusCode.UNAVAILABLE and "failed to connect" not in details
 
 
-def submit_handler(submit: SubmitFn) -> grpc.GenericRpcHandler:
-    """A gRPC handler for ``Submit`` calling ``await submit(request_bytes, context)``; a
+def submit_handler(submit: SubmitFn, run: RunFn | None = None) -> grpc.GenericRpcHandler:
+    """A gRPC handler for ``Submit`` calling ``await submit(request_bytes, context)``, and
+    for the run stream (``run(requests, context)`` yields the messages) when given; a
     submit in another wire version is refused (UNIMPLEMENTED), saying so."""
-    return _SubmitHandler(submit)
+    return _SubmitHandler(submit, run)
 
 
 class _SubmitHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
-    def __init__(self, submit: SubmitFn) -> None:
+    def __init__(self, submit: SubmitFn, run: RunFn | None = None) -> None:
         self._submit = grpc.unary_unary_rpc_method_handler(
             submit, request_deserializer=None, response_serializer=None)
+        self._run = None if run is None else grpc.stream_stream_rpc_method_handler(
+            run, request_deserializer=None, response_serializer=None)
         self._logged = -WRONG_WIRE_LOG_EVERY_S
 
     def service(self, handler_call_details: Any) -> Any:
         method = handler_call_details.method
         if method == SUBMIT:
             return self._submit
+        if method == RUN and self._run is not None:
+            return self._run
         if method.startswith(SUBMIT_PREFIX):
             theirs = _version_of(method)
 
@@ -302,6 +311,34 @@ class SchedulerClient:
         so that every scheduler holds work of every busy binding and tenant (and so serves
         the tenants by their weights)."""
         return PendingCall(self, None, payload, count, spread)
+
+    def open_stream(self, first: bytes, items: Sequence[Any],
+                    events: queue.Queue[Event]) -> StreamCall | None:
+        """Open a run stream for one batch (:mod:`asynctier.platform.stream`) on a live
+        scheduler; None when none is known (the caller waits and tries again)."""
+        address = self._pick()
+        if address is None:
+            known = list(self._addresses())
+            if not known:
+                self._no_scheduler()
+                return None
+            address = known[next(self._rr) % len(known)]
+        self._stub(address)
+        with self._lock:
+            channel = self._channels[address][0]
+        stub = channel.stream_stream(RUN, request_serializer=None, response_deserializer=None)
+        return StreamCall(address, stub, first, events, items)
+
+    def stream_failed(self, call: StreamCall, code: grpc.StatusCode | None,
+                      error: str) -> None:
+        """A run stream broke: leave its scheduler alone for a while (as a failed call)."""
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            log.error("scheduler %s has no run stream of version %s (%s): run the same "
+                      "asynctier version on tailers and schedulers", call.address,
+                      STREAM_VERSION, error)
+            self._mark_down(call.address, WRONG_WIRE_BACKOFF_S, close=False)
+        elif code != grpc.StatusCode.CANCELLED:  # a dead scheduler's channel is no good
+            self._mark_down(call.address, close=code == grpc.StatusCode.UNAVAILABLE)
 
     def _pick(self, spread: str | None = None) -> str | None:
         now = time.monotonic()

@@ -19,7 +19,7 @@ from asynctier.platform.limits.breaker import Breakers
 from asynctier.platform.limits.tenants import TenantStore
 from asynctier.platform.scheduler.bindings import BindingSource
 from asynctier.platform.scheduler.bounded import BoundedQueue
-from asynctier.platform.scheduler.dispatch import Dispatcher
+from asynctier.platform.scheduler.dispatch import Dispatcher, Report
 from asynctier.platform.scheduler.options import SchedulerOptions
 from asynctier.platform.scheduler.queues import FairQueue
 from asynctier.platform.scheduler.runtime import Runtime
@@ -87,8 +87,10 @@ class Scheduler:
             raise
         return encode_outcomes(await self.process(items))
 
-    async def process(self, items: list[Item]) -> list[Outcome]:
-        """One outcome per item (any order, matched by id)."""
+    async def process(self, items: list[Item],
+                      report: Report | None = None) -> list[Outcome]:
+        """One outcome per item (any order, matched by id); with ``report``, outcomes are
+        also reported as they end (see :meth:`Dispatcher.submit`)."""
         groups = _by_binding(items)
         if any(self.bindings.get(name) is None for name in groups):
             await self.bindings.refresh()
@@ -99,7 +101,7 @@ class Scheduler:
             if binding is None:
                 outcomes.extend(self._unknown(name, group))
             else:
-                calls.append(self.dispatcher.submit(binding, group))
+                calls.append(self.dispatcher.submit(binding, group, report))
         for done in await asyncio.gather(*calls):
             outcomes.extend(done)
         return outcomes

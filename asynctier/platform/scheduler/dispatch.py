@@ -35,7 +35,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from asynctier.platform import metrics
@@ -57,6 +57,23 @@ log = logging.getLogger(__name__)
 #: A record running elsewhere is asked about again after this, doubling up to the max.
 BUSY_POLL_FIRST_S = 0.05
 BUSY_POLL_MAX_S = 1.0
+
+
+#: Called with outcomes as they are known (a run stream sends them at once).
+Report = Callable[[list[Outcome]], None]
+
+
+def _report_now(report: Report | None, outcomes: list[Outcome]) -> None:
+    if report is not None and outcomes:
+        report(outcomes)
+
+
+def _reporter(report: Report) -> Callable[[asyncio.Future[list[Outcome]]], None]:
+    """A done-callback of a chunk's future that reports its outcomes."""
+    def done(future: asyncio.Future[list[Outcome]]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            report(future.result())
+    return done
 
 
 def _fits_one_burst(binding: Binding, n: int) -> bool:
@@ -98,12 +115,18 @@ class Dispatcher:
 
     # -- intake ---------------------------------------------------------------------------
 
-    async def submit(self, binding: Binding, items: list[Item]) -> list[Outcome]:
+    async def submit(self, binding: Binding, items: list[Item],
+                     report: Report | None = None) -> list[Outcome]:
         """Every outcome of ``items`` (all of ``binding``); waits while the queue is full.
 
         Records are claimed first (:meth:`Admission.claim`): one that already succeeded is
         answered ``ok`` without running, and one still running elsewhere (a copy read again
         after a crash) waits for that run to end, then is answered ``ok`` or runs here.
+
+        With ``report`` (a run stream: long work), each item is a chunk of its own and
+        ``report(outcomes)`` is called as each chunk ends, so that no item waits for
+        another (a binding with a concurrency cap keeps its usual chunks); the outcomes
+        are returned at the end all the same.
         """
         expired, items = split_expired(binding, items, int(time.time() * 1000))
         stamp_deadlines(binding, items)
@@ -114,9 +137,11 @@ class Dispatcher:
         skipped = expired + skipped
         if busy:
             metrics.count_run_once(binding.name, "waited", len(busy))
+        if report is not None and skipped:
+            report(skipped)
         waiting = asyncio.create_task(self._when_free(binding, busy)) if busy else None
         try:
-            results = skipped + await self._submit_claimed(binding, items)
+            results = skipped + await self._submit_claimed(binding, items, report)
             if waiting is not None:
                 results += await waiting
         finally:
@@ -196,7 +221,8 @@ class Dispatcher:
                           "copy read again may run again", binding.name, len(items))
             return set()
 
-    async def _submit_claimed(self, binding: Binding, items: list[Item]) -> list[Outcome]:
+    async def _submit_claimed(self, binding: Binding, items: list[Item],
+                              report: Report | None = None) -> list[Outcome]:
         results: list[Outcome] = []
         futures: list[asyncio.Future[list[Outcome]]] = []
         cap = self._cap(binding)
@@ -209,14 +235,21 @@ class Dispatcher:
                 # it out at once anyway; chunk by chunk only when the rate limit binds.
                 refused, items = await self._admit_or_retry(binding, items)
                 results.extend(refused)
+                _report_now(report, refused)
                 admitted = True
-            parts = list(self.sizer.split(binding.name, items, self.workers, cap or 1))
+            if report is not None and not cap:
+                parts = [[item] for item in items]
+            else:
+                parts = list(self.sizer.split(binding.name, items, self.workers, cap or 1))
             for part in parts:
                 refused, chunk = await self._intake(binding, part, admitted)
                 queued += 1
                 results.extend(refused)
+                _report_now(report, refused)
                 if chunk is not None:
                     futures.append(chunk.future)
+                    if report is not None:
+                        chunk.future.add_done_callback(_reporter(report))
             for done in await asyncio.gather(*futures):
                 results.extend(done)
         finally:

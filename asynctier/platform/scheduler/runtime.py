@@ -72,7 +72,7 @@ def context_of(binding: Binding, item: Item, deadline: float) -> Context:
     return Context(binding.name, item["key"],
                    tuple((h["name"], h["value"]) for h in headers) if headers else (),
                    item["source_ref"], item["attempt"], item["record_time_ms"] / 1000.0,
-                   deadline, binding.tenant)
+                   deadline, binding.tenant, item.get("resumed"), item.get("saver"))
 
 
 class SyncRun:

@@ -35,6 +35,7 @@ from asynctier.platform.scheduler.membership import Heartbeat
 from asynctier.platform.scheduler.options import SchedulerOptions
 from asynctier.platform.scheduler.resolver import FunctionResolver
 from asynctier.platform.scheduler.runtime import Runtime
+from asynctier.platform.scheduler.streaming import run_handler
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ async def serve_scheduler(settings: Settings, *, listen: str | None = None,
 async def _serve(settings: Settings, scheduler: Scheduler, listen: str, stop: StopSignal,
                  ready_callback: ReadyCallback | None, advertise: str | None) -> None:
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    server.add_generic_rpc_handlers((submit_handler(scheduler.submit),))
+    server.add_generic_rpc_handlers((submit_handler(scheduler.submit, run_handler(scheduler)),))
     try:
         port = server.add_insecure_port(listen)
     except RuntimeError as exc:  # grpc's way of saying the address cannot be bound
