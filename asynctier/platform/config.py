@@ -26,10 +26,18 @@ The file::
     [queue]                              # the queue source's PostgreSQL shards
     shards = ["postgresql://asynctier@127.0.0.1:5432/asynctier"]
 
+    [rpc]                                # the platform's own gRPC: see rpcsecurity.py
+    ca = "certs/ca.pem"
+    cert = "certs/server.pem"
+    key = "certs/server-key.pem"
+    token = "..."                        # optional
+    insecure = false                     # true: plaintext (loopback development)
+
 Environment overrides: ``ASYNCTIER_KAFKA_BOOTSTRAP``, ``ASYNCTIER_REDIS_URL``,
 ``ASYNCTIER_QUEUE_SHARDS`` (comma separated),
 ``ASYNCTIER_PREFIX``, ``ASYNCTIER_ALLOW_MODULES`` (comma separated),
-``ASYNCTIER_SCHEDULERS`` (comma separated), ``ASYNCTIER_DATA_DIR``.
+``ASYNCTIER_SCHEDULERS`` (comma separated), ``ASYNCTIER_DATA_DIR``, and
+``ASYNCTIER_RPC_CA``, ``_CERT``, ``_KEY``, ``_TOKEN``, ``_INSECURE`` for ``[rpc]``.
 """
 
 from __future__ import annotations
@@ -44,6 +52,9 @@ from typing import Any
 from asynctier.platform.durations import parse_duration
 from asynctier.platform.errors import ConfigError
 from asynctier.platform.names import DEFAULT_PREFIX, Names
+from asynctier.platform.rpcsecurity import RpcSecurity
+from asynctier.platform.rpcsecurity import from_mapping as rpc_from_mapping
+from asynctier.platform.rpcsecurity import with_env as rpc_with_env
 
 DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -107,6 +118,8 @@ class Settings:
     run_once_window_s: float = DEFAULT_RUN_ONCE_WINDOW_S
     #: The queue source's PostgreSQL databases (``[queue] shards``), one per shard.
     queue_shards: tuple[str, ...] = (DEFAULT_QUEUE_SHARD,)
+    #: How the platform's own gRPC (scheduler, Submitter) is secured (``[rpc]``).
+    rpc: RpcSecurity = field(default_factory=RpcSecurity)
 
     @property
     def names(self) -> Names:
@@ -155,17 +168,18 @@ class Settings:
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any], source: str = "config") -> Settings:
         """Settings from a parsed TOML document."""
-        unknown = set(doc) - {"asynctier", "kafka", "redis", "queue"}
+        unknown = set(doc) - {"asynctier", "kafka", "redis", "queue", "rpc"}
         if unknown:
             raise ConfigError(
                 f"{source}: unknown table(s) {sorted(unknown)}; "
-                "expected [asynctier], [kafka], [redis], [queue]"
+                "expected [asynctier], [kafka], [redis], [queue], [rpc]"
             )
         main = dict(doc.get("asynctier", {}))
         kafka = {str(k): str(v) for k, v in dict(doc.get("kafka", {})).items()}
         kafka.setdefault("bootstrap.servers", DEFAULT_KAFKA_BOOTSTRAP)
         redis = dict(doc.get("redis", {}))
         queue_shards = _queue_shards(dict(doc.get("queue", {})), source)
+        rpc = rpc_from_mapping(dict(doc.get("rpc", {})), source)
         known = {"prefix", "data_dir", "allow_modules", "schedulers", "scheduler_listen",
                  "submitter_listen", "submitters", "metrics_port", "run_once_window"}
         bad = set(main) - known
@@ -187,6 +201,7 @@ class Settings:
                 run_once_window_s=_window(main.get("run_once_window",
                                                    DEFAULT_RUN_ONCE_WINDOW_S)),
                 queue_shards=queue_shards,
+                rpc=rpc,
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {exc}") from exc
@@ -217,4 +232,7 @@ class Settings:
             changes["submitter_listen"] = env["ASYNCTIER_SUBMITTER_LISTEN"]
         if env.get("ASYNCTIER_SCHEDULER_LISTEN"):
             changes["scheduler_listen"] = env["ASYNCTIER_SCHEDULER_LISTEN"]
+        rpc = rpc_with_env(self.rpc, env)
+        if rpc is not self.rpc:
+            changes["rpc"] = rpc
         return replace(self, **changes) if changes else self

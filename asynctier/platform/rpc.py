@@ -28,6 +28,7 @@ from typing import Any
 import grpc
 
 from asynctier.platform.errors import SchedulerUnavailable
+from asynctier.platform.rpcsecurity import RpcSecurity, open_channel
 from asynctier.platform.wire import (
     TOO_LARGE,
     Item,
@@ -266,11 +267,16 @@ class PendingCall:
 
 
 class SchedulerClient:
-    """Sends batches to schedulers; ``addresses()`` gives the live ones (re-read often)."""
+    """Sends batches to schedulers; ``addresses()`` gives the live ones (re-read often).
+
+    ``security``: how channels are secured (``settings.rpc``; default: plaintext, loopback
+    only)."""
 
     def __init__(self, addresses: Addresses, call_timeout_s: float = 900.0,
-                 wait_for_scheduler: bool = True) -> None:
+                 wait_for_scheduler: bool = True,
+                 security: RpcSecurity | None = None) -> None:
         self._addresses = addresses
+        self._security = security or RpcSecurity()
         self._channels: dict[str, tuple[grpc.Channel, Any]] = {}
         self._down: dict[str, float] = {}
         self._rr = itertools.count()
@@ -325,7 +331,7 @@ class SchedulerClient:
         with self._lock:
             entry = self._channels.get(address)
             if entry is None:
-                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                channel = open_channel(address, self._security, CHANNEL_OPTIONS)
                 stub = channel.unary_unary(self.method, request_serializer=None,
                                            response_deserializer=None)
                 entry = self._channels[address] = (channel, stub)

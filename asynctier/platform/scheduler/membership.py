@@ -202,4 +202,4 @@ def default_client(settings: Settings, wait_for_scheduler: bool = True) -> Sched
     configured list: the delay path keeps working when Redis is down. Without
     ``wait_for_scheduler`` a call raises SchedulerUnavailable when none is known at all."""
     return SchedulerClient(SchedulerDirectory(settings).addresses,
-                           wait_for_scheduler=wait_for_scheduler)
+                           wait_for_scheduler=wait_for_scheduler, security=settings.rpc)
