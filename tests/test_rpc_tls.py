@@ -20,7 +20,7 @@ from asynctier.dev.certs import CertFiles, write_certs
 from asynctier.platform import rpc
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
-from asynctier.platform.errors import ConfigError
+from asynctier.platform.errors import ConfigError, SchedulerUnavailable
 from asynctier.platform.rpcsecurity import RpcSecurity, open_channel
 from asynctier.platform.scheduler import StaticBindings, run_scheduler
 from asynctier.platform.wire import encode_items
@@ -132,6 +132,24 @@ def test_the_platform_client_runs_batches_over_mtls(settings: Settings,
         finally:
             client.close()
     assert len(outcomes) == 50 and len(basic.SEEN) == 50
+
+
+def test_a_tailer_refused_keeps_its_batch_and_says_which_setting_to_check(
+        mtls: str, certs: CertFiles, other_ca: CertFiles,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    stopping = threading.Event()
+    stopping.set()  # give up after the first refusal instead of waiting for a scheduler
+    for security, hint in [(client_side(other_ca, ca=certs.ca), "[rpc] cert"),
+                           (client_side(certs, ca=other_ca.ca), "TLS handshake failed")]:
+        client = rpc.SchedulerClient(lambda: [mtls], security=security)
+        try:
+            with pytest.raises(SchedulerUnavailable):
+                client.submit(items("rec", 3)).result(stopping)
+        finally:
+            client.close()
+        assert any(hint in r.getMessage() for r in caplog.records), hint
+    assert basic.SEEN == []
 
 
 # -- settings ---------------------------------------------------------------------------

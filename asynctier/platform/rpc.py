@@ -28,7 +28,7 @@ from typing import Any
 import grpc
 
 from asynctier.platform.errors import SchedulerUnavailable
-from asynctier.platform.rpcsecurity import RpcSecurity, open_channel
+from asynctier.platform.rpcsecurity import RpcSecurity, failure_hint, open_channel
 from asynctier.platform.wire import (
     TOO_LARGE,
     Item,
@@ -212,8 +212,10 @@ class PendingCall:
                 elif code == grpc.StatusCode.UNIMPLEMENTED:  # another version: no attempt spent
                     self.client._not_our_wire(self.address, exc)
                 else:
+                    details = (exc.details() if hasattr(exc, "details") else "") or ""
                     log.warning("scheduler %s failed a batch of %d item(s) (%s); "
-                                "sending the batch again", self.address, self.count, code)
+                                "sending the batch again%s", self.address, self.count, code,
+                                failure_hint(code, details, self.client.security))
                     self.client._mark_down(self.address)
                     self.crashes += died_mid_call(exc)
             if stop is not None and stop.is_set():
@@ -276,7 +278,7 @@ class SchedulerClient:
                  wait_for_scheduler: bool = True,
                  security: RpcSecurity | None = None) -> None:
         self._addresses = addresses
-        self._security = security or RpcSecurity()
+        self.security = security or RpcSecurity()
         self._channels: dict[str, tuple[grpc.Channel, Any]] = {}
         self._down: dict[str, float] = {}
         self._rr = itertools.count()
@@ -331,7 +333,7 @@ class SchedulerClient:
         with self._lock:
             entry = self._channels.get(address)
             if entry is None:
-                channel = open_channel(address, self._security, CHANNEL_OPTIONS)
+                channel = open_channel(address, self.security, CHANNEL_OPTIONS)
                 stub = channel.unary_unary(self.method, request_serializer=None,
                                            response_deserializer=None)
                 entry = self._channels[address] = (channel, stub)

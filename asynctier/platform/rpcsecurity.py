@@ -264,6 +264,26 @@ def channel_credentials(security: RpcSecurity) -> grpc.ChannelCredentials | None
         creds, grpc.access_token_call_credentials(security.token))
 
 
+def failure_hint(code: Any, details: str, security: RpcSecurity) -> str:
+    """What an operator checks when a call failed with ``code`` (empty: nothing to add).
+
+    A server that refuses a client's certificate closes the connection: the client sees
+    UNAVAILABLE as for a server that is down, so with TLS the hint names the certificate."""
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return (f"; the server refused the token: set {_setting('token')} to the servers' "
+                "token")
+    if code != grpc.StatusCode.UNAVAILABLE:
+        return ""
+    if "handshake" in details.lower():
+        return (f"; the TLS handshake failed ({details}): does {_setting('ca')} hold the CA "
+                "that signed the server's certificate, and is the certificate valid for the "
+                "address?")
+    if security.tls:
+        return (f"; if the server is up, it may refuse this client's certificate: check "
+                f"{_setting('cert')} and {_setting('key')} are signed by the server's CA")
+    return ""
+
+
 def open_channel(address: str, security: RpcSecurity,
                  options: Sequence[tuple[str, Any]]) -> grpc.Channel:
     """A channel to ``address`` secured as configured; plaintext to a non-loopback address
