@@ -29,6 +29,7 @@ import uuid  # noqa: E402
 
 from asynctier.dev.certs import write_certs  # noqa: E402
 from bench import scenarios  # noqa: E402
+from bench.asynctier_run import free_port  # noqa: E402
 from bench.records import preload  # noqa: E402
 from bench.stack import Services, services  # noqa: E402
 
@@ -40,6 +41,8 @@ MODES = {"plain": "plaintext (insecure", "mtls": "mutual TLS"}
 def drain(svc: Services, folder: Path, topic: str, records: int, label: str,
           env: dict[str, str]) -> float:
     """Records/s of one no-op drain of ``topic`` on a fresh platform with ``env``."""
+    # the Submitter `asynctier run` starts too: a free port, not the default 50061
+    env = {**env, "ASYNCTIER_SUBMITTER_LISTEN": f"127.0.0.1:{free_port()}"}
     with scenarios.platform(svc, folder, label, env) as run:
         run.bind("noop", topic, "noop")
         rate = scenarios.drain_asynctier(svc, run, topic, records, "noop").rate

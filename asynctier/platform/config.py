@@ -79,6 +79,19 @@ def _window(value: Any) -> float:
     return seconds
 
 
+def redact_url(url: str) -> str:
+    """``url`` without its password (``redis://user:***@host``), for logs and errors."""
+    scheme, sep, rest = url.partition("://")
+    auth, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in auth:
+        return url
+    return f"{scheme}://{auth.split(':', 1)[0]}:***@{host}"
+
+
+REDIS_AUTH_HINT = ("Redis refused the credentials: fix the user and password in [redis] url "
+                   "(env ASYNCTIER_REDIS_URL), redis://USER:PASSWORD@host:port/db")
+
+
 def _split(value: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in value.split(",") if part.strip())
 
@@ -130,6 +143,11 @@ class Settings:
     def kafka_bootstrap(self) -> str:
         """The bootstrap servers (``host:port,...``)."""
         return self.kafka.get("bootstrap.servers", DEFAULT_KAFKA_BOOTSTRAP)
+
+    @property
+    def redis_display(self) -> str:
+        """The Redis URL for messages: its password replaced by ``***``."""
+        return redact_url(self.redis_url)
 
     def kafka_config(self, **extra: Any) -> dict[str, Any]:
         """A librdkafka configuration: the ``[kafka]`` table plus ``extra``."""

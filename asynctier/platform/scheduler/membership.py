@@ -26,7 +26,7 @@ import redis.asyncio
 
 from asynctier.platform import metrics
 from asynctier.platform.cancel import cancel_and_wait
-from asynctier.platform.config import Settings
+from asynctier.platform.config import REDIS_AUTH_HINT, Settings
 from asynctier.platform.errors import ServiceError
 from asynctier.platform.limits.scripts import lua
 from asynctier.platform.rpc import SchedulerClient
@@ -76,7 +76,7 @@ def live_members(settings: Settings, script: Any = None) -> list[Member]:
     try:
         return _members(script(keys=list(member_keys(settings))))
     except redis.RedisError as exc:
-        raise ServiceError(f"Redis at {settings.redis_url} did not answer: {exc}") from exc
+        raise ServiceError(f"Redis at {settings.redis_display} did not answer: {exc}") from exc
     finally:
         if client is not None:
             client.close()
@@ -153,8 +153,10 @@ class Heartbeat:
                                args=[self.address, self.ttl_ms, self.load()])
         except redis.RedisError as exc:
             if not self._failing:
+                hint = (f"; {REDIS_AUTH_HINT}" if isinstance(exc, redis.AuthenticationError)
+                        else "")
                 log.warning("scheduler %s: membership heartbeat failed (%s); serving on and "
-                            "retrying every %gs", self.address, exc, self.interval_s)
+                            "retrying every %gs%s", self.address, exc, self.interval_s, hint)
             self._failing = True
             return False
         if self._failing:
