@@ -122,7 +122,7 @@ def test_redis_tls_acl_and_mtls_end_to_end_no_secret_logged(
     settings = Settings.load(config, env={})
     plat = platform(settings, tmp_path, config, certs)
     try:
-        run_records(plat, settings, 100, 120, failing_every=25)  # retries go via Kafka
+        run_records(plat, settings, 50, 120)
         assert redis.Redis.from_url(tls_redis.url).keys(f"{prefix}:*")
         outputs = [plat.cli("bindings").stdout, plat.cli("lag").stdout]
     finally:
