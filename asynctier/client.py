@@ -30,6 +30,7 @@ import grpc
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError
 from asynctier.platform.rpc import CHANNEL_OPTIONS
+from asynctier.platform.rpcsecurity import RpcSecurity, open_channel
 from asynctier.submitter.protocol import (
     METHOD,
     RETRY_AFTER_KEY,
@@ -81,16 +82,18 @@ def as_payload(payload: Any) -> bytes:
 class Client:
     """A connection to the Submitters (``addresses``), reused for every call; thread-safe.
 
-    ``credentials``: gRPC channel credentials for TLS (``grpc.ssl_channel_credentials``);
-    none: plaintext. ``deadline_s``: how long a submission keeps trying (throttled
-    workloads, Submitters down) before it returns what it has (throttled ones stay
-    ``throttled``) or raises SubmitterUnavailable.
+    ``security``: how channels are secured (``settings.rpc``: TLS, mutual TLS, a token;
+    default: plaintext to loopback only). ``credentials``: gRPC channel credentials of
+    your own instead (``grpc.ssl_channel_credentials``). ``deadline_s``: how long a
+    submission keeps trying (throttled workloads, Submitters down) before it returns
+    what it has (throttled ones stay ``throttled``) or raises SubmitterUnavailable.
     """
 
     def __init__(self, addresses: Sequence[str], *, deadline_s: float = 60.0,
                  call_timeout_s: float = 30.0, max_batch: int = 1000,
                  credentials: grpc.ChannelCredentials | None = None,
-                 channel_options: Sequence[tuple[str, Any]] = ()) -> None:
+                 channel_options: Sequence[tuple[str, Any]] = (),
+                 security: RpcSecurity | None = None) -> None:
         if not addresses:
             raise SubmitError("no Submitter address given: list them in asynctier.toml "
                               "(submitters = [...]) or ASYNCTIER_SUBMITTERS")
@@ -99,6 +102,7 @@ class Client:
         self.call_timeout_s = call_timeout_s
         self.max_batch = max_batch
         self._credentials = credentials
+        self._security = security or RpcSecurity()
         self._options = [*CHANNEL_OPTIONS, *channel_options]
         self._channels: dict[str, tuple[grpc.Channel, Any]] = {}
         self._down: dict[str, float] = {}
@@ -107,7 +111,8 @@ class Client:
 
     @classmethod
     def from_settings(cls, settings: Settings, **options: Any) -> Client:
-        """A client of ``settings.submitters``."""
+        """A client of ``settings.submitters``, secured by ``settings.rpc``."""
+        options.setdefault("security", settings.rpc)
         return cls(settings.submitters, **options)
 
     @classmethod
@@ -259,7 +264,7 @@ class Client:
             if entry is None:
                 channel = (grpc.secure_channel(address, self._credentials, self._options)
                            if self._credentials is not None
-                           else grpc.insecure_channel(address, self._options))
+                           else open_channel(address, self._security, self._options))
                 stub = channel.unary_unary(METHOD, request_serializer=None,
                                            response_deserializer=None)
                 entry = self._channels[address] = (channel, stub)

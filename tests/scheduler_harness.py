@@ -93,7 +93,7 @@ def running_scheduler(settings: Settings, bindings: list[Binding] | BindingSourc
     got = ready.get(timeout=60)
     if isinstance(got, BaseException):
         raise got
-    client = SchedulerClient(lambda: [got], call_timeout_s=120)
+    client = SchedulerClient(lambda: [got], call_timeout_s=120, security=settings.rpc)
     try:
         yield Running(got, client)
     finally:

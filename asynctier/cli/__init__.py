@@ -14,8 +14,9 @@ import sys
 from typing import Any
 
 import click
+import redis
 
-from asynctier.platform.config import Settings
+from asynctier.platform.config import REDIS_AUTH_HINT, Settings
 from asynctier.platform.errors import AsynctierError
 
 COMMAND_MODULES = ("dev", "bindings", "run", "produce", "dlq", "lag", "quota", "demo", "queue",
@@ -23,13 +24,17 @@ COMMAND_MODULES = ("dev", "bindings", "run", "produce", "dlq", "lag", "quota", "
 
 
 class _Group(click.Group):
-    """Turns AsynctierError into a one-line message and exit code 2, not a traceback."""
+    """Turns AsynctierError (and Redis refusing the credentials) into a one-line message and
+    exit code 2, not a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except AsynctierError as exc:
             click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except redis.AuthenticationError as exc:  # the message names the setting, not its value
+            click.echo(f"error: {REDIS_AUTH_HINT} ({exc})", err=True)
             sys.exit(2)
 
 

@@ -1,4 +1,4 @@
-"""``asynctier dev up | down | status | reset | env | fetch``: the local Kafka, Redis and
+"""``asynctier dev up | down | status | reset | env | fetch | certs``: the local Kafka, Redis and
 PostgreSQL."""
 
 from __future__ import annotations
@@ -128,6 +128,27 @@ def check(stack: DevStack) -> None:
     if not postgres_answers(stack.postgres.dsn):
         raise SystemExit(f"postgres {stack.postgres.address}: no answer to SELECT 1")
     click.echo(f"postgres {stack.postgres.address}: SELECT 1 answered")
+
+
+@dev.command()
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Folder to write ca.pem, server.pem, server-key.pem, client.pem and "
+                   "client-key.pem to (created).")
+@click.option("--host", "hosts", multiple=True,
+              help="Another name or IP the server certificate is valid for (repeatable); "
+                   "localhost, 127.0.0.1, ::1 and this machine's name always are.")
+def certs(out: Path, hosts: tuple[str, ...]) -> None:
+    """Write a new CA and a server and a client certificate to try TLS with (development
+    only: the CA's key is not kept)."""
+    from asynctier.dev.certs import write_certs
+
+    files = write_certs(out, hosts)
+    click.echo(f"wrote {files.ca}, {files.server}, {files.server_key}, {files.client}, "
+               f"{files.client_key}")
+    click.echo("scheduler / Submitter asynctier.toml:\n  [rpc]\n"
+               f'  ca = "{files.ca}"\n  cert = "{files.server}"\n  key = "{files.server_key}"')
+    click.echo("tailers / clients:\n  [rpc]\n"
+               f'  ca = "{files.ca}"\n  cert = "{files.client}"\n  key = "{files.client_key}"')
 
 
 @dev.command()

@@ -34,7 +34,7 @@ def _with_store(settings: Settings, fn: Callable[[QuotaStore], Awaitable[T]]) ->
         try:
             return await fn(QuotaStore(client, settings.names))
         except REDIS_DOWN as exc:
-            raise ServiceError(f"Redis at {settings.redis_url} does not answer: {exc}") from exc
+            raise ServiceError(f"Redis at {settings.redis_display} does not answer: {exc}") from exc
         finally:
             await client.aclose()
 
@@ -94,7 +94,7 @@ def _set_capacity(settings: Settings, tenant: str, per_minute: int) -> None:
         try:
             await EnqueueCapacity(client, settings.names).set(tenant, per_minute)
         except REDIS_DOWN as exc:
-            raise ServiceError(f"Redis at {settings.redis_url} does not answer: {exc}") from exc
+            raise ServiceError(f"Redis at {settings.redis_display} does not answer: {exc}") from exc
         finally:
             await client.aclose()
 

@@ -55,7 +55,7 @@ def run_tailers(settings: Settings, stop: threading.Event, options: TailerOption
     from asynctier.tailers.manager import TailerManager
 
     quiet_gc()
-    client = SchedulerClient(scheduler_addresses(settings))
+    client = SchedulerClient(scheduler_addresses(settings), security=settings.rpc)
     manager = TailerManager(settings, client, options, hook=FaultHook.from_env().reached)
     manager.start()
     log.info("tailers running for %d binding(s): %s", len(manager.bindings),
@@ -121,7 +121,7 @@ def run_delay(settings: Settings, stop: threading.Event, export_lag: bool = Fals
     lag = LagCollector(settings, dict, include_bindings=False, delay=True, interval_s=5.0)
     if export_lag:
         lag.start()
-    client = SchedulerClient(scheduler_addresses(settings))
+    client = SchedulerClient(scheduler_addresses(settings), security=settings.rpc)
     run_delay_tailers(settings, stop, client=client)
     client.close()
     if export_lag:

@@ -214,7 +214,7 @@ def run_demo(settings: Settings, timeout_s: float = 120.0, console: Console | No
                                        allow_modules=(MODULE,))
     shards = ", ".join(redact_dsn(dsn) for dsn in settings.queue_shards)
     console.print(f"[bold]asynctier demo[/] on Kafka {settings.kafka_bootstrap}, "
-                  f"Redis {settings.redis_url}, PostgreSQL {shards}, prefix "
+                  f"Redis {settings.redis_display}, PostgreSQL {shards}, prefix "
                   f"{settings.prefix}")
     bind_all(settings, console.print)
     folder = Path(tempfile.mkdtemp(prefix="asynctier-demo-"))

@@ -24,6 +24,7 @@ from asynctier.dev.process import (
     KAFKA_READY_S,
     STOP_S,
     Daemon,
+    TlsFiles,
     default_cache_dir,
     default_pom,
     ensure_ports_free,
@@ -187,18 +188,36 @@ class KafkaNode:
     voters: str | None = None
     cluster_id: str | None = None
     internal_replication: int = 1
+    #: PEM files (CA, certificate, key): the client listener speaks TLS (SSL, requiring a
+    #: client certificate the CA signed; SASL_SSL with ``sasl_plain_users``).
+    tls: TlsFiles | None = None
 
     def __post_init__(self) -> None:
         self.data_dir = self.data_dir.absolute()  # the broker runs with cwd=data_dir
 
+    @property
+    def protocol(self) -> str:
+        """The client listener's security.protocol."""
+        sasl, tls = bool(self.sasl_plain_users), self.tls is not None
+        return {(False, False): "PLAINTEXT", (True, False): "SASL_PLAINTEXT",
+                (False, True): "SSL", (True, True): "SASL_SSL"}[(sasl, tls)]
+
     def client_config(self, user: str | None = None) -> dict[str, str]:
-        """The librdkafka properties a client needs here (SASL ones with a SASL listener)."""
-        if not self.sasl_plain_users:
-            return {"bootstrap.servers": self.bootstrap}
-        user = user or next(iter(self.sasl_plain_users))
-        return {"bootstrap.servers": self.bootstrap, "security.protocol": "SASL_PLAINTEXT",
-                "sasl.mechanism": "PLAIN", "sasl.username": user,
-                "sasl.password": self.sasl_plain_users[user]}
+        """The librdkafka properties a client needs here (SASL and SSL ones as the listener
+        speaks them; with SSL alone, the TLS files' certificate as the client's)."""
+        conf = {"bootstrap.servers": self.bootstrap}
+        if self.protocol != "PLAINTEXT":
+            conf["security.protocol"] = self.protocol
+        if self.tls is not None:
+            conf["ssl.ca.location"] = str(self.tls.ca)
+            if not self.sasl_plain_users:
+                conf["ssl.certificate.location"] = str(self.tls.cert)
+                conf["ssl.key.location"] = str(self.tls.key)
+        if self.sasl_plain_users:
+            user = user or next(iter(self.sasl_plain_users))
+            conf.update({"sasl.mechanism": "PLAIN", "sasl.username": user,
+                         "sasl.password": self.sasl_plain_users[user]})
+        return conf
 
     @property
     def address(self) -> str:
@@ -237,8 +256,12 @@ class KafkaNode:
 
     def healthy(self) -> bool:
         """True when the broker answers a metadata request."""
-        return port_answers(self.port) and kafka_answers(self.bootstrap,
-                                                         config=self.client_config())
+        if self.tls is None:
+            return port_answers(self.port) and kafka_answers(self.bootstrap,
+                                                             config=self.client_config())
+        # a TLS (and SASL) handshake with a JVM warming up on a busy machine takes seconds
+        slow = {**self.client_config(), "socket.connection.setup.timeout.ms": "15000"}
+        return port_answers(self.port) and kafka_answers(self.bootstrap, 15.0, slow)
 
     def start(self) -> bool:
         """Fetch jars if needed, format once, start the broker and wait until it answers.
@@ -333,7 +356,33 @@ class KafkaNode:
             props["initial.broker.registration.timeout.ms"] = "300000"
         if self.sasl_plain_users:
             props.update(self._sasl_properties())
+        if self.tls is not None:
+            props.update(self._tls_properties())
         return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    def _tls_properties(self) -> dict[str, str]:
+        """The client listener on TLS: PEM files (the key PKCS#8, unencrypted)."""
+        assert self.tls is not None
+        name, kind = self.protocol, self.protocol.lower()
+        keystore = self.data_dir / "keystore.pem"  # Kafka's PEM keystore: key, then chain
+        keystore.write_bytes(self.tls.key.read_bytes() + self.tls.cert.read_bytes())
+        keystore.chmod(0o600)
+        props = {
+            "listeners": f"{name}://{HOST}:{self.port},CONTROLLER://{HOST}:{self.controller_port}",
+            "advertised.listeners": f"{name}://{HOST}:{self.port}",
+            "listener.security.protocol.map": f"{name}:{name},CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": name,
+            f"listener.name.{kind}.ssl.keystore.type": "PEM",
+            f"listener.name.{kind}.ssl.keystore.location": str(keystore),
+            f"listener.name.{kind}.ssl.truststore.type": "PEM",
+            f"listener.name.{kind}.ssl.truststore.location": str(self.tls.ca),
+            f"listener.name.{kind}.ssl.client.auth": "none" if self.sasl_plain_users
+                                                     else "required",
+        }
+        if self.sasl_plain_users:
+            jaas = self._sasl_properties()["listener.name.sasl_plaintext.plain.sasl.jaas.config"]
+            props["listener.name.sasl_ssl.plain.sasl.jaas.config"] = jaas
+        return props
 
     def _sasl_properties(self) -> dict[str, str]:
         users = self.sasl_plain_users or {}

@@ -94,6 +94,16 @@ def port_is_free(port: int, host: str = HOST) -> bool:
         return True
 
 
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A server's PEM files: the CA it trusts, its certificate and its key."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
 def port_answers(port: int, host: str = HOST, timeout_s: float = 0.5) -> bool:
     """True when something accepts TCP connections on ``host:port``."""
     try:

@@ -12,6 +12,7 @@ from asynctier.dev.process import (
     REDIS_READY_S,
     STOP_S,
     Daemon,
+    TlsFiles,
     ensure_ports_free,
     port_answers,
     require_binary,
@@ -36,6 +37,10 @@ class RedisNode:
     cluster: bool = False
     #: The cluster bus port (None: Redis' own choice, port + 10000).
     bus_port: int | None = None
+    #: PEM files: the port speaks TLS only (client certificates optional).
+    tls: TlsFiles | None = None
+    #: ACL users (name -> password) with every right; the default user is then off.
+    acl_users: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         self.data_dir = self.data_dir.absolute()  # the server runs with cwd=data_dir
@@ -47,9 +52,18 @@ class RedisNode:
 
     @property
     def url(self) -> str:
-        """A redis:// URL (with the password when there is one)."""
-        auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}{HOST}:{self.port}/0"
+        """A redis:// URL (with the password when there is one), rediss:// with the CA
+        with TLS, as the first ACL user when there are some."""
+        return self.url_of(next(iter(self.acl_users)) if self.acl_users else None)
+
+    def url_of(self, user: str | None, password: str | None = None) -> str:
+        """The URL of ``user`` (an ACL user; None: the default user) with its password, or
+        ``password`` instead."""
+        secret = password or (self.acl_users or {}).get(user or "") or self.password
+        auth = f"{user or ''}:{secret}@" if secret else ""
+        if self.tls is None:
+            return f"redis://{auth}{HOST}:{self.port}/0"
+        return f"rediss://{auth}{HOST}:{self.port}/0?ssl_ca_certs={self.tls.ca}"
 
     @property
     def daemon(self) -> Daemon:
@@ -104,6 +118,15 @@ class RedisNode:
                       "cluster-node-timeout 2000", "cluster-replica-validity-factor 0"]
             if self.bus_port is not None:
                 lines.append(f"cluster-port {self.bus_port}")
+        if self.tls is not None:
+            lines[0] = "port 0"
+            lines += [f"tls-port {self.port}", f"tls-cert-file {self.tls.cert}",
+                      f"tls-key-file {self.tls.key}", f"tls-ca-cert-file {self.tls.ca}",
+                      "tls-auth-clients optional"]
+        for user, secret in (self.acl_users or {}).items():
+            lines.append(f"user {user} on >{secret} ~* &* +@all")
+        if self.acl_users:
+            lines.append("user default off")
         return "\n".join(lines) + "\n"
 
 

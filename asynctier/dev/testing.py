@@ -11,7 +11,7 @@ from typing import Protocol, TypeVar
 
 from asynctier.dev.kafka import KafkaJars, KafkaNode
 from asynctier.dev.postgres import PostgresNode, check_reachable, server_user
-from asynctier.dev.process import default_cache_dir, free_port
+from asynctier.dev.process import TlsFiles, default_cache_dir, free_port
 from asynctier.dev.redis import RedisNode
 from asynctier.platform.errors import ServiceError
 
@@ -22,17 +22,22 @@ log = logging.getLogger(__name__)
 
 
 def start_test_kafka(root: Path, cache_dir: Path | None = None,
-                     sasl_plain_users: dict[str, str] | None = None) -> KafkaNode:
+                     sasl_plain_users: dict[str, str] | None = None,
+                     tls: TlsFiles | None = None) -> KafkaNode:
     """A Kafka node on free loopback ports with its data under ``root``, started
-    (with a SASL/PLAIN listener when ``sasl_plain_users`` maps users to passwords)."""
+    (with a SASL/PLAIN listener when ``sasl_plain_users`` maps users to passwords, on TLS
+    with ``tls``)."""
     jars = KafkaJars(cache_dir=cache_dir or default_cache_dir())
     return _started(lambda: KafkaNode(root / "kafka", free_port(), free_port(), jars=jars,
-                                      sasl_plain_users=sasl_plain_users))
+                                      sasl_plain_users=sasl_plain_users, tls=tls))
 
 
-def start_test_redis(root: Path, password: str | None = None) -> RedisNode:
-    """A Redis server on a free loopback port with its data under ``root``, started."""
-    return _started(lambda: RedisNode(root / "redis", free_port(), password))
+def start_test_redis(root: Path, password: str | None = None, tls: TlsFiles | None = None,
+                     acl_users: dict[str, str] | None = None) -> RedisNode:
+    """A Redis server on a free loopback port with its data under ``root``, started (TLS
+    only with ``tls``; ACL users instead of the default user with ``acl_users``)."""
+    return _started(lambda: RedisNode(root / "redis", free_port(), password, tls=tls,
+                                      acl_users=acl_users))
 
 
 class _Node(Protocol):

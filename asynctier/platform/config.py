@@ -31,12 +31,19 @@ The file::
     [scheduler]                          # asynctier run scheduler
     workers = 8                          # chunks running at once (its capacity)
     tier_weights = { urgent = 8, normal = 4, batch = 1 }   # shares under contention
+    [rpc]                                # the platform's own gRPC: see rpcsecurity.py
+    ca = "certs/ca.pem"
+    cert = "certs/server.pem"
+    key = "certs/server-key.pem"
+    token = "..."                        # optional
+    insecure = false                     # true: plaintext (loopback development)
 
 Environment overrides: ``ASYNCTIER_KAFKA_BOOTSTRAP``, ``ASYNCTIER_REDIS_URL``,
 ``ASYNCTIER_QUEUE_SHARDS`` (comma separated),
 ``ASYNCTIER_PREFIX``, ``ASYNCTIER_ALLOW_MODULES`` (comma separated),
 ``ASYNCTIER_SCHEDULERS`` (comma separated), ``ASYNCTIER_DATA_DIR``,
-``ASYNCTIER_TOPIC_REPLICATION_FACTOR``, ``ASYNCTIER_TOPIC_MIN_INSYNC_REPLICAS``.
+``ASYNCTIER_TOPIC_REPLICATION_FACTOR``, ``ASYNCTIER_TOPIC_MIN_INSYNC_REPLICAS``, and
+``ASYNCTIER_RPC_CA``, ``_CERT``, ``_KEY``, ``_TOKEN``, ``_INSECURE`` for ``[rpc]``.
 """
 
 from __future__ import annotations
@@ -51,6 +58,9 @@ from typing import Any
 from asynctier.platform.durations import parse_duration
 from asynctier.platform.errors import ConfigError
 from asynctier.platform.names import DEFAULT_PREFIX, Names
+from asynctier.platform.rpcsecurity import RpcSecurity
+from asynctier.platform.rpcsecurity import from_mapping as rpc_from_mapping
+from asynctier.platform.rpcsecurity import with_env as rpc_with_env
 
 DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -73,6 +83,19 @@ def _window(value: Any) -> float:
         raise ValueError(f"run_once_window = {value!r} is too short: a record read again "
                          "after a crash comes back within a minute or more; use 1m or longer")
     return seconds
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password (``redis://user:***@host``), for logs and errors."""
+    scheme, sep, rest = url.partition("://")
+    auth, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in auth:
+        return url
+    return f"{scheme}://{auth.split(':', 1)[0]}:***@{host}"
+
+
+REDIS_AUTH_HINT = ("Redis refused the credentials: fix the user and password in [redis] url "
+                   "(env ASYNCTIER_REDIS_URL), redis://USER:PASSWORD@host:port/db")
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -148,6 +171,8 @@ class Settings:
     #: see :func:`asynctier.platform.kafka.replication_for`).
     topic_replication_factor: int = 0
     topic_min_insync_replicas: int = 0
+    #: How the platform's own gRPC (scheduler, Submitter) is secured (``[rpc]``).
+    rpc: RpcSecurity = field(default_factory=RpcSecurity)
 
     @property
     def names(self) -> Names:
@@ -158,6 +183,11 @@ class Settings:
     def kafka_bootstrap(self) -> str:
         """The bootstrap servers (``host:port,...``)."""
         return self.kafka.get("bootstrap.servers", DEFAULT_KAFKA_BOOTSTRAP)
+
+    @property
+    def redis_display(self) -> str:
+        """The Redis URL for messages: its password replaced by ``***``."""
+        return redact_url(self.redis_url)
 
     def kafka_config(self, **extra: Any) -> dict[str, Any]:
         """A librdkafka configuration: the ``[kafka]`` table plus ``extra``."""
@@ -196,11 +226,11 @@ class Settings:
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any], source: str = "config") -> Settings:
         """Settings from a parsed TOML document."""
-        unknown = set(doc) - {"asynctier", "kafka", "redis", "queue", "scheduler"}
+        unknown = set(doc) - {"asynctier", "kafka", "redis", "queue", "scheduler", "rpc"}
         if unknown:
             raise ConfigError(
                 f"{source}: unknown table(s) {sorted(unknown)}; "
-                "expected [asynctier], [kafka], [redis], [queue], [scheduler]"
+                "expected [asynctier], [kafka], [redis], [queue], [scheduler], [rpc]"
             )
         workers, tier_weights = _scheduler_table(dict(doc.get("scheduler", {})), source)
         main = dict(doc.get("asynctier", {}))
@@ -208,6 +238,7 @@ class Settings:
         kafka.setdefault("bootstrap.servers", DEFAULT_KAFKA_BOOTSTRAP)
         redis = dict(doc.get("redis", {}))
         queue_shards = _queue_shards(dict(doc.get("queue", {})), source)
+        rpc = rpc_from_mapping(dict(doc.get("rpc", {})), source)
         known = {"prefix", "data_dir", "allow_modules", "schedulers", "scheduler_listen",
                  "submitter_listen", "submitters", "metrics_port", "run_once_window",
                  "topic_replication_factor", "topic_min_insync_replicas"}
@@ -234,6 +265,7 @@ class Settings:
                 tier_weights=tier_weights,
                 topic_replication_factor=int(main.get("topic_replication_factor", 0)),
                 topic_min_insync_replicas=int(main.get("topic_min_insync_replicas", 0)),
+                rpc=rpc,
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {exc}") from exc
@@ -272,4 +304,7 @@ class Settings:
                 except ValueError as exc:
                     raise ConfigError(f"ASYNCTIER_{name.upper()}={value!r} is not a whole "
                                       "number") from exc
+        rpc = rpc_with_env(self.rpc, env)
+        if rpc is not self.rpc:
+            changes["rpc"] = rpc
         return replace(self, **changes) if changes else self

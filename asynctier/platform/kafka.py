@@ -144,12 +144,26 @@ def take_over(consumer: Any, partitions: list[Any], *, assign: bool) -> None:
                     "assign" if assign else "unassign", len(partitions), exc.args[0].str())
 
 
+def credential_hint(err: KafkaError) -> str:
+    """What to fix in asynctier.toml when ``err`` is an authentication or TLS failure
+    (empty otherwise); names settings, never their values."""
+    code = err.code()
+    if code in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+        return ("; the broker refused the credentials: check [kafka] sasl.username and "
+                "sasl.password (and sasl.mechanism) in asynctier.toml")
+    if code == KafkaError._SSL or "SSL" in err.str():
+        return ("; the TLS connection failed: check [kafka] ssl.ca.location (the CA of the "
+                "broker's certificate) and, for client certificates, ssl.certificate.location "
+                "and ssl.key.location in asynctier.toml")
+    return ""
+
+
 def consume_error(err: KafkaError, what: str, topic: str) -> None:
     """Log a consume error of a tailer (``what``: "binding b", "delay 30s"); raise a fatal
     one (the tailer stops, or its session restarts); end-of-partition is no error."""
     if err.code() == KafkaError._PARTITION_EOF:
         return
-    log.error("%s: consume error on %s: %s", what, topic, err.str())
+    log.error("%s: consume error on %s: %s%s", what, topic, err.str(), credential_hint(err))
     if err.fatal():
         raise KafkaException(err)
 

@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 
 from asynctier.platform.errors import SchedulerUnavailable
+from asynctier.platform.rpcsecurity import RpcSecurity, failure_hint, open_channel
 from asynctier.platform.stream import RUN, STREAM_VERSION, Event, StreamCall
 from asynctier.platform.wire import (
     TOO_LARGE,
@@ -221,8 +222,10 @@ class PendingCall:
                 elif code == grpc.StatusCode.UNIMPLEMENTED:  # another version: no attempt spent
                     self.client._not_our_wire(self.address, exc)
                 else:
+                    details = (exc.details() if hasattr(exc, "details") else "") or ""
                     log.warning("scheduler %s failed a batch of %d item(s) (%s); "
-                                "sending the batch again", self.address, self.count, code)
+                                "sending the batch again%s", self.address, self.count, code,
+                                failure_hint(code, details, self.client.security))
                     self.client._mark_down(self.address)
                     self.crashes += died_mid_call(exc)
             if stop is not None and stop.is_set():
@@ -283,11 +286,16 @@ class SchedulerClient:
     a deadline shorter than that would cut a long batch off and send it again, a limit
     silently lower than the binding's. A scheduler that died or became unreachable is
     found by gRPC keepalive (a ping every 10 s, 5 s to answer) and the batch goes
-    elsewhere."""
+    elsewhere.
+
+    ``security``: how channels are secured (``settings.rpc``; default: plaintext, loopback
+    only)."""
 
     def __init__(self, addresses: Addresses, call_timeout_s: float | None = None,
-                 wait_for_scheduler: bool = True) -> None:
+                 wait_for_scheduler: bool = True,
+                 security: RpcSecurity | None = None) -> None:
         self._addresses = addresses
+        self.security = security or RpcSecurity()
         self._channels: dict[str, tuple[grpc.Channel, Any]] = {}
         self._down: dict[str, float] = {}
         self._rr = itertools.count()
@@ -377,7 +385,7 @@ class SchedulerClient:
         with self._lock:
             entry = self._channels.get(address)
             if entry is None:
-                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                channel = open_channel(address, self.security, CHANNEL_OPTIONS)
                 stub = channel.unary_unary(self.method, request_serializer=None,
                                            response_deserializer=None)
                 entry = self._channels[address] = (channel, stub)

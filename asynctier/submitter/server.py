@@ -16,9 +16,9 @@ from typing import Any
 import grpc
 
 from asynctier.platform.config import Settings
-from asynctier.platform.errors import ServiceError
 from asynctier.platform.limits.capacity import EnqueueCapacity
 from asynctier.platform.redis_client import async_client
+from asynctier.platform.rpcsecurity import add_port, server_interceptors
 from asynctier.platform.scheduler.bindings import BindingSource, FollowedBindings
 from asynctier.platform.scheduler.server import SERVER_OPTIONS, advertised
 from asynctier.queue.shards import ShardedQueue
@@ -75,18 +75,15 @@ async def serve_submitter(settings: Settings, *, listen: str | None, stop: threa
                           backlog, options)
     # calls past MAX_CALLS are refused RESOURCE_EXHAUSTED by gRPC before their bytes are
     # read: with max_pending, what a flood of calls can hold in memory is bounded
-    server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=MAX_CALLS)
+    server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=MAX_CALLS,
+                             interceptors=server_interceptors(settings.rpc))
     server.add_generic_rpc_handlers((_Handler(submitter),))
     try:
-        try:
-            port = server.add_insecure_port(listen)
-        except RuntimeError as exc:
-            raise ServiceError(f"the Submitter cannot listen on {listen}: {exc}; is another "
-                               "process using it? (use port 0 for any free port)") from exc
+        port = add_port(server, listen, settings.rpc, "Submitter")
         await server.start()
         address = advertised(listen, port)
-        log.info("submitter listening on %s (port %d); at most %d workloads under way, "
-                 "backlog cap %s", listen, port, options.max_pending,
+        log.info("submitter listening on %s (port %d, %s); at most %d workloads under way, "
+                 "backlog cap %s", listen, port, settings.rpc.describe(), options.max_pending,
                  options.max_backlog or "none")
         if ready_callback is not None:
             ready_callback(address)

@@ -25,7 +25,7 @@ import redis
 
 from asynctier.platform import metrics
 from asynctier.platform.cancel import cancel_and_wait
-from asynctier.platform.config import Settings
+from asynctier.platform.config import REDIS_AUTH_HINT, Settings
 from asynctier.platform.errors import ServiceError
 from asynctier.platform.limits.scripts import lua
 from asynctier.platform.redis_client import async_client, sync_client
@@ -76,7 +76,7 @@ def live_members(settings: Settings, script: Any = None) -> list[Member]:
     try:
         return _members(script(keys=list(member_keys(settings))))
     except redis.RedisError as exc:
-        raise ServiceError(f"Redis at {settings.redis_url} did not answer: {exc}") from exc
+        raise ServiceError(f"Redis at {settings.redis_display} did not answer: {exc}") from exc
     finally:
         if client is not None:
             client.close()
@@ -153,8 +153,10 @@ class Heartbeat:
                                args=[self.address, self.ttl_ms, self.load()])
         except redis.RedisError as exc:
             if not self._failing:
+                hint = (f"; {REDIS_AUTH_HINT}" if isinstance(exc, redis.AuthenticationError)
+                        else "")
                 log.warning("scheduler %s: membership heartbeat failed (%s); serving on and "
-                            "retrying every %gs", self.address, exc, self.interval_s)
+                            "retrying every %gs%s", self.address, exc, self.interval_s, hint)
             self._failing = True
             return False
         if self._failing:
@@ -202,4 +204,4 @@ def default_client(settings: Settings, wait_for_scheduler: bool = True) -> Sched
     configured list: the delay path keeps working when Redis is down. Without
     ``wait_for_scheduler`` a call raises SchedulerUnavailable when none is known at all."""
     return SchedulerClient(SchedulerDirectory(settings).addresses,
-                           wait_for_scheduler=wait_for_scheduler)
+                           wait_for_scheduler=wait_for_scheduler, security=settings.rpc)

@@ -25,10 +25,10 @@ import grpc
 
 from asynctier.platform.admission import Admission, OpenAdmission
 from asynctier.platform.config import Settings
-from asynctier.platform.errors import ServiceError
 from asynctier.platform.limits.breaker import Breakers
 from asynctier.platform.limits.tenants import TenantStore
 from asynctier.platform.rpc import MAX_MESSAGE, submit_handler
+from asynctier.platform.rpcsecurity import add_port, server_interceptors
 from asynctier.platform.scheduler.bindings import BindingSource, FollowedBindings
 from asynctier.platform.scheduler.core import Scheduler
 from asynctier.platform.scheduler.membership import Heartbeat
@@ -118,13 +118,10 @@ async def serve_scheduler(settings: Settings, *, listen: str | None = None,
 
 async def _serve(settings: Settings, scheduler: Scheduler, listen: str, stop: StopSignal,
                  ready_callback: ReadyCallback | None, advertise: str | None) -> None:
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS,
+                             interceptors=server_interceptors(settings.rpc))
     server.add_generic_rpc_handlers((submit_handler(scheduler.submit, run_handler(scheduler)),))
-    try:
-        port = server.add_insecure_port(listen)
-    except RuntimeError as exc:  # grpc's way of saying the address cannot be bound
-        raise ServiceError(f"the scheduler cannot listen on {listen}: {exc}; is another "
-                           "process using it? (use port 0 for any free port)") from exc
+    port = add_port(server, listen, settings.rpc, "scheduler")
     address = advertise or advertised(listen, port)
     scheduler.start()
     await server.start()
@@ -133,7 +130,7 @@ async def _serve(settings: Settings, scheduler: Scheduler, listen: str, stop: St
                           opts.heartbeat_interval_s, opts.membership_ttl_s)
     await heartbeat.beat()
     heartbeat.start()
-    _log_start(address, listen, port, scheduler)
+    _log_start(address, listen, port, scheduler, settings.rpc.describe())
     if ready_callback is not None:
         ready_callback(address)
     try:
@@ -161,11 +158,12 @@ def advertised(listen: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def _log_start(address: str, listen: str, port: int, scheduler: Scheduler) -> None:
+def _log_start(address: str, listen: str, port: int, scheduler: Scheduler,
+               security: str) -> None:
     allowed = scheduler.runtime.resolver.allow_modules
     opts = scheduler.options
-    log.info("scheduler listening on %s (port %d), registered as %s; allowed modules: %s; "
-             "%d workers, queue of at most %d items", listen, port, address,
+    log.info("scheduler listening on %s (port %d, %s), registered as %s; allowed modules: "
+             "%s; %d workers, queue of at most %d items", listen, port, security, address,
              ", ".join(allowed) or "none", opts.workers, opts.max_queued_items)
     if not allowed:
         log.warning("no module is allowed: every item will fail with 'module not allowed' "
