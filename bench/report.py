@@ -426,6 +426,18 @@ How it is measured:
   reverse order), and each reader's p99 is the median over the rounds: on a machine this
   full, a few seconds of congestion set one run's p99 (single 15 s runs of the same
   binding on one warm stack gave 25 to 150 ms).
+- **Kafka-native peers** (issue 30; `bench/kafka_peers.py`, bench/README.md): Quix Streams
+  (`Application`, at-least-once, `commit_interval` 0.5 s, no changelog topics, a dataframe
+  `.update(fn)`) and faust-streaming (one agent, concurrency 1, `broker_commit_interval`
+  0.5 s, memory store, no web server), 2 worker processes each in one consumer group,
+  released together; the window opens at the first commit once the group is stable with
+  both in it and closes when the group's commits reach the topic's end. Quix drains the
+  main topic with the no-op; faust, and both peers with the 1 ms functions, drain a smaller
+  topic (`--peer-io-records`); asynctier drains the main topic (no-op) and `--io-records`
+  (1 ms functions), bound by default (run-once guard on). They run in rounds
+  (`--peer-rounds`), every other one in reverse order; each ratio is the median of the
+  rounds' asynctier / peer. Neither peer retries later, dead-letters, rate-limits or
+  guards against a second run.
 - **retry flood**: the same topic bound to a function that always raises; the main topic
   drains into the 30 s delay topic. Measured like the success run.
 - **run-once guard**: the no-op and the flood are bound as a user binds by default (not
