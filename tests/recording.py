@@ -188,7 +188,7 @@ class RecordingClient:
         self.log: Log = log if log is not None else []
         self.calls: list[Call] = []
 
-    def submit_encoded(self, payload: bytes, count: int) -> Call:
+    def submit_encoded(self, payload: bytes, count: int, spread: str | None = None) -> Call:
         items = wire.decode_items(payload)
         assert len(items) == count
         self.log.append(("submit", [int(i["source_ref"].rsplit("/", 1)[1]) for i in items]))

@@ -163,7 +163,8 @@ def _scrape(port: int) -> tuple[set[str], set[str], str]:
 
 
 QUEUE_METRICS = ("asynctier_queue_items", "asynctier_queue_oldest_ready_seconds",
-                 "asynctier_queue_lease_expiries_total")
+                 "asynctier_queue_lease_expiries_total", "asynctier_queue_longest_run_seconds",
+                 "asynctier_checkpoints_total", "asynctier_queue_leases_lost_total")
 
 
 def test_the_queue_metrics_have_panels() -> None:

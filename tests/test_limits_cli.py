@@ -24,7 +24,7 @@ def test_quota_set_then_show(settings: Settings, redis_client: redis.Redis) -> N
     assert "500 per minute" in out
     code, out = run(settings, "quota", "set", "beta.team", "--per-day", "20")
     assert code == 0, out
-    assert redis_client.hgetall(settings.names.redis_key("quota", "acme")) == {
+    assert redis_client.hgetall(settings.names.tenant_key("acme", "quota")) == {
         b"per_minute": b"500", b"per_day": b"100000"}
 
     code, out = run(settings, "quota", "show", "--json")

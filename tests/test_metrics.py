@@ -67,6 +67,10 @@ def test_every_metric_of_the_issue_is_defined() -> None:
         "asynctier_queue_items": ("binding", "tenant", "state"),
         "asynctier_queue_oldest_ready_seconds": ("binding", "tenant"),
         "asynctier_queue_lease_expiries_total": ("binding", "tenant"),
+        "asynctier_expired_total": ("binding",),
+        "asynctier_breaker_state": ("binding",),
+        "asynctier_breaker_parked_total": ("binding",),
+        "asynctier_breaker_probes_total": ("binding",),
     }
     assert {n: tuple(m._labelnames) for n, m in metrics.ALL_METRICS.items()} == wanted
 

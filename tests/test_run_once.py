@@ -64,7 +64,7 @@ def test_claim_codes_follow_a_record_from_claim_to_done(settings: Settings,
             await a.finish(GUARDED, batch[:2], outcomes)  # the third still runs in a
             seen.append(await b.claim(GUARDED, batch))
             # a dies: its holder key is gone (as when it stops beating for 5 s)
-            redis_client.delete(f"{settings.prefix}:once-holder:{a._once.holder}")
+            redis_client.delete(a._once.holder_key("orders"))
             seen.append(await b.claim(GUARDED, batch[2:]))
             seen.append(await a.claim(GUARDED, batch))
             return seen
@@ -79,7 +79,7 @@ def test_claim_codes_follow_a_record_from_claim_to_done(settings: Settings,
         TAKEN_OVER,  # a is dead: b takes 3 over
         DONE + BUSY + BUSY,  # b holds 2 and 3 now
     ]
-    kept = list(redis_client.scan_iter(match=f"{settings.prefix}:once:orders:*"))
+    kept = list(redis_client.scan_iter(match=f"{settings.prefix}:{{once:orders}}:[0-9]*"))
     assert kept and all(redis_client.ttl(k) > 900 for k in kept)  # done marks: 15 min +
 
 
@@ -189,7 +189,7 @@ def test_an_idempotent_binding_is_never_claimed(settings: Settings,
             await admission.close()
 
     assert asyncio.run(scenario()) == [RUN * 2, RUN * 2]
-    assert not list(redis_client.scan_iter(match=f"{settings.prefix}:once*"))
+    assert not list(redis_client.scan_iter(match=f"{settings.prefix}:{{once:*"))
 
 
 def test_without_redis_a_fail_open_binding_runs_everything(settings: Settings) -> None:
@@ -262,7 +262,7 @@ def test_records_claimed_by_a_caller_that_went_away_before_they_queued_are_freed
         try:
             call = asyncio.create_task(scheduler.process(make_items(refs)))
             deadline = time.monotonic() + 10
-            while not await stuck._client.keys(f"{settings.prefix}:once:orders:*"):
+            while not await stuck._client.keys(f"{settings.prefix}:{{once:orders}}:*"):
                 assert time.monotonic() < deadline, "the batch was never claimed"
                 await asyncio.sleep(0.02)
             call.cancel()
@@ -375,7 +375,7 @@ def test_a_scheduler_judged_dead_frees_nothing_another_took_over(
         a, b, c = RedisAdmission(settings), RedisAdmission(settings), RedisAdmission(settings)
         try:
             seen = [await a.claim(GUARDED, batch)]
-            redis_client.delete(f"{settings.prefix}:once-holder:{a._once.holder}")
+            redis_client.delete(a._once.holder_key("orders"))
             seen.append(await b.claim(GUARDED, batch))
             by_b = await b.finish(GUARDED, batch[:1], [ok(0)])  # the second still runs in b
             by_a = await a.finish(GUARDED, batch, [retry(0, "boom"), retry(1, "boom")])
@@ -406,7 +406,7 @@ def test_a_failure_after_another_scheduler_succeeded_with_the_record_is_answered
         async def taken_over_meanwhile(payload: object, ctx: object) -> None:
             if getattr(ctx, "source", None) != "orders/3/1":
                 return
-            redis_client.delete(f"{settings.prefix}:once-holder:{a._once.holder}")
+            redis_client.delete(a._once.holder_key("orders"))
             assert await b.claim(binding, items[:1]) == TAKEN_OVER
             assert await b.finish(binding, items[:1], [ok(0)]) == set()
 
@@ -433,7 +433,7 @@ def test_a_failure_leaves_nothing_in_redis(settings: Settings,
     """A success is remembered; a failure is forgotten (its field deleted), so a retry
     storm costs Redis no memory, and the retry's copy runs again."""
     batch = make_items(["orders/2/1", "orders/2/2", "orders/2/3"])
-    keys = f"{settings.prefix}:once:orders:*"
+    keys = f"{settings.prefix}:{{once:orders}}:*"
 
     def fields() -> dict[bytes, list[bytes]]:
         return _hash_fields(redis_client, keys)
@@ -452,7 +452,7 @@ def test_a_failure_leaves_nothing_in_redis(settings: Settings,
 
     seen, after = asyncio.run(scenario())
     assert b"orders/2/1" not in after  # its claim is gone: the success is a bit
-    assert _done_bits(redis_client, f"{settings.prefix}:once:orders:") == {"orders/2/1"}
+    assert _done_bits(redis_client, f"{settings.prefix}:{{once:orders}}:") == {"orders/2/1"}
     assert b"orders/2/2" not in after
     assert seen == [RUN * 2, DONE + RUN + RUN]
 
@@ -472,7 +472,7 @@ def _done_bits(client: redis.Redis, prefix: str) -> set[str]:
     """The references whose success is a bit: ``<prefix><span>:<topic>/<partition>:<block>``
     holds offsets ``block * BLOCK`` on, the highest bit of the first byte first."""
     done: set[str] = set()
-    for key in client.scan_iter(match=f"{prefix}*:*"):
+    for key in client.scan_iter(match=f"{prefix}[0-9]*:*"):
         where, block = key.decode()[len(prefix):].split(":", 1)[1].rsplit(":", 1)
         bits = client.get(key) or b""
         for i, byte in enumerate(bits):
@@ -488,7 +488,7 @@ def test_successes_cost_redis_a_bit_each(settings: Settings,
     per 8,192 offsets (before: a hash field of 80-100 bytes), no claim is left behind, and
     every one is answered done when read again."""
     refs = [f"orders/{p}/{100_000 + i}" for p in (0, 1) for i in range(10_000)]
-    prefix = f"{settings.prefix}:once:orders:"
+    prefix = f"{settings.prefix}:{{once:orders}}:"
 
     async def scenario() -> list[str]:
         admission = RedisAdmission(settings)
@@ -516,7 +516,7 @@ def test_claims_are_a_hash_table_and_a_hash_left_empty_is_deleted(
     list, searched from the start at every field read or written) is kept in a hash table;
     once the batch ends, the hash holding nothing but the field that makes it one is
     deleted."""
-    prefix = f"{settings.prefix}:once:orders:"
+    prefix = f"{settings.prefix}:{{once:orders}}:"
     refs = [f"orders/{i % 4}/{5_000 + i // 4}" for i in range(300)]
 
     def hashes() -> list[bytes]:
@@ -545,7 +545,7 @@ def test_references_a_bit_cannot_hold_are_remembered_whole(
     """A source reference that is not ``<topic>/<partition>/<offset>`` with an offset Lua
     holds exactly (no offset, a leading zero, 16 digits and more) keeps its success as a
     hash field: it is never taken for another record's bit."""
-    prefix = f"{settings.prefix}:once:orders:"
+    prefix = f"{settings.prefix}:{{once:orders}}:"
     odd = ["job-42", "orders/0/07", "orders/0/9007199254740993", "orders/0/"]
     kafka = ["orders/0/7", "orders/0/9007199254740992"]
 
@@ -613,7 +613,8 @@ def test_one_bindings_broken_keys_fail_only_its_own_write(
         try:
             await admission.claim(broken, first)
             await admission.claim(GUARDED, second)
-            for key in redis_client.scan_iter(match=f"{settings.prefix}:once:broken:*"):
+            spans = f"{settings.prefix}:{{once:broken}}:[0-9]*"
+            for key in redis_client.scan_iter(match=spans):
                 redis_client.delete(key)
                 redis_client.set(key, "not a hash")
             ends = await asyncio.gather(admission.finish(broken, first, [ok(0)]),

@@ -76,8 +76,8 @@ def test_the_scripts_do_what_the_model_says(redis_client: redis.Redis, prefix: s
                                             ops: list[Op]) -> None:
     claim = redis_client.register_script(once.CLAIM)
     finish = redis_client.register_script(once.FINISH)
-    holders = f"{prefix}:once-holder:"
-    keys = f"{prefix}:once:m{uuid.uuid4().hex[:8]}:"
+    tag = f"{prefix}:{{once:m{uuid.uuid4().hex[:8]}}}:"
+    holders, keys = tag + "holder:", tag
     for holder in HOLDERS:
         redis_client.set(holders + holder, "1", px=600_000)
     model = Model()
@@ -85,17 +85,20 @@ def test_the_scripts_do_what_the_model_says(redis_client: redis.Redis, prefix: s
         holder = HOLDERS[who]
         refs = [REFS[i] for i in picks]
         if kind == "claim":
-            got = claim(args=[holder, holders, 600_000, SPAN_MS, keys, join_refs(refs)])
+            got = claim(keys=[holders + holder],
+                        args=[holder, holders, 600_000, SPAN_MS, keys, join_refs(refs)])
             assert got.decode() == model.claim(holder, refs), (kind, holder, refs)
         else:
             unique = list(dict.fromkeys(refs))
             done = [ref for ref, ok in zip(unique, oks, strict=False) if ok]
             free = [ref for ref in unique if ref not in done]
-            got = finish(args=[SPAN_MS, keys, join_refs(done) if done else "",
+            got = finish(keys=[holders + holder],
+                         args=[SPAN_MS, keys, join_refs(done) if done else "",
                                join_refs(free) if free else "", holder])
             assert got.decode() == model.finish(holder, done, free), (kind, holder, done, free)
     # every reference, looked at by a third scheduler, is where the model has it
-    final = claim(args=["zzzz", holders, 600_000, SPAN_MS, keys, join_refs(REFS)]).decode()
+    final = claim(keys=[holders + "zzzz"],
+                  args=["zzzz", holders, 600_000, SPAN_MS, keys, join_refs(REFS)]).decode()
     want = "".join("1" if model.state.get(r) == "d" else "2" if r in model.state else "0"
                    for r in REFS)
     assert final == want

@@ -67,12 +67,13 @@ class CountingClient:
         self.lock = threading.Lock()
         self.under_way = self.peak = self.calls = 0
 
-    def submit_encoded(self, payload: bytes, count: int) -> _Counted:
+    def submit_encoded(self, payload: bytes, count: int,
+                       spread: str | None = None) -> _Counted:
         with self.lock:
             self.under_way += 1
             self.calls += 1
             self.peak = max(self.peak, self.under_way)
-        return _Counted(self.client.submit_encoded(payload, count), self._done)
+        return _Counted(self.client.submit_encoded(payload, count, spread), self._done)
 
     def _done(self) -> None:
         with self.lock:

@@ -19,7 +19,7 @@ from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError
 
 COMMAND_MODULES = ("dev", "bindings", "run", "produce", "dlq", "lag", "quota", "demo", "queue",
-                   "submit")
+                   "submit", "tenant")
 
 
 class _Group(click.Group):

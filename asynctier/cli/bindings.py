@@ -14,11 +14,12 @@ from rich.table import Table
 from asynctier.cli import settings_of
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.allowlist import check_function_allowed
-from asynctier.platform.binding import FORMATS, PRIORITIES, Binding
+from asynctier.platform.binding import FORMATS, ISOLATIONS, PRIORITIES, Binding
 from asynctier.platform.config import Settings
-from asynctier.platform.durations import parse_duration, parse_ladder
+from asynctier.platform.durations import format_duration, parse_duration, parse_ladder
 from asynctier.platform.errors import BindingError, ModuleNotAllowed
-from asynctier.platform.kafka import admin, ensure_topics, topic_partitions
+from asynctier.platform.kafka import admin, ensure_topics, topic_partitions, topic_replication
+from asynctier.platform.limits.breaker import parse_breaker
 from asynctier.platform.registry import BindingRegistry
 
 #: How long ``bind`` looks again for a topic it does not find: one created by another tool
@@ -60,7 +61,8 @@ def _size(what: str, text: str) -> int:
 @click.option("--topic", help="The Kafka topic to run the function on.")
 @click.option("--queue", "queue_topic", help="Or: the queue topic (in the tenant's namespace).")
 @click.option("--lease", "lease", default="30s", show_default=True,
-              help="--queue: the lease a batch's items get (extended while they run).")
+              help="--queue (or --topic with long work, see --queue-after): the lease a "
+                   "batch's items get (extended while they run).")
 @click.option("--function", "function", required=True, help="module:attr of the function.")
 @click.option("--tenant", default="default", show_default=True)
 @click.option("--priority", type=click.Choice(PRIORITIES), default="normal", show_default=True)
@@ -72,7 +74,17 @@ def _size(what: str, text: str) -> int:
 @click.option("--concurrency", type=int, help="Items of this binding running at once.")
 @click.option("--max-attempts", type=int, default=5, show_default=True)
 @click.option("--timeout", "timeout", default="30s", show_default=True,
-              help="Per-call time limit (30s, 2m...).")
+              help="Time limit of one call of the function, up to 1h (30s, 2m...). Past it "
+                   "the attempt fails with reason timeout (see --isolation).")
+@click.option("--queue-after", "queue_after", default="60s", show_default=True,
+              help="--topic: with a --timeout above this, records are moved into a queue "
+                   "topic the platform owns (<prefix>.moved.NAME) and run from there with "
+                   "leases, so the Kafka offsets are committed at once.")
+@click.option("--isolation", type=click.Choice(ISOLATIONS), default="thread",
+              show_default=True,
+              help="Sync functions: in worker threads (a call past its timeout is reported "
+                   "and keeps its slot until it returns) or in worker processes (a call "
+                   "past its timeout is stopped: its process is killed and replaced).")
 @click.option("--retry-ladder", help="Delays between attempts [default: 30s,1m,5m,30m].")
 @click.option("--idempotent/--not-idempotent", default=False, show_default=True,
               help="Say the function may safely run twice on one record. Otherwise (the "
@@ -82,6 +94,13 @@ def _size(what: str, text: str) -> int:
 @click.option("--redis-policy", type=click.Choice(["fail_open", "fail_closed"]),
               default="fail_open", show_default=True,
               help="When Redis is down: local limits (fail_open) or pause (fail_closed).")
+@click.option("--start-within", help="A record should start this long after its record "
+              "time (5s, 1m...): its deadline. Within a tier, earliest deadline first.")
+@click.option("--expire-after", help="A record not started this long after its record time "
+              "is useless: a dead letter with reason 'expired', never run late.")
+@click.option("--breaker", help="Circuit breaker: SHARE%/WINDOW, such as 50%/30s. When that "
+              "share of calls fails over the window, new records are parked (no attempt "
+              "spent), probes test the downstream, and records flow back at a ramped rate.")
 @click.option("--max-payload", "max_payload", metavar="SIZE",
               help="The largest payload the Submitter accepts (512KB, 1MB; at most 1MiB) "
                    "[default: 1MiB].")
@@ -92,7 +111,9 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
          lease: str, function: str, tenant: str, priority: str,
          fmt: str, schema_file: str | None, rate: float | None, burst: int | None,
          concurrency: int | None, max_attempts: int, timeout: str, retry_ladder: str | None,
-         idempotent: bool, redis_policy: str, max_payload: str | None,
+         queue_after: str, isolation: str, idempotent: bool, redis_policy: str,
+         start_within: str | None, expire_after: str | None, breaker: str | None,
+         max_payload: str | None,
          create_topic: int | None) -> None:
     """Bind topic --topic (or queue topic --queue) to function --function under NAME."""
     settings = settings_of(ctx)
@@ -105,10 +126,18 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
             schema = Path(schema_file).read_text()
         except OSError as exc:
             raise BindingError(f"schema: cannot read {schema_file}: {exc.strerror}") from exc
-    fields: dict[str, object] = {}
+    fields: dict[str, object] = {"lease_s": _duration("lease", lease)}
     if queue_topic is not None:
         fields["source_kind"] = "queue"
-        fields["lease_s"] = _duration("lease", lease)
+    if start_within is not None:
+        fields["start_within_s"] = _duration("start within", start_within)
+    if expire_after is not None:
+        fields["expire_after_s"] = _duration("expire after", expire_after)
+    if breaker is not None:
+        try:
+            fields["breaker_ratio"], fields["breaker_window_s"] = parse_breaker(breaker)
+        except ValueError as exc:
+            raise BindingError(f"breaker: {exc}") from exc
     if max_payload is not None:
         fields["max_payload_bytes"] = _size("max payload", max_payload)
     ladder = _ladder(retry_ladder)
@@ -120,6 +149,8 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
         format=fmt, schema=schema, rate_per_s=rate, burst=burst,  # type: ignore[arg-type]
         max_concurrency=concurrency, max_attempts=max_attempts,
         timeout_s=_duration("timeout", timeout),
+        queue_after_s=_duration("queue after", queue_after),
+        isolation=isolation,  # type: ignore[arg-type]
         idempotent=idempotent, redis_policy=redis_policy,  # type: ignore[arg-type]
         **fields,  # type: ignore[arg-type]
     ).validate()
@@ -127,15 +158,32 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
         check_function_allowed(function, settings.allow_modules or None)
     except ModuleNotAllowed as exc:
         raise BindingError(f"function: {exc}") from exc
+    if binding.moved_to_queue and not settings.queue_shards:
+        raise BindingError(
+            f"timeout: {binding.timeout_s:g}s is above --queue-after "
+            f"{binding.queue_after_s:g}s, so the records run from the queue, and no queue "
+            "shard is configured: set [queue] shards (ASYNCTIER_QUEUE_SHARDS), or raise "
+            "--queue-after")
     if topic is not None:
         _kafka_topic(settings, topic, create_topic)
     binding = binding.with_changes(created_ms=int(time.time() * 1000))
     if topic is not None:
         ensure_binding_topics(settings, [binding])
     BindingRegistry(settings).put(binding)
-    source = f"{topic}" if topic is not None else f"queue {tenant}/{queue_topic}"
+    source = path_of(settings, binding)
     click.echo(f"bound {name}: {source} -> {function} (tenant {tenant}, {priority}, "
                f"ladder {','.join(binding.ladder_names)})")
+
+
+def path_of(settings: Settings, binding: Binding) -> str:
+    """Where a binding's records run from: its topic, its queue topic, or its topic moved
+    into the platform's queue topic (a long timeout)."""
+    if binding.source_kind == "queue":
+        return f"queue {binding.tenant}/{binding.topic}"
+    if binding.moved_to_queue:
+        return (f"{binding.topic} -> queue {binding.tenant}/"
+                f"{settings.names.moved_topic(binding.name)}")
+    return binding.topic
 
 
 def _kafka_topic(settings: Settings, topic: str, create_topic: int | None) -> None:
@@ -147,7 +195,8 @@ def _kafka_topic(settings: Settings, topic: str, create_topic: int | None) -> No
                                "--create-topic N")
         if not 1 <= create_topic <= 1000:
             raise BindingError("create-topic: give 1 to 1000 partitions")
-        ensure_topics(client, {topic: (create_topic, {})})
+        ensure_topics(client, {topic: (create_topic, {})},
+                      replication=topic_replication(settings))
 
 
 @click.command()
@@ -164,19 +213,65 @@ def unbind(ctx: click.Context, name: str) -> None:
 @click.pass_context
 def bindings(ctx: click.Context, as_json: bool) -> None:
     """List the bindings."""
-    found = BindingRegistry(settings_of(ctx)).load()
+    settings = settings_of(ctx)
+    found = BindingRegistry(settings).load()
+    states = breaker_states(settings, [b.name for b in found.values()
+                                       if b.breaker_ratio is not None])
     if as_json:
-        click.echo(json.dumps([b.to_json() for b in found.values()], indent=2))
+        click.echo(json.dumps([{**b.to_json(), "path": path_of(settings, b),
+                                "breaker_state": states.get(b.name)}
+                               for b in found.values()], indent=2))
         return
     table = Table("name", "source", "function", "tenant", "priority", "format", "rate",
-                  "concurrency", "attempts", "timeout", "ladder")
+                  "concurrency", "attempts", "timeout", "isolation", "ladder",
+                  "start/expire", "breaker")
     for b in sorted(found.values(), key=lambda b: b.name):
-        source = b.topic if b.source_kind == "kafka" else f"queue {b.tenant}/{b.topic}"
-        table.add_row(b.name, source, b.function, b.tenant, b.priority, b.format,
-                      f"{b.rate_per_s:g}/s" if b.rate_per_s else "-",
+        table.add_row(b.name, path_of(settings, b), b.function, b.tenant, b.priority,
+                      b.format, f"{b.rate_per_s:g}/s" if b.rate_per_s else "-",
                       str(b.max_concurrency or "-"), str(b.max_attempts), f"{b.timeout_s:g}s",
-                      ",".join(b.ladder_names))
+                      b.isolation, ",".join(b.ladder_names), _deadlines(b),
+                      _breaker(b, states))
     Console().print(table)
+
+
+def breaker_states(settings: Settings, names: list[str]) -> dict[str, str]:
+    """The shared breaker state of each binding named (``unknown`` while Redis does not
+    answer)."""
+    if not names:
+        return {}
+    import asyncio
+
+    from asynctier.platform.limits.breaker import read_states
+    from asynctier.platform.redis_client import async_client
+
+    async def read() -> dict[str, str]:
+        client = async_client(settings.redis_url, socket_timeout=2.0,
+                                socket_connect_timeout=2.0)
+        try:
+            return await read_states(client, settings.names, names)
+        finally:
+            await client.aclose()
+
+    try:
+        return asyncio.run(read())
+    except Exception:  # redis down: the table still shows the bindings
+        return dict.fromkeys(names, "unknown")
+
+
+def _breaker(b: Binding, states: dict[str, str]) -> str:
+    if b.breaker_ratio is None:
+        return "-"
+    return (f"{b.breaker_ratio:.0%}/{format_duration(b.breaker_window_s)} "
+            f"{states.get(b.name, 'closed')}")
+
+
+def _deadlines(b: Binding) -> str:
+    """``start within / expire after`` of a binding, ``-`` for what it does not set."""
+    def shown(s: float | None) -> str:
+        return "-" if s is None else format_duration(s)
+    if b.start_within_s is None and b.expire_after_s is None:
+        return "-"
+    return f"{shown(b.start_within_s)}/{shown(b.expire_after_s)}"
 
 
 COMMANDS = [bind, unbind, bindings]

@@ -7,6 +7,7 @@ import base64
 import dataclasses
 import json
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -109,24 +110,62 @@ def queue() -> None:
 @click.argument("topic", required=False)
 @_namespace_option
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of objects.")
+@click.option("--running", "show_running", type=click.IntRange(min=0), default=10,
+              show_default=True, help="List this many items running, the longest first.")
 @click.pass_context
-def stats(ctx: click.Context, topic: str | None, namespace: str, as_json: bool) -> None:
-    """Ready, delayed, leased and dead items and the oldest ready age, per topic."""
+def stats(ctx: click.Context, topic: str | None, namespace: str, as_json: bool,
+          show_running: int) -> None:
+    """Ready, delayed, leased and dead items and the oldest ready age, per topic; then
+    the items running (leased) the longest: their age, last heartbeat and checkpoint."""
     with _queue(ctx) as q:
         rows = [{**dataclasses.asdict(c), "shard": q.shard_of(namespace, c.topic).name}
                 for c in q.counts(namespace, topic)]
+        running = q.running(namespace, topic, show_running) if show_running else []
     if as_json:
+        for row in rows:
+            row["running"] = [dataclasses.asdict(r) for r in running if r.topic == row["topic"]]
         click.echo(json.dumps(rows, indent=2))
         return
+    console = Console(soft_wrap=not sys.stdout.isatty())
     table = Table("topic", "ready", "delayed", "leased", "dead", "oldest ready", "shard",
                   title=f"queue {namespace}", title_justify="left")
     for row in rows:
         table.add_row(row["topic"], str(row["ready"]), str(row["delayed"]),
                       str(row["leased"]), str(row["dead"]),
                       f"{row['oldest_ready_age_s']:.1f}s", row["shard"])
-    Console(soft_wrap=not sys.stdout.isatty()).print(table)
+    console.print(table)
     if not rows:
         click.echo(f"no queue topics in namespace {namespace}")
+    if running:
+        console.print(_running_table(running, namespace))
+
+
+def _show_progress(info: Any) -> None:
+    """How long a running item has run, its last heartbeat and checkpoint, as ages."""
+    now_ms = time.time() * 1000
+    if info.leased_ms is not None:
+        click.echo(f"{'running for:':18} {(now_ms - info.leased_ms) / 1000:.1f}s")
+    if info.heartbeat_ms is not None:
+        click.echo(f"{'last heartbeat:':18} {_ago((now_ms - info.heartbeat_ms) / 1000)}")
+    if info.checkpoint_ms is not None:
+        click.echo(f"{'last checkpoint:':18} {_ago((now_ms - info.checkpoint_ms) / 1000)} "
+                   f"({info.checkpoint_bytes:,} bytes)")
+
+
+def _ago(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:.1f}s ago"
+
+
+def _running_table(running: Any, namespace: str) -> Table:
+    """The items running, the longest first."""
+    table = Table("topic", "id", "attempt", "running for", "last heartbeat",
+                  "last checkpoint", "owner", title=f"running in {namespace} (longest first)",
+                  title_justify="left")
+    for r in running:
+        size = "" if r.checkpoint_bytes is None else f" ({r.checkpoint_bytes:,} B)"
+        table.add_row(r.topic, r.id, str(r.attempt), f"{r.age_s:.1f}s",
+                      _ago(r.heartbeat_age_s), _ago(r.checkpoint_age_s) + size, r.owner)
+    return table
 
 
 def _payload_text(payload: bytes) -> tuple[str, str]:
@@ -163,6 +202,7 @@ def show(ctx: click.Context, topic: str, item_id: str, namespace: str, as_json: 
     for name, value in doc.items():
         if name not in ("payload", "headers") and value not in (None, ""):
             click.echo(f"{name + ':':18} {value}")
+    _show_progress(info)
     for header in doc["headers"]:
         click.echo(f"header {header['name']}: {header['value']}")
     click.echo(f"payload ({doc['payload_encoding']}, {len(info.payload):,} bytes):")

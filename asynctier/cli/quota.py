@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import click
-from redis.asyncio import Redis
 
 from asynctier.cli import settings_of
 from asynctier.platform.config import Settings
@@ -17,6 +16,7 @@ from asynctier.platform.errors import ServiceError
 from asynctier.platform.limits.capacity import EnqueueCapacity
 from asynctier.platform.limits.outage import REDIS_DOWN
 from asynctier.platform.limits.quota import Quota, QuotaStore
+from asynctier.platform.redis_client import async_client
 
 T = TypeVar("T")
 
@@ -29,7 +29,7 @@ def _with_store(settings: Settings, fn: Callable[[QuotaStore], Awaitable[T]]) ->
     error that names it."""
 
     async def run() -> T:
-        client = Redis.from_url(settings.redis_url, socket_timeout=5.0,
+        client = async_client(settings.redis_url, socket_timeout=5.0,
                                 socket_connect_timeout=5.0)
         try:
             return await fn(QuotaStore(client, settings.names))
@@ -89,7 +89,7 @@ def set_(ctx: click.Context, tenant: str, per_minute: int | None, per_day: int |
 
 def _set_capacity(settings: Settings, tenant: str, per_minute: int) -> None:
     async def run() -> None:
-        client = Redis.from_url(settings.redis_url, socket_timeout=5.0,
+        client = async_client(settings.redis_url, socket_timeout=5.0,
                                 socket_connect_timeout=5.0)
         try:
             await EnqueueCapacity(client, settings.names).set(tenant, per_minute)

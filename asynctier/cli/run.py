@@ -88,14 +88,19 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
     _serve_metrics(metrics_port)
     if component == "scheduler":
         from asynctier.platform.limits import AdmissionConfig, RedisAdmission
+        from asynctier.platform.limits.breaker import Breakers
+        from asynctier.platform.limits.tenants import TenantStore
         from asynctier.platform.scheduler import run_scheduler
+        from asynctier.platform.scheduler.options import options_from_settings
 
         quiet_gc()
         admission = RedisAdmission(settings,
                                    AdmissionConfig(done_ttl_s=settings.run_once_window_s))
         run_scheduler(settings, listen=listen or settings.scheduler_listen,
                       allow_modules=allow or settings.allow_modules, stop=stop,
-                      admission=admission)
+                      admission=admission, options=options_from_settings(settings),
+                      breakers=Breakers.from_settings(settings),
+                      tenants=TenantStore.from_settings(settings))
     elif component == "submitter":
         from asynctier.submitter.server import run_submitter
 

@@ -12,6 +12,7 @@ from asynctier.platform.kafka import (
     admin,
     ensure_topics,
     raise_topic_minimums,
+    topic_replication,
 )
 
 DELAY_PARTITIONS = 8
@@ -57,7 +58,7 @@ def ensure_binding_topics(settings: Settings, bindings: Iterable[Binding]) -> li
     if not wanted:
         return []
     client = admin(settings)
-    created = ensure_topics(client, wanted)
+    created = ensure_topics(client, wanted, replication=topic_replication(settings))
     raise_topic_minimums(client, {topic: {"max.message.bytes": DLQ_MAX_MESSAGE_BYTES}
                                   for topic in dlqs if topic not in created})
     return created

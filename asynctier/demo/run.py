@@ -22,7 +22,7 @@ from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.demo import transcode
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
-from asynctier.platform.kafka import ConfirmingProducer, admin, ensure_topics
+from asynctier.platform.kafka import ConfirmingProducer, admin, ensure_topics, topic_replication
 from asynctier.platform.registry import BindingRegistry
 from asynctier.queue.dsn import redact_dsn
 
@@ -117,7 +117,8 @@ def bind_all(settings: Settings, say: Callable[[str], None]) -> None:
     """Create the topics and bind the three stream workloads and the queue workload."""
     names = settings.names
     ensure_topics(admin(settings), {f"{names.prefix}.{w.name}": (w.partitions, {})
-                                    for w in WORKLOADS})
+                                    for w in WORKLOADS},
+                  replication=topic_replication(settings))
     registry = BindingRegistry(settings)
     bindings = []
     for w in WORKLOADS:

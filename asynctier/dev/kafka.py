@@ -180,6 +180,13 @@ class KafkaNode:
     #: user -> password: the client listener speaks SASL_PLAINTEXT with PLAIN (the first
     #: user is also the broker's own); None: PLAINTEXT without authentication.
     sasl_plain_users: dict[str, str] | None = None
+    #: One node of a cluster (see .kafka_cluster): its id, the controller quorum's voters
+    #: (``id@host:port,...``; None: a standalone node), the cluster's id (formatted with
+    #: it), and the replication factor of the broker's internal topics.
+    node_id: int = 1
+    voters: str | None = None
+    cluster_id: str | None = None
+    internal_replication: int = 1
 
     def __post_init__(self) -> None:
         self.data_dir = self.data_dir.absolute()  # the broker runs with cwd=data_dir
@@ -238,19 +245,35 @@ class KafkaNode:
 
         Returns False (and does nothing) when it already runs.
         """
+        started = self.launch()
+        self.wait()
+        return started
+
+    def wait(self) -> None:
+        """Wait until the broker answers a metadata request."""
+        wait_ready("Kafka", self.healthy, self.daemon, KAFKA_READY_S, self.server_log)
+
+    def launch(self) -> bool:
+        """Fetch jars if needed, format once and start the broker, without waiting for it
+        (the nodes of a cluster answer only once a quorum of them runs)."""
         if self.running():
-            wait_ready("Kafka", self.healthy, self.daemon, KAFKA_READY_S, self.server_log)
             return False
+        java = self.prepare()
+        self.daemon.start(self._java_argv(java, "kafka.Kafka", str(self.properties_file)),
+                          cwd=self.data_dir)
+        return True
+
+    def prepare(self) -> str:
+        """Fetch jars if needed, write the config and format the storage once; the path
+        of java. A cluster prepares every node before it starts any (a started node
+        waits for its quorum only so long)."""
         java = require_binary("java", self.path)
         ensure_ports_free({"Kafka": self.port, "Kafka controller": self.controller_port})
         self.jars.ensure()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._write_config()
         self._format(java)
-        self.daemon.start(self._java_argv(java, "kafka.Kafka", str(self.properties_file)),
-                          cwd=self.data_dir)
-        wait_ready("Kafka", self.healthy, self.daemon, KAFKA_READY_S, self.server_log)
-        return True
+        return java
 
     def stop(self, timeout_s: float = STOP_S) -> bool:
         """Controlled shutdown (SIGTERM, wait, SIGKILL last); data is kept."""
@@ -277,7 +300,7 @@ class KafkaNode:
     def _properties(self) -> str:
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
+            "node.id": str(self.node_id),
             "listeners": f"PLAINTEXT://{HOST}:{self.port},CONTROLLER://{HOST}:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://{HOST}:{self.port}",
             "controller.listener.names": "CONTROLLER",
@@ -287,12 +310,12 @@ class KafkaNode:
             "log.dirs": str(self.log_dir),
             "num.partitions": "1",
             "auto.create.topics.enable": "false",
-            "offsets.topic.replication.factor": "1",
+            "offsets.topic.replication.factor": str(self.internal_replication),
             "offsets.topic.num.partitions": "10",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "transaction.state.log.replication.factor": str(self.internal_replication),
+            "transaction.state.log.min.isr": str(min(2, self.internal_replication)),
+            "share.coordinator.state.topic.replication.factor": str(self.internal_replication),
+            "share.coordinator.state.topic.min.isr": str(min(2, self.internal_replication)),
             "group.initial.rebalance.delay.ms": "0",
             "log.retention.hours": "168",
             # Groups on KIP-848's protocol (group.protocol=consumer) get their session
@@ -303,6 +326,11 @@ class KafkaNode:
             "group.consumer.min.heartbeat.interval.ms": "500",
             "group.consumer.heartbeat.interval.ms": "1000",
         }
+        if self.voters is not None:
+            del props["controller.quorum.bootstrap.servers"]
+            props["controller.quorum.voters"] = self.voters
+            # the other nodes may take minutes to start on a loaded machine (default 60 s)
+            props["initial.broker.registration.timeout.ms"] = "300000"
         if self.sasl_plain_users:
             props.update(self._sasl_properties())
         return "".join(f"{k}={v}\n" for k, v in props.items())
@@ -330,8 +358,10 @@ class KafkaNode:
         if (self.log_dir / "meta.properties").exists():
             self._check_controller_port()
             return
-        argv = self._java_argv(java, "kafka.tools.StorageTool", "format", "--standalone",
-                               "-t", kafka_cluster_id(), "-c", str(self.properties_file))
+        alone = ["--standalone"] if self.voters is None else []
+        argv = self._java_argv(java, "kafka.tools.StorageTool", "format", *alone,
+                               "-t", self.cluster_id or kafka_cluster_id(),
+                               "-c", str(self.properties_file))
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120,
                               stdin=subprocess.DEVNULL, check=False)
         if done.returncode != 0:

@@ -32,6 +32,10 @@ class RedisNode:
     password: str | None = None
     path: str | None = None  # PATH used to look for redis-server (None: the process's own)
     name: str = "redis"
+    #: Run as one node of a Redis Cluster (``cluster-enabled yes``, see .redis_cluster).
+    cluster: bool = False
+    #: The cluster bus port (None: Redis' own choice, port + 10000).
+    bus_port: int | None = None
 
     def __post_init__(self) -> None:
         self.data_dir = self.data_dir.absolute()  # the server runs with cwd=data_dir
@@ -95,6 +99,11 @@ class RedisNode:
                  "protected-mode yes", 'save ""', "loglevel warning"]
         if self.password:
             lines.append(f'requirepass "{self.password}"')
+        if self.cluster:  # a short node timeout: a killed master fails over in seconds
+            lines += ["cluster-enabled yes", "cluster-config-file nodes.conf",
+                      "cluster-node-timeout 2000", "cluster-replica-validity-factor 0"]
+            if self.bus_port is not None:
+                lines.append(f"cluster-port {self.bus_port}")
         return "\n".join(lines) + "\n"
 
 

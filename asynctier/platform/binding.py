@@ -7,7 +7,6 @@ Bindings are checked when bound (:meth:`Binding.validate`) and stored as Avro
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import re
@@ -19,15 +18,21 @@ import fastavro
 from asynctier.platform.allowlist import FUNCTION_PATH_RE
 from asynctier.platform.durations import format_duration
 from asynctier.platform.errors import BindingError
-from asynctier.platform.schemas import load_schema
+from asynctier.platform.schemas import decode_stored, encode_stored
 
 Priority = Literal["urgent", "normal", "batch"]
 PayloadFormat = Literal["json", "avro", "bytes"]
 RedisPolicy = Literal["fail_open", "fail_closed"]
+Isolation = Literal["thread", "process"]
 
 PRIORITIES: tuple[Priority, ...] = ("urgent", "normal", "batch")
 FORMATS: tuple[PayloadFormat, ...] = ("json", "avro", "bytes")
 REDIS_POLICIES: tuple[RedisPolicy, ...] = ("fail_open", "fail_closed")
+ISOLATIONS: tuple[Isolation, ...] = ("thread", "process")
+#: A Kafka binding whose timeout is above this runs its records from the queue (moved).
+DEFAULT_QUEUE_AFTER_S = 60.0
+#: The longest timeout a binding may have (1 h); ``--timeout`` says so.
+MAX_TIMEOUT_S = 3600.0
 DEFAULT_LADDER_S: tuple[float, ...] = (30.0, 60.0, 300.0, 1800.0)
 #: The kinds of source a binding may name (each has a tailer: asynctier.tailers.registry).
 SOURCE_KINDS: tuple[str, ...] = ("kafka", "queue")
@@ -69,15 +74,34 @@ class Binding:
     redis_policy: RedisPolicy = "fail_open"
     source_kind: str = "kafka"
     lease_s: float = 30.0  # a queue binding's lease per batch (its items run within it)
+    queue_after_s: float = DEFAULT_QUEUE_AFTER_S  # kafka: timeout above this -> moved
+    isolation: Isolation = "thread"  # sync functions: worker threads, or worker processes
     #: The largest payload the Submitter accepts for this binding; None: its default (1 MiB).
     max_payload_bytes: int | None = None
     created_ms: int = 0
+    start_within_s: float | None = None  # should start this long after its record time
+    expire_after_s: float | None = None  # not started this long after it: dead, "expired"
+    breaker_ratio: float | None = None  # --breaker 50%/30s: opens at this failure share...
+    breaker_window_s: float = 30.0  # ... over this window
     _parsed_schema: Any = field(default=None, compare=False, repr=False)
 
     @property
     def module(self) -> str:
         """The module part of ``function``."""
         return self.function.partition(":")[0]
+
+    @property
+    def moved_to_queue(self) -> bool:
+        """True for a Kafka binding whose timeout is above its ``queue_after_s``: its
+        records are moved into a queue topic the platform owns
+        (:meth:`~asynctier.platform.names.Names.moved_topic`) and run from there
+        (docs/design.md, Long work on Kafka records)."""
+        return self.source_kind == "kafka" and self.timeout_s > self.queue_after_s
+
+    def moved_binding(self, queue_topic: str) -> Binding:
+        """The queue binding the moved records run under: the same name, function and
+        limits, its source the queue topic ``queue_topic`` (with this binding's lease)."""
+        return self.with_changes(source_kind="queue", topic=queue_topic)
 
     @property
     def ladder_names(self) -> tuple[str, ...]:
@@ -114,6 +138,8 @@ class Binding:
                f"priority {self.priority!r} is not one of {', '.join(PRIORITIES)}")
         _check(self.format in FORMATS, "format",
                f"format {self.format!r} is not one of {', '.join(FORMATS)}")
+        _check(self.isolation in ISOLATIONS, "isolation",
+               f"isolation {self.isolation!r} is not one of {', '.join(ISOLATIONS)}")
         _check(self.redis_policy in REDIS_POLICIES, "redis policy",
                f"{self.redis_policy!r} is not one of {', '.join(REDIS_POLICIES)}")
         self._validate_numbers()
@@ -133,14 +159,36 @@ class Binding:
                    f"concurrency {self.max_concurrency} is out of range: 1 <= N <= 10000")
         _check(1 <= self.max_attempts <= 100, "max attempts",
                f"max attempts {self.max_attempts} is out of range: 1 <= N <= 100")
-        _check(0 < self.timeout_s <= 3600, "timeout",
-               f"timeout {self.timeout_s:g}s is out of range: 0 < S <= 3600")
+        _check(0 < self.timeout_s <= MAX_TIMEOUT_S, "timeout",
+               f"timeout {self.timeout_s:g}s is out of range: 0 < S <= 1h")
+        _check(1 <= self.queue_after_s <= MAX_TIMEOUT_S, "queue after",
+               f"queue-after {self.queue_after_s:g}s is out of range: 1s <= S <= 1h")
         _check(1 <= self.lease_s <= 3600, "lease",
                f"lease {self.lease_s:g}s is out of range: 1s <= S <= 1h")
+        self._validate_deadlines()
+        if self.breaker_ratio is not None:
+            _check(0 < self.breaker_ratio <= 1, "breaker",
+                   f"--breaker {self.breaker_ratio:.0%}: the failure share must be above 0% "
+                   "and at most 100%, such as 50%/30s")
+            _check(1 <= self.breaker_window_s <= 3600, "breaker",
+                   f"--breaker window {self.breaker_window_s:g}s is out of range: 1s to 1h")
         if self.max_payload_bytes is not None:
             _check(1 <= self.max_payload_bytes <= MAX_PAYLOAD_LIMIT, "max payload",
                    f"max payload {self.max_payload_bytes:,} bytes is out of range: give 1 "
                    f"byte to {MAX_PAYLOAD_LIMIT:,} (1MiB)")
+
+    def _validate_deadlines(self) -> None:
+        within, expire = self.start_within_s, self.expire_after_s
+        if within is not None:
+            _check(0 < within <= 30 * 86400, "start within",
+                   f"--start-within {within:g}s is out of range: 0 < S <= 30d")
+        if expire is not None:
+            _check(0 < expire <= 30 * 86400, "expire after",
+                   f"--expire-after {expire:g}s is out of range: 0 < S <= 30d")
+        if within is not None and expire is not None:
+            _check(expire >= within, "expire after",
+                   f"--expire-after {format_duration(expire)} is shorter than --start-within "
+                   f"{format_duration(within)}: a record would expire before its deadline")
 
     def _validate_ladder(self) -> None:
         ladder = self.retry_ladder_s
@@ -174,24 +222,24 @@ class Binding:
         doc = asdict(self)
         doc.pop("_parsed_schema")
         doc["source"] = {"kind": doc.pop("source_kind"), "topic": doc.pop("topic"),
-                         "lease_s": doc.pop("lease_s")}
+                         "lease_s": doc.pop("lease_s"),
+                         "queue_after_s": doc.pop("queue_after_s")}
         doc["retry_ladder_s"] = list(self.retry_ladder_s)
         return doc
 
     def encode(self) -> bytes:
         """Avro bytes for the bindings topic."""
-        buf = io.BytesIO()
-        fastavro.schemaless_writer(buf, load_schema("binding"), self.to_record())
-        return buf.getvalue()
+        return encode_stored("binding", self.to_record())
 
     @classmethod
     def decode(cls, data: bytes) -> Binding:
         """A binding from the bindings topic's Avro bytes."""
-        doc: Any = fastavro.schemaless_reader(io.BytesIO(data), load_schema("binding"), None)
+        doc: Any = decode_stored("binding", data)
         source = doc.pop("source")
         doc["source_kind"] = source["kind"]
         doc["topic"] = source["topic"]
         doc["lease_s"] = source["lease_s"]
+        doc["queue_after_s"] = source["queue_after_s"]
         doc["retry_ladder_s"] = tuple(doc["retry_ladder_s"])
         return cls(**doc)
 

@@ -15,6 +15,8 @@ The file::
     submitters = ["127.0.0.1:50061"]     # the Submitters the SDK spreads calls over
     metrics_port = 0                     # 0: no metrics endpoint
     run_once_window = "15m"              # how long a success is remembered (run once)
+    topic_replication_factor = 0         # the platform's topics; 0: 3 on 3+ brokers
+    topic_min_insync_replicas = 0        # 0: 2 with 3 replicas or more
 
     [kafka]                              # passed to librdkafka as is
     "bootstrap.servers" = "127.0.0.1:9092"
@@ -26,10 +28,15 @@ The file::
     [queue]                              # the queue source's PostgreSQL shards
     shards = ["postgresql://asynctier@127.0.0.1:5432/asynctier"]
 
+    [scheduler]                          # asynctier run scheduler
+    workers = 8                          # chunks running at once (its capacity)
+    tier_weights = { urgent = 8, normal = 4, batch = 1 }   # shares under contention
+
 Environment overrides: ``ASYNCTIER_KAFKA_BOOTSTRAP``, ``ASYNCTIER_REDIS_URL``,
 ``ASYNCTIER_QUEUE_SHARDS`` (comma separated),
 ``ASYNCTIER_PREFIX``, ``ASYNCTIER_ALLOW_MODULES`` (comma separated),
-``ASYNCTIER_SCHEDULERS`` (comma separated), ``ASYNCTIER_DATA_DIR``.
+``ASYNCTIER_SCHEDULERS`` (comma separated), ``ASYNCTIER_DATA_DIR``,
+``ASYNCTIER_TOPIC_REPLICATION_FACTOR``, ``ASYNCTIER_TOPIC_MIN_INSYNC_REPLICAS``.
 """
 
 from __future__ import annotations
@@ -72,6 +79,32 @@ def _split(value: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
+#: The tiers a ``[scheduler] tier_weights`` table may weigh.
+TIER_NAMES = ("urgent", "normal", "batch")
+
+
+def _scheduler_table(table: dict[str, Any], source: str) -> tuple[int | None,
+                                                                  dict[str, float]]:
+    """``[scheduler]``: (workers or None, tier weights named there)."""
+    bad = set(table) - {"workers", "tier_weights"}
+    if bad:
+        raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [scheduler]; "
+                          "known keys: ['tier_weights', 'workers']")
+    workers = table.get("workers")
+    if workers is not None and (not isinstance(workers, int) or not 1 <= workers <= 1024):
+        raise ConfigError(f"{source}: [scheduler] workers = {workers!r}: give 1 to 1024")
+    weights = table.get("tier_weights", {})
+    if not isinstance(weights, dict) or set(weights) - set(TIER_NAMES):
+        raise ConfigError(f"{source}: [scheduler] tier_weights must be a table of "
+                          f"{', '.join(TIER_NAMES)}, such as "
+                          "{ urgent = 8, normal = 4, batch = 1 }")
+    for tier, weight in weights.items():
+        if not isinstance(weight, int | float) or not 0 < weight <= 1000:
+            raise ConfigError(f"{source}: [scheduler] tier_weights.{tier} = {weight!r}: "
+                              "give a number above 0, at most 1000")
+    return workers, {str(t): float(w) for t, w in weights.items()}
+
+
 def _queue_shards(queue: dict[str, Any], source: str) -> tuple[str, ...]:
     """``[queue] shards``: a non-empty list of postgresql:// DSNs."""
     bad = set(queue) - {"shards"}
@@ -107,6 +140,14 @@ class Settings:
     run_once_window_s: float = DEFAULT_RUN_ONCE_WINDOW_S
     #: The queue source's PostgreSQL databases (``[queue] shards``), one per shard.
     queue_shards: tuple[str, ...] = (DEFAULT_QUEUE_SHARD,)
+    #: ``[scheduler] workers``: chunks a scheduler runs at once (None: its default).
+    scheduler_workers: int | None = None
+    #: ``[scheduler] tier_weights``: the tiers' shares (the ones not named keep 8:4:1).
+    tier_weights: Mapping[str, float] = field(default_factory=dict)
+    #: Replication of the topics the platform creates (0: chosen from the broker count,
+    #: see :func:`asynctier.platform.kafka.replication_for`).
+    topic_replication_factor: int = 0
+    topic_min_insync_replicas: int = 0
 
     @property
     def names(self) -> Names:
@@ -155,19 +196,21 @@ class Settings:
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any], source: str = "config") -> Settings:
         """Settings from a parsed TOML document."""
-        unknown = set(doc) - {"asynctier", "kafka", "redis", "queue"}
+        unknown = set(doc) - {"asynctier", "kafka", "redis", "queue", "scheduler"}
         if unknown:
             raise ConfigError(
                 f"{source}: unknown table(s) {sorted(unknown)}; "
-                "expected [asynctier], [kafka], [redis], [queue]"
+                "expected [asynctier], [kafka], [redis], [queue], [scheduler]"
             )
+        workers, tier_weights = _scheduler_table(dict(doc.get("scheduler", {})), source)
         main = dict(doc.get("asynctier", {}))
         kafka = {str(k): str(v) for k, v in dict(doc.get("kafka", {})).items()}
         kafka.setdefault("bootstrap.servers", DEFAULT_KAFKA_BOOTSTRAP)
         redis = dict(doc.get("redis", {}))
         queue_shards = _queue_shards(dict(doc.get("queue", {})), source)
         known = {"prefix", "data_dir", "allow_modules", "schedulers", "scheduler_listen",
-                 "submitter_listen", "submitters", "metrics_port", "run_once_window"}
+                 "submitter_listen", "submitters", "metrics_port", "run_once_window",
+                 "topic_replication_factor", "topic_min_insync_replicas"}
         bad = set(main) - known
         if bad:
             raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [asynctier]; "
@@ -187,6 +230,10 @@ class Settings:
                 run_once_window_s=_window(main.get("run_once_window",
                                                    DEFAULT_RUN_ONCE_WINDOW_S)),
                 queue_shards=queue_shards,
+                scheduler_workers=workers,
+                tier_weights=tier_weights,
+                topic_replication_factor=int(main.get("topic_replication_factor", 0)),
+                topic_min_insync_replicas=int(main.get("topic_min_insync_replicas", 0)),
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {exc}") from exc
@@ -217,4 +264,12 @@ class Settings:
             changes["submitter_listen"] = env["ASYNCTIER_SUBMITTER_LISTEN"]
         if env.get("ASYNCTIER_SCHEDULER_LISTEN"):
             changes["scheduler_listen"] = env["ASYNCTIER_SCHEDULER_LISTEN"]
+        for name in ("topic_replication_factor", "topic_min_insync_replicas"):
+            value = env.get(f"ASYNCTIER_{name.upper()}")
+            if value:
+                try:
+                    changes[name] = int(value)
+                except ValueError as exc:
+                    raise ConfigError(f"ASYNCTIER_{name.upper()}={value!r} is not a whole "
+                                      "number") from exc
         return replace(self, **changes) if changes else self

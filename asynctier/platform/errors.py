@@ -44,6 +44,11 @@ class QueueError(AsynctierError):
     names the item and says what to fix."""
 
 
+class CheckpointError(AsynctierError):
+    """``ctx.checkpoint`` could not save the state (too large, not JSON-able, no queue
+    source, the lease lost, no confirmation); the message says which and what to do."""
+
+
 class QueueUnavailable(AsynctierError):
     """A queue shard (PostgreSQL) cannot be reached; the message names the shard."""
 

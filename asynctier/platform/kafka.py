@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -218,15 +219,58 @@ def _wait_visible(client: AdminClient, topics: list[str], timeout_s: float) -> N
                     timeout_s)
 
 
+@dataclass(frozen=True)
+class Replication:
+    """The replication of the topics the platform creates; 0 leaves it to
+    :func:`replication_for` (``[asynctier] topic_replication_factor`` and
+    ``topic_min_insync_replicas``)."""
+
+    factor: int = 0
+    min_insync: int = 0
+
+
+def topic_replication(settings: Settings) -> Replication:
+    """The replication the settings ask for."""
+    return Replication(settings.topic_replication_factor, settings.topic_min_insync_replicas)
+
+
+def replication_for(brokers: int, wanted: Replication) -> tuple[int, dict[str, str]]:
+    """The replication factor and the configs of a new topic on ``brokers`` brokers.
+
+    Unset (0): 3 replicas and ``min.insync.replicas=2`` on a cluster of 3 brokers or more
+    (a record acknowledged by ``acks=all`` is on two brokers at least, and one broker may
+    be down); below 3 brokers the broker's own ``default.replication.factor`` (-1). An
+    unset ``min_insync`` is 2 for 3 replicas or more, else the broker's default.
+    """
+    factor = wanted.factor or (3 if brokers >= 3 else -1)
+    min_insync = wanted.min_insync or (2 if factor >= 3 else 0)
+    if factor > brokers:
+        raise AsynctierError(
+            f"topic_replication_factor {factor} is more than the {brokers} broker(s) of the "
+            "cluster: lower [asynctier] topic_replication_factor "
+            "(ASYNCTIER_TOPIC_REPLICATION_FACTOR) or add brokers")
+    if min_insync and factor > 0 and min_insync > factor:
+        raise AsynctierError(
+            f"topic_min_insync_replicas {min_insync} is more than the replication factor "
+            f"{factor}: no write could ever be acknowledged; lower [asynctier] "
+            "topic_min_insync_replicas (ASYNCTIER_TOPIC_MIN_INSYNC_REPLICAS)")
+    return factor, ({"min.insync.replicas": str(min_insync)} if min_insync else {})
+
+
 def ensure_topics(client: AdminClient, topics: Mapping[str, tuple[int, Mapping[str, str]]],
-                  timeout_s: float = 30.0) -> list[str]:
+                  timeout_s: float = 30.0, replication: Replication | None = None) -> list[str]:
     """Create each missing topic (name -> (partitions, configs)); return the ones created,
-    once the cluster's metadata shows them (see :data:`VISIBLE_S`).
+    once the cluster's metadata shows them (see :data:`VISIBLE_S`). Each is replicated as
+    :func:`replication_for` says for the cluster's brokers (a config given for a topic
+    wins).
 
     A topic that already exists is left as it is.
     """
-    existing = set(client.list_topics(timeout=timeout_s).topics)
-    wanted = [NewTopic(name, num_partitions=parts, replication_factor=-1, config=dict(conf))
+    metadata = client.list_topics(timeout=timeout_s)
+    existing = set(metadata.topics)
+    factor, base = replication_for(len(metadata.brokers), replication or Replication())
+    wanted = [NewTopic(name, num_partitions=parts, replication_factor=factor,
+                       config={**base, **conf})
               for name, (parts, conf) in topics.items() if name not in existing]
     if not wanted:
         return []
@@ -341,6 +385,7 @@ DLQ_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 #: The platform's producer defaults; the operator's ``[kafka]`` table may tune any of them.
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True,
+    "acks": "all",  # also forced by producer_config, whatever the [kafka] table says
     "linger.ms": 5,
     "compression.type": "lz4",
     # The topic's own max.message.bytes is the limit that counts (8 MB for a delay topic,
@@ -356,6 +401,10 @@ def producer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
     deliveries are reported, always (``flush()`` waits for every record either way, and no
     Python call is made per delivered record)."""
     conf = {**PRODUCER_DEFAULTS, **client_config(settings), **extra}
+    if str(conf.get("acks", "all")) not in ("all", "-1"):
+        log.warning("[kafka] acks=%s is ignored: the platform's producers (hand-offs, dead "
+                    "letters) wait for every in-sync replica (acks=all)", conf["acks"])
+    conf["acks"] = "all"  # a hand-off is confirmed only once min.insync.replicas have it
     conf["delivery.report.only.error"] = True
     return conf
 

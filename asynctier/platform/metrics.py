@@ -33,11 +33,12 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_se
 log = logging.getLogger(__name__)
 
 #: The ``outcome`` label of :data:`ITEMS`.
-OUTCOMES: Final = frozenset({"ok", "retry", "failed", "dead_letter", "undecodable"})
+OUTCOMES: Final = frozenset({"ok", "retry", "failed", "dead_letter", "undecodable",
+                             "moved"})
 #: The ``reason`` label of :data:`DEAD_LETTERS`.
 DEAD_LETTER_REASONS: Final = frozenset(
     {"undecodable", "rejected", "max_attempts", "function_error", "binding_removed",
-     "too_large"}
+     "too_large", "expired"}
 )
 #: Suggested ``component`` label values.
 COMPONENTS: Final = ("tailer", "scheduler", "delay")
@@ -45,7 +46,7 @@ COMPONENTS: Final = ("tailer", "scheduler", "delay")
 #: Function run time: from 1 ms to the longest timeout people set (minutes).
 DURATION_BUCKETS_S: Final = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-    60.0, 120.0, 300.0,
+    60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
 )
 #: Record time to function start: milliseconds when keeping up, an hour and more after
 #: retries through the delay ladder or a long outage.
@@ -111,6 +112,27 @@ DEAD_LETTERS = Counter(
     "Items written to the binding's dead-letter topic, by reason.",
     ["binding", "reason"],
 )
+EXPIRED = Counter(
+    "asynctier_expired_total",
+    "Items not run because they passed their binding's --expire-after (dead letters).",
+    ["binding"],
+)
+BREAKER_STATE = Gauge(
+    "asynctier_breaker_state",
+    "A binding's circuit breaker as its scheduler last saw it: 0 closed, 1 ramp, 2 open.",
+    ["binding"],
+)
+BREAKER_PARKED = Counter(
+    "asynctier_breaker_parked_total",
+    "Items parked (retried later, no attempt spent) because their binding's breaker held "
+    "them back.",
+    ["binding"],
+)
+BREAKER_PROBES = Counter(
+    "asynctier_breaker_probes_total",
+    "Probe items let through an open breaker.",
+    ["binding"],
+)
 CONSUMER_LAG = Gauge(
     "asynctier_consumer_lag",
     "Records not yet committed by the group: end offset minus committed offset.",
@@ -162,6 +184,23 @@ QUEUE_LEASE_EXPIRIES = Counter(
     "Queue items leased again because their previous lease ran out unresolved.",
     ["binding", "tenant"],
 )
+LONGEST_RUN = Gauge(
+    "asynctier_queue_longest_run_seconds",
+    "How long the longest-running item of a queue binding has run in its tailer (0: none).",
+    ["binding", "tenant"],
+)
+CHECKPOINTS = Counter(
+    "asynctier_checkpoints_total",
+    "Checkpoints functions saved (ctx.checkpoint), by result: saved, or refused (the lease "
+    "was lost or the queue could not store it).",
+    ["binding", "result"],
+)
+LEASES_LOST = Counter(
+    "asynctier_queue_leases_lost_total",
+    "Items that lost their lease while running, by why: no_heartbeat (its scheduler stopped "
+    "reporting it), stream_broke (its scheduler went away), not_held (leased elsewhere).",
+    ["binding", "why"],
+)
 
 #: Every metric above, by the name it is exported under (counters without ``_total``
 #: in prometheus-client's ``_name``; the keys here are the exported family names).
@@ -177,6 +216,10 @@ ALL_METRICS: Final = {
     "asynctier_redis_fallback_total": REDIS_FALLBACK,
     "asynctier_retries_total": RETRIES,
     "asynctier_dead_letters_total": DEAD_LETTERS,
+    "asynctier_expired_total": EXPIRED,
+    "asynctier_breaker_state": BREAKER_STATE,
+    "asynctier_breaker_parked_total": BREAKER_PARKED,
+    "asynctier_breaker_probes_total": BREAKER_PROBES,
     "asynctier_consumer_lag": CONSUMER_LAG,
     "asynctier_consumer_lag_seconds": CONSUMER_LAG_SECONDS,
     "asynctier_delay_backlog": DELAY_BACKLOG,
@@ -187,6 +230,9 @@ ALL_METRICS: Final = {
     "asynctier_queue_items": QUEUE_ITEMS,
     "asynctier_queue_oldest_ready_seconds": QUEUE_OLDEST_READY,
     "asynctier_queue_lease_expiries_total": QUEUE_LEASE_EXPIRIES,
+    "asynctier_queue_longest_run_seconds": LONGEST_RUN,
+    "asynctier_checkpoints_total": CHECKPOINTS,
+    "asynctier_queue_leases_lost_total": LEASES_LOST,
 }
 
 
@@ -351,6 +397,29 @@ def record_dead_letters(binding: str, reasons: Mapping[str, int]) -> None:
             DEAD_LETTERS.labels(binding, reason).inc(n)
 
 
+def count_expired(binding: str, n: int = 1) -> None:
+    """Count ``n`` items of ``binding`` the scheduler answered ``expired`` (never run)."""
+    if n:
+        EXPIRED.labels(binding).inc(n)
+
+
+def set_breaker_state(binding: str, value: int) -> None:
+    """The state of ``binding``'s breaker (0 closed, 1 ramp, 2 open)."""
+    BREAKER_STATE.labels(binding).set(value)
+
+
+def count_breaker_parked(binding: str, n: int = 1) -> None:
+    """Count ``n`` items of ``binding`` parked by its breaker."""
+    if n:
+        BREAKER_PARKED.labels(binding).inc(n)
+
+
+def count_breaker_probes(binding: str, n: int = 1) -> None:
+    """Count ``n`` probe items let through ``binding``'s open breaker."""
+    if n:
+        BREAKER_PROBES.labels(binding).inc(n)
+
+
 def count_batch(component: str, binding: str, n: int = 1) -> None:
     """Count ``n`` batches handled by ``component`` for ``binding``."""
     BATCHES.labels(component, binding).inc(n)
@@ -421,7 +490,52 @@ def count_lease_expiries(binding: str, tenant: str, n: int) -> None:
         QUEUE_LEASE_EXPIRIES.labels(binding, tenant).inc(n)
 
 
+
+def set_longest_run(binding: str, tenant: str, seconds: float) -> None:
+    """How long the longest item of a queue binding running in this tailer has run."""
+    LONGEST_RUN.labels(binding, tenant).set(seconds)
+
+
+def count_checkpoint(binding: str, result: str) -> None:
+    """Count one checkpoint of ``binding``: ``saved`` or ``refused``."""
+    CHECKPOINTS.labels(binding, result).inc()
+
+
+def count_leases_lost(binding: str, why: str, n: int) -> None:
+    """Count ``n`` items of ``binding`` that lost their lease while running, for ``why``."""
+    if n:
+        LEASES_LOST.labels(binding, why).inc(n)
+
+
 # --- the endpoint -----------------------------------------------------------------------
+
+
+#: How a call past its timeout was handled (the ``handling`` label of :data:`TIMEOUTS`).
+TIMEOUT_HANDLING: Final = frozenset({"cancelled", "stopped", "left_running"})
+TIMEOUTS = Counter(
+    "asynctier_function_timeouts_total",
+    "Calls past their binding's timeout, by how they were handled: cancelled (async), "
+    "stopped (worker process killed) or left_running (a worker thread cannot be stopped).",
+    ["binding", "handling"],
+)
+OVERRUNNING = Gauge(
+    "asynctier_overrunning_calls",
+    "Sync calls past their timeout still running in a worker thread (each holds its "
+    "thread and, for a capped binding, its concurrency slot until it returns).",
+    ["binding"],
+)
+
+
+def count_timeout(binding: str, handling: str) -> None:
+    """One call past its timeout, handled as ``handling``."""
+    if handling not in TIMEOUT_HANDLING:
+        raise ValueError(f"unknown timeout handling {handling!r}")
+    TIMEOUTS.labels(binding, handling).inc()
+
+
+def add_overrunning(binding: str, delta: int) -> None:
+    """A sync call of ``binding`` went past its timeout (+1) or finally returned (-1)."""
+    OVERRUNNING.labels(binding).inc(delta)
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> int:

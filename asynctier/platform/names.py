@@ -23,6 +23,8 @@ H_ATTEMPTS_MADE = "asynctier.attempts-made"
 H_REASON = "asynctier.reason"
 H_CHARGED = "asynctier.charged"
 H_REPLAYED = "asynctier.replayed"
+#: A Kafka record moved into the queue keeps its key in this header (queue items have none).
+H_KEY = "asynctier.key"
 PLATFORM_HEADERS = (
     H_BINDING,
     H_ATTEMPT,
@@ -34,6 +36,7 @@ PLATFORM_HEADERS = (
     H_REASON,
     H_CHARGED,
     H_REPLAYED,
+    H_KEY,
 )
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -77,6 +80,26 @@ class Names:
         """The consumer group that remembers how far ``dlq replay`` has gone."""
         return f"{self.prefix}.dlq-replay.{binding}"
 
+    def moved_topic(self, binding: str) -> str:
+        """The queue topic (in the binding's tenant namespace) into which a Kafka binding
+        with long work moves its records (``Binding.moved_to_queue``)."""
+        return f"{self.prefix}.moved.{binding}"
+
     def redis_key(self, *parts: str) -> str:
         """A Redis key under the prefix: ``asynctier:rate:<binding>`` and so on."""
         return ":".join((self.prefix, *parts))
+
+    def redis_tagged_key(self, tag: str, *parts: str) -> str:
+        """A Redis key with the hash tag ``{tag}``: ``asynctier:{tenant:acme}:quota``.
+
+        Redis Cluster puts every key of one tag in one slot, so one Lua script may touch
+        them all; binding, tenant and prefix names hold no brace."""
+        return ":".join((self.prefix, "{" + tag + "}", *parts))
+
+    def tenant_key(self, tenant: str, *parts: str) -> str:
+        """A key of one tenant (its quota, usage, charges, enqueue capacity)."""
+        return self.redis_tagged_key(f"tenant:{tenant}", *parts)
+
+    def once_key(self, binding: str, *parts: str) -> str:
+        """A run-once key of one binding (claims, done bitmaps, holders)."""
+        return self.redis_tagged_key(f"once:{binding}", *parts)

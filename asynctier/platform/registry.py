@@ -19,7 +19,12 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError, BindingError
-from asynctier.platform.kafka import ConfirmingProducer, admin, ensure_topics
+from asynctier.platform.kafka import (
+    ConfirmingProducer,
+    admin,
+    ensure_topics,
+    topic_replication,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +42,7 @@ class BindingRegistry:
         """Create the compacted bindings topic when it is missing."""
         ensure_topics(admin(self.settings), {
             self.topic: (1, {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}),
-        })
+        }, replication=topic_replication(self.settings))
 
     def put(self, binding: Binding) -> None:
         """Store a (validated) binding; returns once the broker confirmed it."""

@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import itertools
 import logging
+import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 import grpc
 
 from asynctier.platform.errors import SchedulerUnavailable
+from asynctier.platform.stream import RUN, STREAM_VERSION, Event, StreamCall
 from asynctier.platform.wire import (
     TOO_LARGE,
     Item,
@@ -75,6 +77,8 @@ CHANNEL_OPTIONS = [
 ]
 
 SubmitFn = Callable[[bytes, Any], Awaitable[bytes]]
+#: The run stream's method (:mod:`asynctier.platform.stream`): requests in, messages out.
+RunFn = Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]
 
 
 def header_bytes(headers: Iterable[tuple[str, bytes | None]]) -> int:
@@ -120,22 +124,27 @@ def died_mid_call(exc: grpc.RpcError) -> bool:
     return code == grpc.StatusCode.UNAVAILABLE and "failed to connect" not in details
 
 
-def submit_handler(submit: SubmitFn) -> grpc.GenericRpcHandler:
-    """A gRPC handler for ``Submit`` calling ``await submit(request_bytes, context)``; a
+def submit_handler(submit: SubmitFn, run: RunFn | None = None) -> grpc.GenericRpcHandler:
+    """A gRPC handler for ``Submit`` calling ``await submit(request_bytes, context)``, and
+    for the run stream (``run(requests, context)`` yields the messages) when given; a
     submit in another wire version is refused (UNIMPLEMENTED), saying so."""
-    return _SubmitHandler(submit)
+    return _SubmitHandler(submit, run)
 
 
 class _SubmitHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
-    def __init__(self, submit: SubmitFn) -> None:
+    def __init__(self, submit: SubmitFn, run: RunFn | None = None) -> None:
         self._submit = grpc.unary_unary_rpc_method_handler(
             submit, request_deserializer=None, response_serializer=None)
+        self._run = None if run is None else grpc.stream_stream_rpc_method_handler(
+            run, request_deserializer=None, response_serializer=None)
         self._logged = -WRONG_WIRE_LOG_EVERY_S
 
     def service(self, handler_call_details: Any) -> Any:
         method = handler_call_details.method
         if method == SUBMIT:
             return self._submit
+        if method == RUN and self._run is not None:
+            return self._run
         if method.startswith(SUBMIT_PREFIX):
             theirs = _version_of(method)
 
@@ -172,8 +181,9 @@ class PendingCall:
     """A submit call under way; :meth:`result` waits for its outcomes."""
 
     def __init__(self, client: SchedulerClient, items: list[Item] | None, payload: bytes,
-                 count: int | None = None) -> None:
+                 count: int | None = None, spread: str | None = None) -> None:
         self.client = client
+        self.spread = spread  # calls of one spread key go round the schedulers in turn
         self._items = items
         self.count = len(items) if items is not None else (count or 0)
         self.payload = payload
@@ -181,7 +191,7 @@ class PendingCall:
         if len(payload) > MAX_REQUEST_BYTES:
             self.address, self.future = "", self._too_large()
         else:
-            self.address, self.future = client._send(payload)
+            self.address, self.future = client._send(payload, spread)
 
     @property
     def items(self) -> list[Item]:
@@ -224,7 +234,7 @@ class PendingCall:
             if self.crashes >= CRASHES_BEFORE_ISOLATING:
                 return self._isolate(stop)
             self.client._wait_for_one(stop)
-            self.address, self.future = self.client._send(self.payload)
+            self.address, self.future = self.client._send(self.payload, self.spread)
 
     def _too_large(self) -> Future[bytes]:
         """The answer to a call too large to send: every item failed (a dead letter)."""
@@ -266,14 +276,22 @@ class PendingCall:
 
 
 class SchedulerClient:
-    """Sends batches to schedulers; ``addresses()`` gives the live ones (re-read often)."""
+    """Sends batches to schedulers; ``addresses()`` gives the live ones (re-read often).
 
-    def __init__(self, addresses: Addresses, call_timeout_s: float = 900.0,
+    A call has no deadline by default (``call_timeout_s=None``): a batch takes as long as
+    its items, each ended by its binding's ``--timeout`` (up to 1 h) in the scheduler, and
+    a deadline shorter than that would cut a long batch off and send it again, a limit
+    silently lower than the binding's. A scheduler that died or became unreachable is
+    found by gRPC keepalive (a ping every 10 s, 5 s to answer) and the batch goes
+    elsewhere."""
+
+    def __init__(self, addresses: Addresses, call_timeout_s: float | None = None,
                  wait_for_scheduler: bool = True) -> None:
         self._addresses = addresses
         self._channels: dict[str, tuple[grpc.Channel, Any]] = {}
         self._down: dict[str, float] = {}
         self._rr = itertools.count()
+        self._rr_by: dict[str, Iterator[int]] = {}
         self._timeout = call_timeout_s
         self._lock = threading.Lock()
         self._wrong_wire_logged: dict[str, float] = {}
@@ -286,19 +304,53 @@ class SchedulerClient:
         """Start a submit call for one batch; :meth:`PendingCall.result` waits for it."""
         return PendingCall(self, items, encode_items(items))
 
-    def submit_encoded(self, payload: bytes, count: int) -> PendingCall:
-        """Start a submit call for a batch already encoded (see :class:`wire.Columns`)."""
-        return PendingCall(self, None, payload, count)
+    def submit_encoded(self, payload: bytes, count: int,
+                       spread: str | None = None) -> PendingCall:
+        """Start a submit call for a batch already encoded (see :class:`wire.Columns`).
+        The calls of one ``spread`` key (a binding) go round the live schedulers in turn,
+        so that every scheduler holds work of every busy binding and tenant (and so serves
+        the tenants by their weights)."""
+        return PendingCall(self, None, payload, count, spread)
 
-    def _pick(self) -> str | None:
+    def open_stream(self, first: bytes, items: Sequence[Any],
+                    events: queue.Queue[Event]) -> StreamCall | None:
+        """Open a run stream for one batch (:mod:`asynctier.platform.stream`) on a live
+        scheduler; None when none is known (the caller waits and tries again)."""
+        address = self._pick()
+        if address is None:
+            known = list(self._addresses())
+            if not known:
+                self._no_scheduler()
+                return None
+            address = known[next(self._rr) % len(known)]
+        self._stub(address)
+        with self._lock:
+            channel = self._channels[address][0]
+        stub = channel.stream_stream(RUN, request_serializer=None, response_deserializer=None)
+        return StreamCall(address, stub, first, events, items)
+
+    def stream_failed(self, call: StreamCall, code: grpc.StatusCode | None,
+                      error: str) -> None:
+        """A run stream broke: leave its scheduler alone for a while (as a failed call)."""
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            log.error("scheduler %s has no run stream of version %s (%s): run the same "
+                      "asynctier version on tailers and schedulers", call.address,
+                      STREAM_VERSION, error)
+            self._mark_down(call.address, WRONG_WIRE_BACKOFF_S, close=False)
+        elif code != grpc.StatusCode.CANCELLED:  # a dead scheduler's channel is no good
+            self._mark_down(call.address, close=code == grpc.StatusCode.UNAVAILABLE)
+
+    def _pick(self, spread: str | None = None) -> str | None:
         now = time.monotonic()
         live = [a for a in self._addresses() if self._down.get(a, 0.0) <= now]
         if not live:
             return None
-        return live[next(self._rr) % len(live)]
+        turn = self._rr if spread is None else self._rr_by.setdefault(spread,
+                                                                     itertools.count())
+        return live[next(turn) % len(live)]
 
-    def _send(self, payload: bytes) -> tuple[str, Any]:
-        address = self._pick()
+    def _send(self, payload: bytes, spread: str | None = None) -> tuple[str, Any]:
+        address = self._pick(spread)
         if address is None:  # everyone is marked down: try the first known one anyway
             known = list(self._addresses())
             if not known:

@@ -14,7 +14,7 @@ import io
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 import fastavro
 
@@ -31,6 +31,7 @@ FUNCTION_ERROR = "function_error"  # the function is not found or its module not
 TIMEOUT = "timeout"  # the function ran past the binding's timeout
 MAX_ATTEMPTS = "max_attempts"  # the binding's max attempts are spent
 BINDING_REMOVED = "binding_removed"  # the binding went away while the record waited
+EXPIRED = "expired"  # not started within the binding's --expire-after: never run late
 
 
 class Header(TypedDict):
@@ -53,6 +54,10 @@ class Item(TypedDict):
     record_time_ms: int
     priority: int  # higher runs first within a binding (a queue item's; 0 for a topic's)
     deadline_ms: int | None  # epoch ms by which it should start, when the source says
+    # Never on the wire: set by the scheduler for an item of a run stream
+    # (asynctier.platform.stream), for its ctx.resumed and ctx.checkpoint.
+    resumed: NotRequired[Any]
+    saver: NotRequired[Any]
 
 
 class Outcome(TypedDict):

@@ -26,6 +26,8 @@ MAX_ID_CHARS = 200
 MAX_LEASE_BATCH = 10_000
 #: The longest delay or lease (365 days), in seconds.
 MAX_DELAY_S = 365 * 86400.0
+#: How a checkpoint's bytes are to be read back: JSON text, or the bytes as saved.
+CHECKPOINT_KINDS = ("json", "bytes")
 
 # The same rules as Kafka topic names and binding tenants (asynctier.platform.binding).
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -77,6 +79,23 @@ class Leased:
     deliver_after_ms: int
     lease_expires_ms: int
     lease_ran_out: bool = False
+    checkpoint: bytes | None = None
+    checkpoint_kind: str | None = None
+
+
+@dataclass(frozen=True)
+class Running:
+    """One item running now (leased): how long its lease has run, how long ago its
+    scheduler last reported it alive, and its last checkpoint (None: none yet)."""
+
+    topic: str
+    id: str
+    attempt: int
+    owner: str
+    age_s: float
+    heartbeat_age_s: float | None
+    checkpoint_age_s: float | None
+    checkpoint_bytes: int | None
 
 
 @dataclass(frozen=True)
@@ -146,6 +165,10 @@ class ItemInfo:
     last_error: str = ""
     reason: str = ""
     dead_ms: int | None = None
+    leased_ms: int | None = None
+    heartbeat_ms: int | None = None
+    checkpoint_bytes: int | None = None
+    checkpoint_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from asynctier.queue.items import (
     Nack,
     NewItem,
     Resolved,
+    Running,
     TopicCounts,
     check_namespace,
 )
@@ -110,6 +111,21 @@ class ShardedQueue:
         """:meth:`QueueStore.extend_lease` on the topic's shard."""
         return self.shard_of(namespace, topic).extend_lease(namespace, topic, owner, ids,
                                                             lease_s)
+
+    def save_checkpoint(self, namespace: str, topic: str, owner: str, item_id: str,
+                        state: bytes, kind: str, lease_s: float) -> bool:
+        """:meth:`QueueStore.save_checkpoint` on the topic's shard."""
+        return self.shard_of(namespace, topic).save_checkpoint(namespace, topic, owner,
+                                                               item_id, state, kind, lease_s)
+
+    def running(self, namespace: str, topic: str | None = None,
+                limit: int = 20) -> list[Running]:
+        """:meth:`QueueStore.running`: of the topic's shard, or of every shard (the
+        longest running first)."""
+        if topic is not None:
+            return self.shard_of(namespace, topic).running(namespace, topic, limit)
+        found = [r for store in self.stores for r in store.running(namespace, None, limit)]
+        return sorted(found, key=lambda r: -r.age_s)[:limit]
 
     def get(self, namespace: str, topic: str, item_id: str) -> ItemInfo | None:
         """:meth:`QueueStore.get` on the topic's shard."""

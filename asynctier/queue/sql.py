@@ -78,18 +78,19 @@ WITH picked AS (
 ), buried AS ({_BURY}), leased AS (
     UPDATE {ITEMS} i
     SET attempts = i.attempts + 1, lease_owner = %(owner)s,
-        lease_expires = {NOW} + %(lease_ms)s, deliver_after = {NOW} + %(lease_ms)s
+        lease_expires = {NOW} + %(lease_ms)s, deliver_after = {NOW} + %(lease_ms)s,
+        leased_ms = {NOW}, heartbeat_ms = {NOW}
     FROM picked p
     WHERE i.namespace = %(ns)s AND i.topic = %(topic)s
       AND i.id = ANY(ARRAY(SELECT id FROM picked)) AND i.id = p.id
       AND p.id NOT IN (SELECT id FROM doomed)
     RETURNING i.id, i.payload, i.headers, i.priority, i.attempts, i.enqueued_ms,
               p.deliver_after, i.lease_expires, i.seq,
-              p.lease_owner IS NOT NULL AS lease_ran_out
+              p.lease_owner IS NOT NULL AS lease_ran_out, i.checkpoint, i.checkpoint_kind
 )
 SELECT * FROM leased
 UNION ALL  -- one row (id NULL) per item moved to the dead items instead
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM doomed
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM doomed
 """
 
 ACK = f"""
@@ -102,6 +103,7 @@ RETURNING id
 NACK = f"""
 UPDATE {ITEMS} i
 SET deliver_after = {NOW} + n.delay_ms, lease_owner = NULL, lease_expires = NULL,
+    leased_ms = NULL, heartbeat_ms = NULL,
     attempts = GREATEST(0, i.attempts - CASE WHEN n.spend THEN 0 ELSE 1 END),
     last_error = CASE WHEN n.error = '' THEN i.last_error ELSE n.error END
 FROM unnest(%(ids)s::text[], %(delay_ms)s::bigint[], %(spend)s::bool[], %(errors)s::text[])
@@ -123,7 +125,8 @@ WITH removed AS (
 
 EXTEND = f"""
 UPDATE {ITEMS}
-SET lease_expires = {NOW} + %(lease_ms)s, deliver_after = {NOW} + %(lease_ms)s
+SET lease_expires = {NOW} + %(lease_ms)s, deliver_after = {NOW} + %(lease_ms)s,
+    heartbeat_ms = {NOW}
 WHERE namespace = %(ns)s AND topic = %(topic)s AND id = ANY(%(ids)s::text[])
   AND lease_owner = %(owner)s
 RETURNING id
@@ -131,7 +134,8 @@ RETURNING id
 
 GET_LIVE = f"""
 SELECT id, priority, payload, headers, attempts, enqueued_ms, deliver_after, lease_owner,
-       lease_expires, expires_ms, last_error, {NOW}
+       lease_expires, expires_ms, last_error, {NOW}, leased_ms, heartbeat_ms,
+       octet_length(checkpoint), checkpoint_ms
 FROM {ITEMS} WHERE namespace = %s AND topic = %s AND id = %s
 """
 
@@ -203,6 +207,28 @@ SELECT namespace, topic, id, priority, {NOW}, payload, headers, 0, enqueued_ms, 
 FROM moved ORDER BY dead_ms, id
 ON CONFLICT DO NOTHING
 RETURNING id
+"""
+
+#: Save one leased item's checkpoint (only while ``owner`` holds it); a checkpoint is a
+#: heartbeat too, so the lease is extended from now.
+CHECKPOINT = f"""
+UPDATE {ITEMS}
+SET checkpoint = %(state)s, checkpoint_kind = %(kind)s, checkpoint_ms = {NOW},
+    heartbeat_ms = {NOW}, lease_expires = {NOW} + %(lease_ms)s,
+    deliver_after = {NOW} + %(lease_ms)s
+WHERE namespace = %(ns)s AND topic = %(topic)s AND id = %(id)s AND lease_owner = %(owner)s
+RETURNING id
+"""
+
+#: The items running now (leased) of a namespace's topics, the longest running first.
+RUNNING = f"""
+SELECT topic, id, attempts, lease_owner, {NOW} - leased_ms, {NOW} - heartbeat_ms,
+       {NOW} - checkpoint_ms, octet_length(checkpoint)
+FROM {ITEMS}
+WHERE namespace = %(ns)s AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+  AND lease_owner IS NOT NULL AND deliver_after > {NOW}
+ORDER BY leased_ms, id
+LIMIT %(limit)s
 """
 
 TOPICS_ALL = f"SELECT namespace, topic FROM {TOPICS} ORDER BY namespace, topic"

@@ -31,6 +31,7 @@ from asynctier.platform.errors import QueueError, QueueUnavailable
 from asynctier.queue import sql
 from asynctier.queue.dsn import redact_dsn
 from asynctier.queue.items import (
+    CHECKPOINT_KINDS,
     MAX_LEASE_BATCH,
     Dead,
     DeadItem,
@@ -41,6 +42,7 @@ from asynctier.queue.items import (
     Nack,
     NewItem,
     Resolved,
+    Running,
     State,
     TopicCounts,
     check_id,
@@ -188,7 +190,9 @@ class QueueStore:
         return [Leased(id=r[0], namespace=namespace, topic=topic, payload=r[1],
                        headers=decode_headers(r[2]), priority=r[3], attempt=r[4],
                        enqueued_ms=r[5], deliver_after_ms=r[6], lease_expires_ms=r[7],
-                       lease_ran_out=bool(r[9]))
+                       lease_ran_out=bool(r[9]),
+                       checkpoint=None if r[10] is None else bytes(r[10]),
+                       checkpoint_kind=r[11])
                 for r in rows]
 
     def resolve(self, namespace: str, topic: str, owner: str, acks: Sequence[str] = (),
@@ -242,6 +246,36 @@ class QueueStore:
         with self._conn() as conn:
             held = {row[0] for row in conn.execute(sql.EXTEND, params).fetchall()}
         return [i for i in ids if i in held]
+
+    def save_checkpoint(self, namespace: str, topic: str, owner: str, item_id: str,
+                        state: bytes, kind: str, lease_s: float) -> bool:
+        """Store a leased item's checkpoint (durable on return) and extend its lease by
+        ``lease_s`` from now; False when ``owner`` no longer holds the item (nothing
+        written)."""
+        _check_topic_args(namespace, topic)
+        _check_lease(lease_s, topic)
+        if kind not in CHECKPOINT_KINDS:
+            raise QueueError(f"checkpoint of {item_id!r} in {topic!r}: kind {kind!r} is not "
+                             f"one of {', '.join(CHECKPOINT_KINDS)}")
+        params = {"ns": namespace, "topic": topic, "owner": owner, "id": item_id,
+                  "state": state, "kind": kind, "lease_ms": round(lease_s * 1000)}
+        with self._conn() as conn:
+            return conn.execute(sql.CHECKPOINT, params).fetchone() is not None
+
+    def running(self, namespace: str, topic: str | None = None,
+                limit: int = 20) -> list[Running]:
+        """The items leased now (of ``topic``, or of every topic of ``namespace``), the
+        longest running first, at most ``limit``."""
+        check_namespace(namespace)
+        if topic is not None:
+            check_topic(topic)
+        with self._conn() as conn:
+            rows = conn.execute(sql.RUNNING, {"ns": namespace, "topic": topic,
+                                              "limit": limit}).fetchall()
+        return [Running(topic=r[0], id=r[1], attempt=r[2], owner=r[3],
+                        age_s=_seconds(r[4]) or 0.0, heartbeat_age_s=_seconds(r[5]),
+                        checkpoint_age_s=_seconds(r[6]), checkpoint_bytes=r[7])
+                for r in rows]
 
     # ----------------------------------------------------------------- looking
 
@@ -328,7 +362,8 @@ def decode_headers(doc: Any) -> tuple[Header, ...]:
 
 def _live_info(namespace: str, topic: str, r: tuple[Any, ...]) -> ItemInfo:
     (item_id, priority, payload, headers, attempts, enqueued_ms, deliver_after, owner,
-     lease_expires, expires_ms, last_error, now_ms) = r
+     lease_expires, expires_ms, last_error, now_ms, leased_ms, heartbeat_ms, checkpoint_bytes,
+     checkpoint_ms) = r
     state: State = "ready"
     if deliver_after > now_ms:
         state = "leased" if owner is not None else "delayed"
@@ -336,7 +371,9 @@ def _live_info(namespace: str, topic: str, r: tuple[Any, ...]) -> ItemInfo:
                     priority=priority, payload=payload, headers=decode_headers(headers),
                     attempts=attempts, enqueued_ms=enqueued_ms, deliver_after_ms=deliver_after,
                     lease_owner=owner, lease_expires_ms=lease_expires, expires_ms=expires_ms,
-                    last_error=last_error)
+                    last_error=last_error, leased_ms=leased_ms if owner else None,
+                    heartbeat_ms=heartbeat_ms if owner else None,
+                    checkpoint_bytes=checkpoint_bytes, checkpoint_ms=checkpoint_ms)
 
 
 def _dead_item(namespace: str, topic: str, r: tuple[Any, ...]) -> DeadItem:
@@ -370,6 +407,11 @@ def _check_distinct(ids: Sequence[str], topic: str) -> None:
 def _text(text: str) -> str:
     """An error or reason as PostgreSQL text stores it (no NUL characters)."""
     return text.replace("\x00", "\ufffd")
+
+
+def _seconds(ms: int | None) -> float | None:
+    """Milliseconds (or None) as seconds."""
+    return None if ms is None else ms / 1000.0
 
 
 def _first_line(exc: BaseException) -> str:

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-from redis.asyncio import Redis
 
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
 from asynctier.platform.limits.capacity import EnqueueCapacity
+from asynctier.platform.redis_client import async_client
 from asynctier.platform.scheduler.bindings import BindingSource, FollowedBindings
 from asynctier.platform.scheduler.server import SERVER_OPTIONS, advertised
 from asynctier.queue.shards import ShardedQueue
@@ -68,7 +68,7 @@ async def serve_submitter(settings: Settings, *, listen: str | None, stop: threa
         bindings = followed
     queue = ShardedQueue.from_settings(settings, pool_size=8)
     kafka = KafkaWriter(settings)
-    redis = Redis.from_url(settings.redis_url, socket_timeout=5.0, socket_connect_timeout=5.0)
+    redis = async_client(settings.redis_url, socket_timeout=5.0, socket_connect_timeout=5.0)
     backlog = (None if options.max_backlog is None
                else Backlog(settings, queue, options.max_backlog, options.backlog_recheck_s))
     submitter = Submitter(bindings, queue, kafka, EnqueueCapacity(redis, settings.names),

@@ -53,6 +53,7 @@ from asynctier.platform.kafka import (
     leave_group,
     tailer_consumer_config,
     take_over,
+    topic_replication,
 )
 from asynctier.platform.registry import RegistryFollower
 from asynctier.platform.rpc import SchedulerClient
@@ -358,7 +359,8 @@ class DelayTailer:
         if topic in self._dlq_ready:
             return
         try:
-            ensure_topics(admin(self.settings), {topic: (1, dlq_topic_config())})
+            ensure_topics(admin(self.settings), {topic: (1, dlq_topic_config())},
+                          replication=topic_replication(self.settings))
             self._dlq_ready.add(topic)
         except AsynctierError as exc:
             log.error("delay %s: could not create %s: %s", self.interval, topic, exc)

@@ -285,7 +285,7 @@ class KafkaTailer:
 
     def open(self) -> Pipeline:
         """Make the consumer, the source and the pipeline, and subscribe."""
-        source = KafkaSource(self.settings, self.binding, None, self.handoff, self.options)
+        source = self._source()
         consumer = self._consumer_factory({
             **consumer_config(self.settings, self.group, self.options),
             "on_commit": source.on_commit})
@@ -297,6 +297,10 @@ class KafkaTailer:
         consumer.subscribe([self.binding.topic], on_assign=source.on_assign,
                            on_revoke=source.on_revoke, on_lost=source.on_lost)
         return pipeline
+
+    def _source(self) -> KafkaSource:
+        """The source of this tailer (its consumer is set by :meth:`open`)."""
+        return KafkaSource(self.settings, self.binding, None, self.handoff, self.options)
 
     def run(self, stop: threading.Event) -> None:
         """Tail until ``stop`` is set, then finish and commit the batches under way."""

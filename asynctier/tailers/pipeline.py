@@ -120,7 +120,7 @@ class Pipeline:
         items = len(prepared.records) if prepared.items is None else prepared.items
         if prepared.request is not None:
             self.hook("before-rpc")
-            call = self.client.submit_encoded(prepared.request, items)
+            call = self.client.submit_encoded(prepared.request, items, self.metric_name)
         self.in_flight.append(Batch(prepared.records, call, items, prepared.mark,
                                     prepared.extra))
         self.hook("mid-batch")

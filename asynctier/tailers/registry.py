@@ -43,6 +43,10 @@ def _kafka_prepare(settings: Settings, bindings: list[Binding]) -> None:
 
 def _kafka_tailer(settings: Settings, binding: Binding, client: SchedulerClient,
                   options: TailerOptions, hook: Hook) -> Tailer:
+    if binding.moved_to_queue:  # long work: moved into the queue, run there with leases
+        from asynctier.tailers.moved import MovedTailer
+
+        return MovedTailer(settings, binding, client, options, hook=hook)
     from asynctier.tailers.kafka import KafkaTailer
 
     return KafkaTailer(settings, binding, client, options, hook=hook)

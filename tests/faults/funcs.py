@@ -53,3 +53,28 @@ def run(payload: Any, ctx: Context) -> None:
     if ctx.attempt < int(payload.get("fail_until", 0)):
         raise RuntimeError(f"record {ident} fails on attempt {ctx.attempt}")
     _write(f"{ident} {ctx.attempt} {time.time():.6f} D {os.getpid()} {ctx.source}\n")
+
+
+def long_run(payload: Any, ctx: Context) -> None:
+    """Long work with checkpoints: ``{"id": 1, "seconds": 90, "every": 10}`` works
+    ``seconds`` in steps of ``every``, saving ``{"done": s}`` after each step, and resumes
+    from ``ctx.resumed``. The ledger gets its start (S) and success (D) lines as
+    :func:`run` writes them, and ``<ledger>.progress`` one line per step:
+    ``id attempt resumed_from done epoch pid``. A payload without ``seconds`` is quick:
+    :func:`run`."""
+    if "seconds" not in payload:
+        run(payload, ctx)
+        return
+    ident, total, every = payload["id"], float(payload["seconds"]), float(payload["every"])
+    _write(f"{ident} {ctx.attempt} {time.time():.6f} S {os.getpid()} {ctx.source}\n")
+    resumed = float(ctx.resumed["done"]) if ctx.resumed else 0.0
+    done = resumed
+    with open(os.environ["ASYNCTIER_TEST_LEDGER"] + ".progress", "a") as progress:
+        while done < total:
+            time.sleep(every)
+            done = min(total, done + every)
+            ctx.checkpoint({"done": done})
+            progress.write(f"{ident} {ctx.attempt} {resumed:g} {done:g} {time.time():.6f} "
+                           f"{os.getpid()}\n")
+            progress.flush()
+    _write(f"{ident} {ctx.attempt} {time.time():.6f} D {os.getpid()} {ctx.source}\n")

@@ -16,11 +16,10 @@ import math
 import time
 from collections.abc import Callable
 
-from redis.asyncio import Redis
-
 from asynctier.platform.binding import Binding
 from asynctier.platform.limits.scripts import TAKE_TOKENS
 from asynctier.platform.names import Names
+from asynctier.platform.redis_client import AsyncRedis
 
 
 def burst_of(binding: Binding) -> float:
@@ -75,7 +74,7 @@ class RedisBucket:
     ``SPARE_S`` instead of one per batch.
     """
 
-    def __init__(self, client: Redis, names: Names,
+    def __init__(self, client: AsyncRedis, names: Names,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._names = names
         self._take = client.register_script(TAKE_TOKENS)

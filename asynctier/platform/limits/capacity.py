@@ -9,27 +9,26 @@ limit.
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
-
 from asynctier.platform.limits.scripts import TAKE_ENQUEUE_CAPACITY
 from asynctier.platform.names import Names
+from asynctier.platform.redis_client import AsyncRedis
 
 
 class EnqueueCapacity:
     """Reads, sets and takes tenants' enqueue capacity."""
 
-    def __init__(self, client: Redis, names: Names) -> None:
+    def __init__(self, client: AsyncRedis, names: Names) -> None:
         self._client = client
         self._names = names
         self._take = client.register_script(TAKE_ENQUEUE_CAPACITY)
 
     def key(self, tenant: str) -> str:
         """The Redis key of a tenant's capacity (workloads per minute)."""
-        return self._names.redis_key("enqueue-capacity", tenant)
+        return self._names.tenant_key(tenant, "enqueue-capacity")
 
     def used_key(self, tenant: str) -> str:
         """The Redis key of what a tenant used in the current minute."""
-        return self._names.redis_key("enqueue-used", tenant)
+        return self._names.tenant_key(tenant, "enqueue-used")
 
     async def set(self, tenant: str, per_minute: int | None) -> None:
         """Set (or with None remove) a tenant's capacity."""

@@ -22,13 +22,12 @@ import random
 import uuid
 from collections import deque
 
-from redis.asyncio import Redis
-
 from asynctier.platform.binding import Binding
 from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.limits.outage import REDIS_DOWN
 from asynctier.platform.limits.scripts import ACQUIRE_LEASE, RENEW_LEASES
 from asynctier.platform.names import Names
+from asynctier.platform.redis_client import AsyncRedis
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +87,7 @@ class LocalLimit:
 class LeasePool:
     """Leases of concurrency slots in Redis, global across schedulers, renewed while held."""
 
-    def __init__(self, client: Redis, names: Names, lease_s: float = DEFAULT_LEASE_S) -> None:
+    def __init__(self, client: AsyncRedis, names: Names, lease_s: float = DEFAULT_LEASE_S) -> None:
         self._names = names
         self._lease_ms = int(lease_s * 1000)
         self._acquire = client.register_script(ACQUIRE_LEASE)

@@ -16,9 +16,11 @@ of one record is the same record here):
   is freed only while this scheduler's claim is its newest state, and one that another
   copy completed meanwhile is answered ``ok``.
 
-A scheduler is alive while its holder key (``<prefix>:once-holder:<holder>``) exists: set
-with every claim and renewed by a heartbeat while it holds claims, it expires
-``holder_ttl_s`` after the scheduler dies. What this cannot prevent is a function that
+A scheduler is alive while its holder key (``<prefix>:{once:<binding>}:holder:<holder>``,
+one per binding it claims records of) exists: set with every claim and renewed by a
+heartbeat while it holds claims, it expires ``holder_ttl_s`` after the scheduler dies.
+Every key of a binding's run-once state carries the hash tag ``{once:<binding>}``: one
+script call touches one Redis Cluster slot. What this cannot prevent is a function that
 succeeded in a scheduler killed before :data:`FINISH` ran: that record runs again (at
 least once wins over at most once). The cost is one round trip per batch and one per write,
 about 3 µs of Redis CPU per record (claimed, run and written down; ``python -m
@@ -32,13 +34,10 @@ idempotent should say so (``asynctier bind --idempotent``) and skip all of it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Sequence
 from typing import Final
-
-from redis.asyncio import Redis
 
 from asynctier.platform.admission import BUSY, RUN, TAKEN_OVER
 from asynctier.platform.cancel import cancel_and_wait
@@ -47,6 +46,7 @@ from asynctier.platform.limits.outage import REDIS_DOWN
 from asynctier.platform.limits.quota import as_text, join_refs
 from asynctier.platform.limits.scripts import lua
 from asynctier.platform.names import Names
+from asynctier.platform.redis_client import AsyncRedis
 from asynctier.platform.wire import Item, Outcome
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ DEFAULT_HOLDER_TTL_S = 5.0
 MINE: Final = "4"
 
 #: Records are kept per binding per span of ``done_ttl_s / 3``, under
-#: ``<prefix>:once:<binding>:<span number>``:
+#: ``<prefix>:{once:<binding>}:<span number>``:
 #:
 #: - claims in a hash at that key: field the source reference, value ``r<holder>``; a
 #:   record's claim is deleted when it ends (done or freed), so the hash holds only the
@@ -111,7 +111,8 @@ def _settle(waiters: list[asyncio.Future[set[str]]], result: set[str] | None = N
 class RunOnce:
     """Claims records for this scheduler and remembers the ones that succeeded."""
 
-    def __init__(self, client: Redis, names: Names, done_ttl_s: float = DEFAULT_DONE_TTL_S,
+    def __init__(self, client: AsyncRedis, names: Names,
+                 done_ttl_s: float = DEFAULT_DONE_TTL_S,
                  holder_ttl_s: float = DEFAULT_HOLDER_TTL_S) -> None:
         self._client = client
         self._names = names
@@ -120,7 +121,6 @@ class RunOnce:
         self.holder = uuid.uuid4().hex[:12]
         self._span_ms = max(1, int(done_ttl_s * 1000 / (SPANS_KEPT - 1)))
         self._holder_ms = int(holder_ttl_s * 1000)
-        self._holders = names.redis_key("once-holder", "")
         self._running: dict[str, set[str]] = {}  # per binding: refs claimed, not finished
         self._heartbeat: asyncio.Task[None] | None = None
         # chunks ended and not yet written: per binding, the done and the free refs
@@ -131,15 +131,23 @@ class RunOnce:
 
     def prefix(self, binding: str) -> str:
         """The prefix of ``binding``'s hashes (the span number follows)."""
-        return self._names.redis_key("once", binding, "")
+        return self._names.once_key(binding, "")
+
+    def holders(self, binding: str) -> str:
+        """The prefix of ``binding``'s holder keys (the holder follows)."""
+        return self._names.once_key(binding, "holder", "")
+
+    def holder_key(self, binding: str) -> str:
+        """This scheduler's holder key for ``binding``."""
+        return self.holders(binding) + self.holder
 
     async def claim(self, binding: str, items: Sequence[Item]) -> str:
         """One code per item (see :data:`RUN` and the others)."""
         if not items:
             return ""
         refs = [item["source_ref"] for item in items]
-        codes = await self._claim(args=[
-            self.holder, self._holders, self._holder_ms, self._span_ms,
+        codes = await self._claim(keys=[self.holder_key(binding)], args=[
+            self.holder, self.holders(binding), self._holder_ms, self._span_ms,
             self.prefix(binding), join_refs(refs)])
         text = as_text(codes)
         running = self._running.setdefault(binding, set())
@@ -207,10 +215,10 @@ class RunOnce:
                     _settle(mine, exception=down)
                     continue
                 try:
-                    codes = await self._finish(args=[self._span_ms, self.prefix(binding),
-                                                     join_refs(done) if done else "",
-                                                     join_refs(free) if free else "",
-                                                     self.holder])
+                    args: list[str | int] = [
+                        self._span_ms, self.prefix(binding), join_refs(done) if done else "",
+                        join_refs(free) if free else "", self.holder]
+                    codes = await self._finish(keys=[self.holder_key(binding)], args=args)
                     text = as_text(codes)
                     elsewhere = ({ref for ref, code in zip(free, text, strict=True)
                                   if code == "1"} if "1" in text else set())
@@ -230,8 +238,11 @@ class RunOnce:
         """Stop the heartbeat and drop the holder key: claims left here are free at once."""
         if self._heartbeat is not None:
             await cancel_and_wait(self._heartbeat)
-        with contextlib.suppress(*REDIS_DOWN):
-            await self._client.delete(self._holders + self.holder)
+        for binding in self._running:  # one key at a time: each has its own slot
+            try:
+                await self._client.delete(self.holder_key(binding))
+            except REDIS_DOWN:
+                return  # Redis is away: the holder keys expire by themselves
 
     def _ensure_heartbeat(self) -> None:
         if self._heartbeat is None or self._heartbeat.done():
@@ -240,7 +251,9 @@ class RunOnce:
     async def _beat(self) -> None:
         while any(self._running.values()):
             await asyncio.sleep(self._holder_ms / 3000)
-            try:
-                await self._client.set(self._holders + self.holder, "1", px=self._holder_ms)
-            except REDIS_DOWN as exc:
-                log.debug("could not renew the run-once holder key: %s", exc)
+            for binding in [b for b, refs in self._running.items() if refs]:
+                try:
+                    await self._client.set(self.holder_key(binding), "1", px=self._holder_ms)
+                except REDIS_DOWN as exc:
+                    log.debug("could not renew the run-once holder key of %s: %s",
+                              binding, exc)

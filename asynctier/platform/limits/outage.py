@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from redis.exceptions import ClusterDownError, RedisClusterException, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -19,9 +20,11 @@ from asynctier.platform.binding import Binding
 
 log = logging.getLogger(__name__)
 
-#: Errors that mean "Redis is not there" (refused, reset, timed out, still loading).
+#: Errors that mean "Redis is not there" (refused, reset, timed out, still loading; on a
+#: Redis Cluster also a slot without a master, as while a replica takes over).
 REDIS_DOWN: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError,
-                                               OSError)
+                                               OSError, ClusterDownError, TryAgainError,
+                                               RedisClusterException)
 
 
 class Outage:

@@ -1,9 +1,11 @@
 """Tenant quotas: items per minute and per UTC day, charged once per record.
 
-A quota lives in Redis under ``<prefix>:quota:<tenant>`` (hash ``per_minute``,
+A quota lives in Redis under ``<prefix>:{tenant:<tenant>}:quota`` (hash ``per_minute``,
 ``per_day``; a missing field means no limit on that window) and is set with
 ``asynctier quota set``. The usage of the current windows lives under
-``<prefix>:quota-used:<tenant>``.
+``<prefix>:{tenant:<tenant>}:quota-used`` and the idempotency keys under
+``<prefix>:{tenant:<tenant>}:charged:<binding>:<source_ref>``: one hash tag, so one
+script call touches one Redis Cluster slot.
 
 :class:`RedisQuota` charges a chunk in one round trip (:data:`~.scripts.CHARGE_QUOTA`):
 the items that fit are charged and admitted, the rest come back with the seconds until
@@ -20,11 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
-
 from asynctier.platform.binding import Binding
 from asynctier.platform.limits.scripts import CHARGE_QUOTA
 from asynctier.platform.names import Names
+from asynctier.platform.redis_client import AsyncRedis
 from asynctier.platform.wire import Item
 
 #: A tenant found without a quota is not asked about again for this long.
@@ -62,17 +63,17 @@ class Usage:
 class QuotaStore:
     """Reads and writes tenants' quotas (the ``asynctier quota`` commands)."""
 
-    def __init__(self, client: Redis, names: Names) -> None:
+    def __init__(self, client: AsyncRedis, names: Names) -> None:
         self._client = client
         self._names = names
 
     def key(self, tenant: str) -> str:
         """The Redis key of a tenant's quota."""
-        return self._names.redis_key("quota", tenant)
+        return self._names.tenant_key(tenant, "quota")
 
     def usage_key(self, tenant: str) -> str:
         """The Redis key of a tenant's usage in the current windows."""
-        return self._names.redis_key("quota-used", tenant)
+        return self._names.tenant_key(tenant, "quota-used")
 
     async def set(self, tenant: str, quota: Quota) -> None:
         """Replace a tenant's quota (windows left ``None`` become unlimited)."""
@@ -90,10 +91,10 @@ class QuotaStore:
 
     async def all(self) -> dict[str, Quota]:
         """Every tenant that has a quota."""
-        start = len(self.key(""))
+        head, tail = self.key("\n").split("\n")
         found: dict[str, Quota] = {}
         async for key in self._client.scan_iter(match=self.key("*"), count=500):
-            tenant = as_text(key)[start:]
+            tenant = as_text(key)[len(head):-len(tail)]
             quota = await self.get(tenant)
             if quota is not None:
                 found[tenant] = quota
@@ -115,7 +116,7 @@ class RedisQuota:
     round trip at all, and a quota set for it applies within ``recheck_s``.
     """
 
-    def __init__(self, client: Redis, names: Names, charge_ttl_s: int = DEFAULT_CHARGE_TTL_S,
+    def __init__(self, client: AsyncRedis, names: Names, charge_ttl_s: int = DEFAULT_CHARGE_TTL_S,
                  recheck_s: float = DEFAULT_RECHECK_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._names = names
@@ -126,9 +127,10 @@ class RedisQuota:
         self._clock = clock
         self._no_quota_until: dict[str, float] = {}
 
-    def charged_key(self, binding: str, source_ref: str) -> str:
-        """The idempotency key of one record of one binding."""
-        return self._names.redis_key("charged", binding, escape_ref(source_ref))
+    def charged_key(self, binding: Binding, source_ref: str) -> str:
+        """The idempotency key of one record of one binding (under its tenant's tag)."""
+        return self._names.tenant_key(binding.tenant, "charged", binding.name,
+                                      escape_ref(source_ref))
 
     async def charge(self, binding: Binding, items: Sequence[Item]) -> dict[int, float]:
         """Charge what fits; ``{item id: seconds until it may run}`` for the rest."""
@@ -136,7 +138,7 @@ class RedisQuota:
         if not items or self._no_quota_until.get(tenant, 0.0) > self._clock():
             return {}
         keys = [self._store.key(tenant), self._store.usage_key(tenant)]
-        args: list[str | int] = [self._ttl_s, self.charged_key(binding.name, ""),
+        args: list[str | int] = [self._ttl_s, self.charged_key(binding, ""),
                 join_refs([item["source_ref"] for item in items])]
         flat = await self._charge(keys=keys, args=args)
         if not int(flat[0]):

@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -42,6 +41,7 @@ from asynctier.platform.limits.quota import (
     RedisQuota,
 )
 from asynctier.platform.limits.stats import AdmissionStats
+from asynctier.platform.redis_client import AsyncRedis, async_client
 from asynctier.platform.wire import Item, Outcome
 
 T = TypeVar("T")
@@ -87,7 +87,7 @@ class RedisAdmission:
     """
 
     def __init__(self, settings: Settings, config: AdmissionConfig | None = None,
-                 client: Redis | None = None) -> None:
+                 client: AsyncRedis | None = None) -> None:
         self.config = config or AdmissionConfig()
         self._own_client = client is None
         self._client = client or _client(settings.redis_url, self.config.socket_timeout_s)
@@ -234,7 +234,7 @@ def _nothing_over() -> dict[int, float]:
     return {}
 
 
-def _client(url: str, timeout_s: float) -> Redis:
+def _client(url: str, timeout_s: float) -> AsyncRedis:
     """A client that fails fast (one immediate retry, for a stale pooled connection)."""
-    return Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                          retry=Retry(NoBackoff(), 1))
+    return async_client(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                        retry=Retry(NoBackoff(), 1))

@@ -31,3 +31,5 @@ TAKE_ENQUEUE_CAPACITY: Final = lua("take_enqueue_capacity")
 ACQUIRE_LEASE: Final = lua("acquire_lease")
 #: Extend the concurrency leases a holder still has (``lua/renew_leases.lua``).
 RENEW_LEASES: Final = lua("renew_leases")
+#: A binding's circuit breaker: admit records or report outcomes (``lua/breaker.lua``).
+BREAKER: Final = lua("breaker")

@@ -8,26 +8,31 @@ fair queue: priority tiers and tenant fairness), :mod:`.sizing` (chunk sizes),
 the directory tailers read), :mod:`.options`.
 """
 
-from asynctier.platform.scheduler.bindings import FollowedBindings, StaticBindings
-from asynctier.platform.scheduler.core import Scheduler
-from asynctier.platform.scheduler.membership import (
-    SchedulerDirectory,
-    live_members,
-    live_schedulers,
-)
-from asynctier.platform.scheduler.options import SchedulerOptions
-from asynctier.platform.scheduler.resolver import FunctionResolver
-from asynctier.platform.scheduler.server import run_scheduler, serve_scheduler
+from __future__ import annotations
 
-__all__ = [
-    "FollowedBindings",
-    "FunctionResolver",
-    "Scheduler",
-    "SchedulerDirectory",
-    "SchedulerOptions",
-    "StaticBindings",
-    "live_members",
-    "live_schedulers",
-    "run_scheduler",
-    "serve_scheduler",
-]
+import importlib
+from typing import Any
+
+# Loaded on first use (PEP 562), so that a worker process of ``--isolation process``
+# (:mod:`.worker_main`) imports what it needs only, not the server, gRPC and Redis.
+_EXPORTS = {
+    "FollowedBindings": "bindings",
+    "StaticBindings": "bindings",
+    "Scheduler": "core",
+    "SchedulerDirectory": "membership",
+    "live_members": "membership",
+    "live_schedulers": "membership",
+    "SchedulerOptions": "options",
+    "FunctionResolver": "resolver",
+    "run_scheduler": "server",
+    "serve_scheduler": "server",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

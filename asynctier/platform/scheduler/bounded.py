@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ class Chunk:
     items: list[Item]
     future: asyncio.Future[list[Outcome]]
     queued_at: float = field(default=0.0)
+    deadline: float = math.inf  # epoch seconds: the fair queue orders a tenant's by it
 
     @property
     def cost(self) -> int:
@@ -88,7 +90,8 @@ class BoundedQueue:
         return self.fair.items == 0 or self.fair.items + cost <= self.max_items
 
     def _push(self, chunk: Chunk) -> None:
-        self.fair.push(chunk.binding.priority, chunk.binding.tenant, chunk, chunk.cost)
+        self.fair.push(chunk.binding.priority, chunk.binding.tenant, chunk, chunk.cost,
+                       chunk.deadline)
         self.peak_items = max(self.peak_items, self.fair.items)
         while self._getters:
             getter = self._getters.popleft()

@@ -15,13 +15,16 @@ from typing import Any
 import grpc
 
 from asynctier.platform.admission import Admission
+from asynctier.platform.limits.breaker import Breakers
+from asynctier.platform.limits.tenants import TenantStore
 from asynctier.platform.scheduler.bindings import BindingSource
 from asynctier.platform.scheduler.bounded import BoundedQueue
-from asynctier.platform.scheduler.dispatch import Dispatcher
+from asynctier.platform.scheduler.dispatch import Dispatcher, Report
 from asynctier.platform.scheduler.options import SchedulerOptions
 from asynctier.platform.scheduler.queues import FairQueue
 from asynctier.platform.scheduler.runtime import Runtime
 from asynctier.platform.scheduler.sizing import ChunkSizer
+from asynctier.platform.scheduler.tenants import TenantFollower
 from asynctier.platform.wire import Item, Outcome, decode_items, encode_outcomes, retry
 
 log = logging.getLogger(__name__)
@@ -31,7 +34,9 @@ class Scheduler:
     """Runs submitted batches: admission, fair bounded queue, workers, outcomes."""
 
     def __init__(self, bindings: BindingSource, runtime: Runtime, admission: Admission,
-                 options: SchedulerOptions | None = None) -> None:
+                 options: SchedulerOptions | None = None,
+                 breakers: Breakers | None = None,
+                 tenants: TenantStore | None = None) -> None:
         self.options = options = options or SchedulerOptions()
         self.bindings = bindings
         self.runtime = runtime
@@ -43,21 +48,32 @@ class Scheduler:
                            options.max_chunk_items)
         self.dispatcher = Dispatcher(runtime, admission, self.queue, sizer, options.workers,
                                      options.capped_chunks_per_binding,
-                                     options.admission_error_retry_s)
+                                     options.admission_error_retry_s,
+                                     default_window_s=options.default_start_within_s,
+                                     breakers=breakers)
+        self.breakers = breakers
+        self.tenants = (None if tenants is None else
+                        TenantFollower(tenants, fair, base=dict(options.tenant_weights)))
 
     def start(self) -> None:
-        """Start the workers (on the running loop)."""
+        """Start the workers (on the running loop), and the tenant follower."""
         self.dispatcher.start()
+        if self.tenants is not None:
+            self.tenants.start()
 
     async def stop(self) -> None:
         """Stop the workers and the thread pool."""
         await self.dispatcher.stop()
         self.runtime.close()
+        await self.runtime.processes.wait_closed()
+        if self.tenants is not None:
+            await self.tenants.stop()
 
     @property
     def load(self) -> int:
         """Items queued or running here."""
-        return self.queue.items + self.dispatcher.running_items
+        # a call past its timeout that still runs in its thread is load too
+        return self.queue.items + self.dispatcher.running_items + self.runtime.hung_threads
 
     async def submit(self, request: bytes, context: Any = None) -> bytes:
         """The gRPC method: Avro items in, Avro outcomes out."""
@@ -71,8 +87,10 @@ class Scheduler:
             raise
         return encode_outcomes(await self.process(items))
 
-    async def process(self, items: list[Item]) -> list[Outcome]:
-        """One outcome per item (any order, matched by id)."""
+    async def process(self, items: list[Item],
+                      report: Report | None = None) -> list[Outcome]:
+        """One outcome per item (any order, matched by id); with ``report``, outcomes are
+        also reported as they end (see :meth:`Dispatcher.submit`)."""
         groups = _by_binding(items)
         if any(self.bindings.get(name) is None for name in groups):
             await self.bindings.refresh()
@@ -83,7 +101,7 @@ class Scheduler:
             if binding is None:
                 outcomes.extend(self._unknown(name, group))
             else:
-                calls.append(self.dispatcher.submit(binding, group))
+                calls.append(self.dispatcher.submit(binding, group, report))
         for done in await asyncio.gather(*calls):
             outcomes.extend(done)
         return outcomes

@@ -18,6 +18,15 @@ Per chunk (never per item), in this order:
    :class:`~asynctier.platform.limits.RedisAdmission` has: AIMD shrinks it when failures
    spike).
 3. :meth:`Admission.report` with the successes and failures of the chunk.
+
+Breakers (:mod:`asynctier.platform.limits.breaker`, when the scheduler has them): a
+batch of a binding whose breaker is open or ramping is parked but for what the breaker lets
+through; a chunk leaving the queue while it is open is parked but for its probes; each
+chunk's outcomes are reported to it.
+
+Deadlines (:mod:`.deadlines`): a batch's expired records are answered ``expired`` before
+the claim, the others get their deadline, a chunk is queued by its earliest, and what
+expired while queued is answered ``expired`` when the chunk leaves the queue, not run.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from asynctier.platform import metrics
@@ -34,8 +43,10 @@ from asynctier.platform.admission import BUSY, DONE, RUN, TAKEN_OVER, Admission
 from asynctier.platform.binding import Binding
 from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.errors import FunctionNotFound, ModuleNotAllowed
+from asynctier.platform.limits.breaker import Breakers
 from asynctier.platform.limits.bucket import burst_of
 from asynctier.platform.scheduler.bounded import BoundedQueue, Chunk
+from asynctier.platform.scheduler.deadlines import order_key, split_expired, stamp_deadlines
 from asynctier.platform.scheduler.outcomes import error_text
 from asynctier.platform.scheduler.runtime import Job, Runtime
 from asynctier.platform.scheduler.sizing import ChunkSizer
@@ -48,6 +59,23 @@ BUSY_POLL_FIRST_S = 0.05
 BUSY_POLL_MAX_S = 1.0
 
 
+#: Called with outcomes as they are known (a run stream sends them at once).
+Report = Callable[[list[Outcome]], None]
+
+
+def _report_now(report: Report | None, outcomes: list[Outcome]) -> None:
+    if report is not None and outcomes:
+        report(outcomes)
+
+
+def _reporter(report: Report) -> Callable[[asyncio.Future[list[Outcome]]], None]:
+    """A done-callback of a chunk's future that reports its outcomes."""
+    def done(future: asyncio.Future[list[Outcome]]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            report(future.result())
+    return done
+
+
 def _fits_one_burst(binding: Binding, n: int) -> bool:
     """True when ``n`` items fit in the binding's token bucket at once (or it has none)."""
     return binding.rate_per_s is None or n <= burst_of(binding)
@@ -58,7 +86,8 @@ class Dispatcher:
 
     def __init__(self, runtime: Runtime, admission: Admission, queue: BoundedQueue,
                  sizer: ChunkSizer, workers: int = 8, capped_chunks: int = 2,
-                 admission_retry_s: float = 5.0, busy_grace_s: float = 10.0) -> None:
+                 admission_retry_s: float = 5.0, busy_grace_s: float = 10.0,
+                 default_window_s: float = 60.0, breakers: Breakers | None = None) -> None:
         self.runtime = runtime
         self.admission = admission
         self.queue = queue
@@ -67,6 +96,8 @@ class Dispatcher:
         self.capped_chunks = capped_chunks
         self.admission_retry_s = admission_retry_s
         self.busy_grace_s = busy_grace_s
+        self.default_window_s = default_window_s
+        self.breakers = breakers
         self.running_items = 0
         self._capped: dict[str, asyncio.Semaphore] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -84,19 +115,33 @@ class Dispatcher:
 
     # -- intake ---------------------------------------------------------------------------
 
-    async def submit(self, binding: Binding, items: list[Item]) -> list[Outcome]:
+    async def submit(self, binding: Binding, items: list[Item],
+                     report: Report | None = None) -> list[Outcome]:
         """Every outcome of ``items`` (all of ``binding``); waits while the queue is full.
 
         Records are claimed first (:meth:`Admission.claim`): one that already succeeded is
         answered ``ok`` without running, and one still running elsewhere (a copy read again
         after a crash) waits for that run to end, then is answered ``ok`` or runs here.
+
+        With ``report`` (a run stream: long work), each item is a chunk of its own and
+        ``report(outcomes)`` is called as each chunk ends, so that no item waits for
+        another (a binding with a concurrency cap keeps its usual chunks); the outcomes
+        are returned at the end all the same.
         """
+        expired, items = split_expired(binding, items, int(time.time() * 1000))
+        stamp_deadlines(binding, items)
+        if self.breakers is not None:
+            parked, items = await self.breakers.admit(binding, items)
+            expired += parked
         skipped, items, busy = await self._claim(binding, items)
+        skipped = expired + skipped
         if busy:
             metrics.count_run_once(binding.name, "waited", len(busy))
+        if report is not None and skipped:
+            report(skipped)
         waiting = asyncio.create_task(self._when_free(binding, busy)) if busy else None
         try:
-            results = skipped + await self._submit_claimed(binding, items)
+            results = skipped + await self._submit_claimed(binding, items, report)
             if waiting is not None:
                 results += await waiting
         finally:
@@ -176,7 +221,8 @@ class Dispatcher:
                           "copy read again may run again", binding.name, len(items))
             return set()
 
-    async def _submit_claimed(self, binding: Binding, items: list[Item]) -> list[Outcome]:
+    async def _submit_claimed(self, binding: Binding, items: list[Item],
+                              report: Report | None = None) -> list[Outcome]:
         results: list[Outcome] = []
         futures: list[asyncio.Future[list[Outcome]]] = []
         cap = self._cap(binding)
@@ -189,14 +235,21 @@ class Dispatcher:
                 # it out at once anyway; chunk by chunk only when the rate limit binds.
                 refused, items = await self._admit_or_retry(binding, items)
                 results.extend(refused)
+                _report_now(report, refused)
                 admitted = True
-            parts = list(self.sizer.split(binding.name, items, self.workers, cap or 1))
+            if report is not None and not cap:
+                parts = [[item] for item in items]
+            else:
+                parts = list(self.sizer.split(binding.name, items, self.workers, cap or 1))
             for part in parts:
                 refused, chunk = await self._intake(binding, part, admitted)
                 queued += 1
                 results.extend(refused)
+                _report_now(report, refused)
                 if chunk is not None:
                     futures.append(chunk.future)
+                    if report is not None:
+                        chunk.future.add_done_callback(_reporter(report))
             for done in await asyncio.gather(*futures):
                 results.extend(done)
         finally:
@@ -239,7 +292,9 @@ class Dispatcher:
             refused, admitted = await self._admit_or_retry(binding, items)
         if not admitted:
             return refused, None
-        chunk = Chunk(binding, admitted, asyncio.get_running_loop().create_future())
+        chunk = Chunk(binding, admitted, asyncio.get_running_loop().create_future(),
+                      deadline=order_key(binding, admitted, time.time(),
+                                         self.default_window_s))
         if self._cap(binding):
             await self._capped_gate(chunk)
         chunk.queued_at = time.monotonic()
@@ -305,12 +360,24 @@ class Dispatcher:
 
     async def _run(self, chunk: Chunk) -> list[Outcome]:
         binding = chunk.binding
+        expired, items = split_expired(binding, chunk.items, int(time.time() * 1000))
+        breakers = self.breakers
+        if breakers is not None and items and breakers.parks_now(binding):
+            expired += breakers.park(binding, [i for i in items if not breakers.is_probe(i)])
+            items = [i for i in items if breakers.is_probe(i)]
+        if not items:
+            return expired
+        outcomes = await self._run_items(binding, items)
+        if breakers is not None:
+            outcomes = await breakers.report(binding, items, outcomes)
+        return expired + outcomes
+
+    async def _run_items(self, binding: Binding, items: list[Item]) -> list[Outcome]:
         try:
             job = self.runtime.job(binding)
         except (ModuleNotAllowed, FunctionNotFound) as exc:
-            return [failed(i["id"], str(exc), FUNCTION_ERROR) for i in chunk.items]
+            return [failed(i["id"], str(exc), FUNCTION_ERROR) for i in items]
         started = time.monotonic()
-        items = chunk.items
         metrics.observe_record_ages(binding.name, [i["record_time_ms"] for i in items],
                                     time.time())
         cap = self._cap(binding)
@@ -320,7 +387,7 @@ class Dispatcher:
             outcomes = await self.runtime.run(job, items)
         took = time.monotonic() - started
         if not cap:
-            self.sizer.observe(binding.name, took, chunk.cost)
+            self.sizer.observe(binding.name, took, len(items))
         # Items of a chunk run one after another: each is counted at the chunk's mean.
         metrics.observe_durations(binding.name, [took / len(items)], repeat=len(items))
         self._report(binding, outcomes)
@@ -353,16 +420,42 @@ class Dispatcher:
 
         async def lane() -> None:
             for item in pending:
-                try:
-                    async with self.admission.slot(job.binding):
-                        results.append(await self.runtime.run_one(job, item))
-                except Exception as exc:  # the slot could not be had (run_one never raises)
-                    results.append(retry(item["id"], f"admission failed: {error_text(exc)}",
-                                         after_s=self.admission_retry_s,
-                                         spends_attempt=False))
+                results.append(await self._run_in_slot(job, item))
 
         await asyncio.gather(*(lane() for _ in range(min(cap, len(items)))))
         return results
+
+    async def _run_in_slot(self, job: Job, item: Item) -> Outcome:
+        """Run one item inside a concurrency slot. A sync call that overran its timeout
+        is answered ``timeout`` at once, but its slot is not free until the call returns
+        (its thread cannot be stopped): a background task holds it until then."""
+        answer: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(self._hold_slot(job, item, answer))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        try:
+            return await asyncio.shield(answer)
+        except asyncio.CancelledError:
+            if not answer.done():  # the caller went away before it ended: stop it
+                task.cancel()
+            raise
+
+    async def _hold_slot(self, job: Job, item: Item, answer: asyncio.Future[Outcome]) -> None:
+        try:
+            async with self.admission.slot(job.binding):
+                outcome, late = await self.runtime.run_one_held(job, item)
+                if not answer.done():
+                    answer.set_result(outcome)
+                if late:
+                    await asyncio.gather(*late, return_exceptions=True)
+        except Exception as exc:  # the slot could not be had (run_one_held never raises)
+            if not answer.done():
+                answer.set_result(retry(item["id"], f"admission failed: {error_text(exc)}",
+                                        after_s=self.admission_retry_s,
+                                        spends_attempt=False))
+            else:
+                log.exception("binding %s: releasing a concurrency slot failed",
+                              job.binding.name)
 
     def _report(self, binding: Binding, outcomes: list[Outcome]) -> None:
         # the failures counted by reason: bad input says nothing about the downstream's health

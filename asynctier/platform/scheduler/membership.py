@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import redis
-import redis.asyncio
 
 from asynctier.platform import metrics
 from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
 from asynctier.platform.limits.scripts import lua
+from asynctier.platform.redis_client import async_client, sync_client
 from asynctier.platform.rpc import SchedulerClient
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ LIVE: Final = lua("membership_live")
 def member_keys(settings: Settings) -> tuple[str, str]:
     """The Redis keys of membership: the members' sorted set and their loads' hash."""
     names = settings.names
-    return names.redis_key("schedulers"), names.redis_key("schedulers", "load")
+    return names.redis_tagged_key("schedulers"), names.redis_tagged_key("schedulers", "load")
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,8 @@ def live_members(settings: Settings, script: Any = None) -> list[Member]:
     """
     client = None
     if script is None:
-        client = redis.Redis.from_url(settings.redis_url, socket_timeout=1.0,
-                                      socket_connect_timeout=1.0)
+        client = sync_client(settings.redis_url, socket_timeout=1.0,
+                             socket_connect_timeout=1.0)
         script = client.register_script(LIVE)
     try:
         return _members(script(keys=list(member_keys(settings))))
@@ -94,8 +94,8 @@ class SchedulerDirectory:
     def __init__(self, settings: Settings, cache_s: float = 1.0) -> None:
         self.settings = settings
         self.cache_s = cache_s
-        self._client = redis.Redis.from_url(settings.redis_url, socket_timeout=0.5,
-                                            socket_connect_timeout=0.5)
+        self._client = sync_client(settings.redis_url, socket_timeout=0.5,
+                                   socket_connect_timeout=0.5)
         self._live = self._client.register_script(LIVE)
         self._cached: list[str] = list(settings.schedulers)
         self._until = 0.0
@@ -140,8 +140,8 @@ class Heartbeat:
         self.interval_s = interval_s
         self.ttl_ms = int(ttl_s * 1000)
         self.keys = member_keys(settings)
-        self._client = redis.asyncio.Redis.from_url(
-            settings.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        self._client = async_client(settings.redis_url, socket_timeout=1.0,
+                                    socket_connect_timeout=1.0)
         self._script = self._client.register_script(HEARTBEAT)
         self._failing = False
         self._task: asyncio.Task[None] | None = None

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from asynctier.platform.config import Settings
 from asynctier.platform.scheduler.queues import DEFAULT_TIER_WEIGHTS
 
 
@@ -20,7 +21,9 @@ class SchedulerOptions:
     ``urgent``, ``normal`` and ``batch``; ``tenant_weights`` between the tenants of a tier
     (1 when not named). A binding with a concurrency cap keeps at most
     ``capped_chunks_per_binding`` chunks in this scheduler, so that chunks waiting for its
-    slots cannot hold every worker.
+    slots cannot hold every worker. Within a tier and tenant, chunks run earliest
+    deadline first; a binding without ``--start-within`` is ordered as if due
+    ``default_start_within_s`` after its items arrived (:mod:`.deadlines`).
     """
 
     workers: int = 8
@@ -31,8 +34,19 @@ class SchedulerOptions:
     tier_weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
     capped_chunks_per_binding: int = 2
+    default_start_within_s: float = 60.0
     unknown_binding_retry_s: float = 5.0
     admission_error_retry_s: float = 5.0
     stop_grace_s: float = 30.0
     heartbeat_interval_s: float = 1.0
     membership_ttl_s: float = 5.0
+
+
+def options_from_settings(settings: Settings,
+                          base: SchedulerOptions | None = None) -> SchedulerOptions:
+    """``base`` (default :class:`SchedulerOptions`) with the config file's ``[scheduler]``
+    table applied: ``workers`` and ``tier_weights`` (tiers not named keep theirs)."""
+    base = base or SchedulerOptions()
+    weights = {**base.tier_weights, **settings.tier_weights}
+    workers = settings.scheduler_workers or base.workers
+    return replace(base, workers=workers, tier_weights=weights)

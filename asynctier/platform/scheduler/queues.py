@@ -5,11 +5,16 @@ picks the tier by stride scheduling with weights (``urgent:normal:batch = 8:4:1`
 default): under contention urgent work starts first and gets 8 items for every 1 of
 batch, yet no tier starves. Within a tier, :class:`TenantDRR` shares the work between
 tenants by deficit round robin with a cost of one per item, so one tenant's flood does
-not starve another's trickle; within a tenant, entries leave in the order they came.
+not starve another's trickle; within a tenant, entries leave earliest deadline first
+(EDF), in the order they came among equal deadlines (an entry pushed without a deadline
+has an infinite one).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -22,7 +27,7 @@ DEFAULT_TIER_WEIGHTS: Mapping[str, float] = {"urgent": 8.0, "normal": 4.0, "batc
 
 
 class TenantDRR(Generic[T]):
-    """Deficit round robin across tenants; FIFO within a tenant.
+    """Deficit round robin across tenants; earliest deadline first within a tenant.
 
     Each turn a tenant gets ``quantum * weight`` credit and is served while the head
     entry's cost fits its credit. Weights default to 1.
@@ -33,7 +38,8 @@ class TenantDRR(Generic[T]):
             raise ValueError("quantum must be at least 1")
         self.quantum = quantum
         self.weights = dict(weights or {})
-        self._queues: dict[str, deque[tuple[T, int]]] = {}
+        self._queues: dict[str, list[tuple[float, int, T, int]]] = {}
+        self._seq = itertools.count()
         self._active: deque[str] = deque()
         self._deficit: dict[str, float] = {}
         self._granted = False
@@ -42,14 +48,15 @@ class TenantDRR(Generic[T]):
     def __len__(self) -> int:
         return len(self._active)
 
-    def push(self, tenant: str, entry: T, cost: int) -> None:
-        """Queue ``entry`` (of ``cost`` items) behind the tenant's earlier entries."""
+    def push(self, tenant: str, entry: T, cost: int, deadline: float = math.inf) -> None:
+        """Queue ``entry`` (of ``cost`` items) among the tenant's entries by ``deadline``
+        (any clock, the same for every entry), behind those of the same deadline."""
         queue = self._queues.get(tenant)
         if queue is None:
-            queue = self._queues[tenant] = deque()
+            queue = self._queues[tenant] = []
             self._active.append(tenant)
             self._deficit[tenant] = 0.0
-        queue.append((entry, cost))
+        heapq.heappush(queue, (deadline, next(self._seq), entry, cost))
         self.items += cost
 
     def pop(self) -> tuple[str, T, int]:
@@ -59,7 +66,7 @@ class TenantDRR(Generic[T]):
         while True:
             tenant = self._active[0]
             queue = self._queues[tenant]
-            cost = queue[0][1]
+            cost = queue[0][3]
             if not self._granted:
                 self._deficit[tenant] += self.quantum * self.weights.get(tenant, 1.0)
                 self._granted = True
@@ -68,8 +75,9 @@ class TenantDRR(Generic[T]):
             self._active.rotate(-1)
             self._granted = False
 
-    def _take(self, tenant: str, queue: deque[tuple[T, int]], cost: int) -> tuple[str, T, int]:
-        entry, _ = queue.popleft()
+    def _take(self, tenant: str, queue: list[tuple[float, int, T, int]],
+              cost: int) -> tuple[str, T, int]:
+        entry = heapq.heappop(queue)[2]
         self._deficit[tenant] -= cost
         self.items -= cost
         if not queue:
@@ -80,7 +88,7 @@ class TenantDRR(Generic[T]):
 
     def queued_by_tenant(self) -> dict[str, int]:
         """Queued items per tenant."""
-        return {t: sum(c for _, c in q) for t, q in self._queues.items()}
+        return {t: sum(e[3] for e in q) for t, q in self._queues.items()}
 
 
 @dataclass
@@ -108,18 +116,31 @@ class FairQueue(Generic[T]):
         self.items = 0
         self.entries = 0
         self._by_tenant: dict[str, int] = {}
+        self.started_by_tenant: dict[str, int] = {}  # items popped, for shared usage
+
+    def set_tenant_weights(self, weights: Mapping[str, float]) -> None:
+        """Share every tier between tenants by ``weights`` from now on (1 when not named)."""
+        for tier in self._tiers.values():
+            tier.drr.weights = dict(weights)
+
+    def take_started(self) -> dict[str, int]:
+        """Items popped per tenant since the last call (and reset)."""
+        started, self.started_by_tenant = self.started_by_tenant, {}
+        return started
 
     def __len__(self) -> int:
         return self.entries
 
-    def push(self, tier: str, tenant: str, entry: T, cost: int) -> None:
-        """Queue ``entry`` of ``cost`` items for ``tenant`` in ``tier``."""
+    def push(self, tier: str, tenant: str, entry: T, cost: int,
+             deadline: float = math.inf) -> None:
+        """Queue ``entry`` of ``cost`` items for ``tenant`` in ``tier``, by ``deadline``
+        within the tenant (earliest first)."""
         queue = self._tiers.get(tier)
         if queue is None:
             raise KeyError(f"unknown tier {tier!r}; tiers: {', '.join(self._tiers)}")
         if not queue.drr:  # waking up: no credit for the time it was idle
             queue.pass_ = max(queue.pass_, self._vtime)
-        queue.drr.push(tenant, entry, cost)
+        queue.drr.push(tenant, entry, cost, deadline)
         self.items += cost
         self.entries += 1
         self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + cost
@@ -139,6 +160,7 @@ class FairQueue(Generic[T]):
         tier.pass_ += cost / tier.weight
         self.items -= cost
         self.entries -= 1
+        self.started_by_tenant[tenant] = self.started_by_tenant.get(tenant, 0) + cost
         left = self._by_tenant[tenant] - cost
         if left:
             self._by_tenant[tenant] = left

@@ -26,6 +26,8 @@ import grpc
 from asynctier.platform.admission import Admission, OpenAdmission
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
+from asynctier.platform.limits.breaker import Breakers
+from asynctier.platform.limits.tenants import TenantStore
 from asynctier.platform.rpc import MAX_MESSAGE, submit_handler
 from asynctier.platform.scheduler.bindings import BindingSource, FollowedBindings
 from asynctier.platform.scheduler.core import Scheduler
@@ -33,6 +35,7 @@ from asynctier.platform.scheduler.membership import Heartbeat
 from asynctier.platform.scheduler.options import SchedulerOptions
 from asynctier.platform.scheduler.resolver import FunctionResolver
 from asynctier.platform.scheduler.runtime import Runtime
+from asynctier.platform.scheduler.streaming import run_handler
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +58,8 @@ def run_scheduler(settings: Settings, *, listen: str | None = None,
                   ready_callback: ReadyCallback | None = None,
                   options: SchedulerOptions | None = None,
                   bindings: BindingSource | None = None,
-                  advertise: str | None = None) -> None:
+                  advertise: str | None = None, breakers: Breakers | None = None,
+                  tenants: TenantStore | None = None) -> None:
     """Run a scheduler until ``stop`` is set (or SIGTERM / SIGINT); blocks.
 
     ``listen`` is ``host:port`` (default ``settings.scheduler_listen``; port 0 picks a free
@@ -68,11 +72,14 @@ def run_scheduler(settings: Settings, *, listen: str | None = None,
     is called once the server accepts calls, with the address registered in Redis
     (``advertise``, else the listen address with its real port; a wildcard host becomes
     this machine's host name). ``bindings`` defaults to the registry, followed live.
+    ``breakers``: the bindings' circuit breakers (none: ``--breaker`` is not enforced);
+    closed on exit. ``tenants``: where tenants' weights are followed and their usage
+    shared (none: the options' weights only).
     """
     asyncio.run(serve_scheduler(
         settings, listen=listen, allow_modules=allow_modules, admission=admission,
         stop=stop, ready_callback=ready_callback, options=options, bindings=bindings,
-        advertise=advertise))
+        advertise=advertise, breakers=breakers, tenants=tenants))
 
 
 async def serve_scheduler(settings: Settings, *, listen: str | None = None,
@@ -82,7 +89,9 @@ async def serve_scheduler(settings: Settings, *, listen: str | None = None,
                           ready_callback: ReadyCallback | None = None,
                           options: SchedulerOptions | None = None,
                           bindings: BindingSource | None = None,
-                          advertise: str | None = None) -> None:
+                          advertise: str | None = None,
+                          breakers: Breakers | None = None,
+                          tenants: TenantStore | None = None) -> None:
     """:func:`run_scheduler` as a coroutine on the running loop."""
     options = options or SchedulerOptions()
     admission = admission or OpenAdmission()
@@ -95,19 +104,22 @@ async def serve_scheduler(settings: Settings, *, listen: str | None = None,
             followed = FollowedBindings(settings)
             await asyncio.to_thread(followed.start)
             source = followed
-        scheduler = Scheduler(source, Runtime(resolver, options.workers), admission, options)
+        scheduler = Scheduler(source, Runtime(resolver, options.workers), admission, options,
+                              breakers, tenants)
         await _serve(settings, scheduler, listen or settings.scheduler_listen, stop,
                      ready_callback, advertise)
     finally:
         if source is not None:
             source.close()
         await admission.close()
+        if breakers is not None:
+            await breakers.close()
 
 
 async def _serve(settings: Settings, scheduler: Scheduler, listen: str, stop: StopSignal,
                  ready_callback: ReadyCallback | None, advertise: str | None) -> None:
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    server.add_generic_rpc_handlers((submit_handler(scheduler.submit),))
+    server.add_generic_rpc_handlers((submit_handler(scheduler.submit, run_handler(scheduler)),))
     try:
         port = server.add_insecure_port(listen)
     except RuntimeError as exc:  # grpc's way of saying the address cannot be bound

@@ -34,6 +34,10 @@ class ChunkSizer:
             return self.first_items
         if per_item <= 0:
             return self.max_items
+        if per_item >= self.target_s:
+            # an item that alone fills the target runs alone: the items of a slow (long)
+            # function do not wait behind each other in one worker
+            return 1
         return max(self.min_items, min(self.max_items, int(self.target_s / per_item)))
 
     def observe(self, binding: str, seconds: float, items: int) -> None:

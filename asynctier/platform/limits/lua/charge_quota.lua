@@ -5,7 +5,8 @@
 --
 -- The idempotency keys are ARGV[2] .. source reference. They are built here rather than
 -- passed as KEYS because packing one argument per item cost the scheduler more CPU than
--- the rest of admission (a single-instance Redis is assumed, as for every script here).
+-- the rest of admission. ARGV[2] carries the tenant's hash tag, as KEYS[1] and KEYS[2]
+-- do ({tenant:<tenant>}): every key of one call is in one Redis Cluster slot.
 --
 -- KEYS[1]  the tenant's quota (hash: per_minute, per_day; a missing field is no limit;
 --          no hash at all: nothing is charged and nothing is written)

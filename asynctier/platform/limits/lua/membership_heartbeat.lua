@@ -2,6 +2,7 @@
 -- members that expired (O(dead)).
 --
 -- KEYS[1]  the members (sorted set: address -> expiry, epoch ms)
+--          (both keys carry the hash tag {schedulers}: one Redis Cluster slot)
 -- KEYS[2]  the members' loads (hash: address -> items queued or running)
 -- ARGV[1]  the scheduler's address
 -- ARGV[2]  ttl, ms

@@ -1,5 +1,8 @@
 -- Claim every record of a batch for one holder (after once_lib.lua).
 --
+-- KEYS[1]  this holder's key for the binding (ARGV[2] .. ARGV[1]); every key this script
+--          builds (holders, span hashes, bitmaps) starts with the binding's prefix and so
+--          carries the same hash tag {once:<binding>}: one Redis Cluster slot
 -- ARGV[1]  the holder (this scheduler)
 -- ARGV[2]  the holder keys' prefix (a holder is alive while prefix .. holder exists)
 -- ARGV[3]  milliseconds a holder key lives
@@ -11,7 +14,7 @@
 --          this holder claims already, which RunOnce tells apart.
 local me = ARGV[1]
 local holders = ARGV[2]
-redis.call('SET', holders .. me, '1', 'PX', ARGV[3])
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[3])
 local span = tonumber(ARGV[4])
 local prefix = ARGV[5]
 local refs = split(ARGV[6])

@@ -7,6 +7,8 @@
 -- as it is and reported: when another copy already succeeded (d), this copy's failure
 -- is answered ok (the record is done) instead of retried, and it does not run again.
 --
+-- KEYS[1]  this holder's key for the binding (not touched: it names the slot; every key
+--          this script builds carries the same hash tag {once:<binding>})
 -- ARGV[1]  milliseconds a span lasts
 -- ARGV[2]  the binding's hashes' prefix
 -- ARGV[3]  the successes' references joined by newlines ('' for none)

@@ -2,6 +2,7 @@
 -- window of Redis TIME), shared by every Submitter process: one round trip per call.
 --
 -- KEYS[1]  the tenant's capacity (a string: workloads per minute; missing: no limit)
+--          (both keys carry the tenant's hash tag: one Redis Cluster slot)
 -- KEYS[2]  the tenant's use (hash: m = the minute's id, c = workloads taken in it)
 -- ARGV[1]  N, the workloads the call would write
 -- Returns  {granted, milliseconds until the minute ends} (granted = N and 0 without limit)

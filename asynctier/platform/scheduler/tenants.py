@@ -1,0 +1,73 @@
+"""Following tenants' weights live, and sharing what each tenant started, through Redis.
+
+Every ``interval_s`` the :class:`TenantFollower` of a scheduler reads the weights
+(``asynctier tenant set``) into its fair queue, so they apply within every tier of every
+scheduler within a second, and adds the items each tenant started here to the shared
+per-minute usage that ``asynctier tenant show`` reads.
+
+Sharing across schedulers: the tailers spread every binding's batches over all live
+schedulers, so each scheduler queues work of every backlogged tenant and serves it by the
+same weights; the shares each scheduler gives add up to the same shares overall.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from asynctier.platform.limits.outage import REDIS_DOWN
+from asynctier.platform.limits.tenants import TenantStore
+from asynctier.platform.scheduler.queues import FairQueue
+
+log = logging.getLogger(__name__)
+
+
+class TenantFollower:
+    """Reads weights into ``fair`` and writes its started items out, every ``interval_s``."""
+
+    def __init__(self, store: TenantStore, fair: FairQueue[Any], interval_s: float = 1.0,
+                 base: dict[str, float] | None = None) -> None:
+        self.store = store
+        self.fair = fair
+        self.interval_s = interval_s
+        self.base = dict(base or {})  # weights of the scheduler's options, overridden
+        self.weights: dict[str, float] = dict(self.base)
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+
+    def start(self) -> None:
+        """Follow on the running loop."""
+        self._task = asyncio.create_task(self._loop(), name="tenant-weights")
+
+    async def stop(self) -> None:
+        """Stop following (what was started since the last turn is written first)."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self.turn()
+        await self.store.close()
+
+    async def _loop(self) -> None:
+        while True:
+            await self.turn()
+            await asyncio.sleep(self.interval_s)
+
+    async def turn(self) -> None:
+        """One read of the weights and one write of the usage."""
+        started = self.fair.take_started()
+        try:
+            weights = {**self.base, **await self.store.weights()}
+            await self.store.add_usage(started)
+        except REDIS_DOWN as exc:
+            if not self._failing:
+                log.warning("tenant weights cannot be read from Redis (%s); the scheduler "
+                            "keeps the ones it has: %s", exc, self.weights or "all 1")
+            self._failing = True
+            return
+        self._failing = False
+        if weights != self.weights:
+            log.info("tenant weights now %s", weights or "all 1")
+            self.weights = weights
+            self.fair.set_tenant_weights(weights)

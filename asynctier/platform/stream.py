@@ -1,0 +1,135 @@
+"""The run stream: long work accepted at once, each item's outcome reported as it ends.
+
+A bidirectional gRPC call beside the unary submit (:mod:`asynctier.platform.rpc`), for the
+bindings whose items are long work (every queue binding: docs/design.md, Long work). The
+tailer opens one stream per leased batch and sends its items (and the checkpoints they
+resume from) in one ``items`` message; the scheduler answers, on the same stream:
+
+* ``alive``: the ids of the items it still holds (queued or running), every
+  ``heartbeat_ms``; the tailer extends their leases. No heartbeat, no extension: the lease
+  runs out and the item is leased again elsewhere.
+* ``checkpoint``: a function saved its progress; the tailer stores it on the item's row
+  and answers ``saved`` (its ``error`` empty when written); ``ctx.checkpoint`` returns then.
+* ``outcomes``: the outcomes of the items that just ended (one or more), as they end.
+
+The stream ends once every item has its outcome. Messages are ``schemas/stream.avsc``;
+the method's name carries the fingerprint of the three schemas it uses, as the submit
+method's does.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import queue
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import fastavro
+import grpc
+
+from asynctier.platform.schemas import load_schema, schema_json
+from asynctier.platform.wire import _pack, _unpack, fingerprint
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["items", "outcomes", "alive", "checkpoint", "saved", "end"]
+
+STREAM_VERSION = fingerprint([schema_json("submit"), schema_json("outcomes"),
+                              schema_json("stream")])
+RUN = f"/asynctier.Scheduler/RunV{STREAM_VERSION}"
+
+
+@dataclass
+class Message:
+    """One message of the stream (see ``schemas/stream.avsc``); ``end`` is never sent: it
+    is what the tailer's reader makes of the stream's end (``error`` set when it broke)."""
+
+    kind: Kind
+    body: bytes = b""
+    ids: list[int] = field(default_factory=list)
+    resume: dict[int, tuple[str, bytes]] = field(default_factory=dict)
+    heartbeat_ms: int = 0
+    seq: int = 0
+    item: int = 0
+    state_kind: str = ""
+    state: bytes = b""
+    error: str = ""
+    code: grpc.StatusCode | None = None  # end: the gRPC status when the stream broke
+
+
+def encode(message: Message) -> bytes:
+    """A message as bytes."""
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, load_schema("stream"), {
+        "kind": message.kind, "body": message.body, "ids": _pack("q", message.ids),
+        "resume": [{"item": i, "kind": k, "state": s} for i, (k, s) in message.resume.items()],
+        "heartbeat_ms": message.heartbeat_ms, "seq": message.seq, "item": message.item,
+        "state_kind": message.state_kind, "state": message.state, "error": message.error})
+    return buf.getvalue()
+
+
+def decode(data: bytes) -> Message:
+    """A message from its bytes."""
+    doc: Any = fastavro.schemaless_reader(io.BytesIO(data), load_schema("stream"), None)
+    return Message(kind=doc["kind"], body=doc["body"], ids=_unpack("q", doc["ids"]),
+                   resume={r["item"]: (r["kind"], r["state"]) for r in doc["resume"]},
+                   heartbeat_ms=doc["heartbeat_ms"], seq=doc["seq"], item=doc["item"],
+                   state_kind=doc["state_kind"], state=doc["state"], error=doc["error"])
+
+
+def items_message(request: bytes, resume: dict[int, tuple[str, bytes]],
+                  heartbeat_s: float) -> bytes:
+    """The stream's first message: a submit request, its checkpoints, the beat wanted."""
+    return encode(Message("items", body=request, resume=resume,
+                          heartbeat_ms=max(1, round(heartbeat_s * 1000))))
+
+
+Event = tuple["StreamCall", Message]
+
+
+class StreamCall:
+    """The tailer's side of one run stream: a reader thread puts every message it gets on
+    ``events`` as ``(call, message)``, then an ``end`` message (its ``error`` set when the
+    stream broke: the scheduler died, or could not be reached)."""
+
+    def __init__(self, address: str, stub: Any, first: bytes,
+                 events: queue.Queue[Event], items: Sequence[Any]) -> None:
+        self.address = address
+        self.items = list(items)  # the source's records; message ids are positions here
+        self.accepted = False  # a message came back: the scheduler holds the items
+        self._events = events
+        self._requests: queue.Queue[bytes | None] = queue.Queue()
+        self._requests.put(first)
+        self._call = stub(iter(self._requests.get, None), wait_for_ready=False)
+        self._reader = threading.Thread(target=self._read, daemon=True,
+                                        name=f"asynctier-stream-{address}")
+        self._reader.start()
+
+    def _read(self) -> None:
+        end = Message("end")
+        try:
+            for data in self._call:
+                self.accepted = True
+                self._events.put((self, decode(data)))
+        except grpc.RpcError as exc:
+            end.code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+            end.error = (exc.details() if hasattr(exc, "details") else None) or str(exc)
+        except Exception as exc:  # a message that does not decode: the stream is no good
+            log.exception("a run stream from scheduler %s sent what does not decode",
+                          self.address)
+            self._call.cancel()
+            end.code, end.error = grpc.StatusCode.INTERNAL, f"undecodable message: {exc}"
+        finally:
+            self._requests.put(None)  # ends the request side too
+        self._events.put((self, end))
+
+    def send(self, message: Message) -> None:
+        """Send one message to the scheduler (a ``saved`` answer)."""
+        self._requests.put(encode(message))
+
+    def cancel(self) -> None:
+        """Drop the stream (the scheduler stops the items it has not run)."""
+        self._call.cancel()
