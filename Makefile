@@ -24,6 +24,7 @@ test: lint
 
 bench:
 	ASYNCTIER_EXTRAS=dev,bench scripts/setup.sh
+	ASYNCTIER_VENV=.venv-peers ASYNCTIER_EXTRAS=kafka-peers scripts/setup.sh
 	$(VENV)/bin/python bench/run.py $(ARGS)
 
 bench-queue:

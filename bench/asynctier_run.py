@@ -93,7 +93,7 @@ class AsynctierRun:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "asynctier", "run", "--allow-module", "bench.noop",
-                 *RUN_ARGS],
+                 "--submitter-listen", f"127.0.0.1:{free_port()}", *RUN_ARGS],
                 env=self.env(), stdout=out, stderr=out, cwd=REPO, start_new_session=True)
 
     def component(self, name: str) -> Finder:

@@ -16,6 +16,7 @@ from array import array
 from typing import Any
 
 from bench.kafka_loops import noop as _noop
+from bench.work import asleep_1ms, sleep_1ms
 
 
 def noop(payload: Any, ctx: Any) -> None:
@@ -69,3 +70,13 @@ def timed(payload: Any, ctx: Any) -> None:
     if not payload.get("warmup"):
         t0 = payload["t0"]
         _SAMPLES.add(t0, (started - t0) * 1000.0, (ctx.record_time - t0) * 1000.0)
+
+
+def sleep1ms(payload: Any, ctx: Any) -> None:
+    """Wait 1 ms on (simulated) I/O, synchronously: runs in the scheduler's thread pool."""
+    sleep_1ms(payload)
+
+
+async def asleep1ms(payload: Any, ctx: Any) -> None:
+    """Wait 1 ms on (simulated) I/O, asynchronously: runs on the scheduler's event loop."""
+    await asleep_1ms(payload)

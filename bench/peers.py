@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -133,3 +134,100 @@ def run_dramatiq(services: Services, values: list[bytes], folder: Path,
         client.delete(f"dramatiq:{queue}", f"dramatiq:{queue}.msgs")
         client.close()
     return PeerRun(drain, enqueue_s)
+
+
+#: The Kafka-native peers' worker processes, one consumer group (issue 30).
+KAFKA_PEER_WORKERS = 2
+#: The interpreter of the Kafka-native peers: a venv of their own (quixstreams pins an
+#: older confluent-kafka than asynctier runs on); ``BENCH_PEERS_PYTHON`` overrides it.
+PEERS_VENV = REPO / ".venv-peers"
+
+
+def peers_python() -> str:
+    """The Python that runs the Quix Streams and faust-streaming workers."""
+    python = os.environ.get("BENCH_PEERS_PYTHON") or str(PEERS_VENV / "bin" / "python")
+    if not Path(python).exists():
+        raise BenchError(
+            f"no interpreter for the Kafka-native peers at {python}: run `make bench` (or "
+            "`ASYNCTIER_VENV=.venv-peers ASYNCTIER_EXTRAS=kafka-peers scripts/setup.sh`), "
+            "or set BENCH_PEERS_PYTHON to a Python with quixstreams and faust-streaming")
+    return python
+
+
+def _all_ready(procs: list[subprocess.Popen[bytes]], states: Path, log: Path,
+               timeout_s: float = 120.0) -> None:
+    """Wait until every worker wrote its ready file, then let them all go at once."""
+    deadline = time.monotonic() + timeout_s
+    checks = [_alive(proc, log) for proc in procs]
+    while len(list(states.glob("*.ready"))) < len(procs):
+        for alive in checks:
+            alive()
+        if time.monotonic() > deadline:
+            raise BenchError(f"the peer workers were not ready after {timeout_s:g} s; "
+                             f"see {log}")
+        time.sleep(0.02)
+    (states / "go").touch()
+
+
+def group_settled(bootstrap: str, group: str, members: int) -> Callable[[], bool]:
+    """A check that turns true (and stays true) once ``group`` is stable with ``members``
+    members, each with partitions: the peers' two workers join one after the other, and
+    the first one's drain until the second joins is a rebalance, not their pace."""
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    seen: list[bool] = []
+
+    def settled() -> bool:
+        if not seen:
+            try:
+                got = admin.describe_consumer_groups([group])[group].result(timeout=5)
+            except Exception:  # not there yet: the group is created by its first join
+                return False
+            if (got.state == ConsumerGroupState.STABLE and len(got.members) == members
+                    and all(m.assignment.topic_partitions for m in got.members)):
+                seen.append(True)
+        return bool(seen)
+    return settled
+
+
+def run_kafka_peer(services: Services, kind: str, topic: str, n: int, work: str,
+                   folder: Path, timeout_s: float) -> Drain:
+    """Quix Streams or faust-streaming (``kind``) draining ``topic`` (``n`` records) with
+    :data:`KAFKA_PEER_WORKERS` worker processes in one fresh consumer group. The window
+    opens at the first commit seen once the group is stable with every worker in it, and
+    ends when the group's committed offsets reach ``n``."""
+    from bench.records import GroupProgress
+
+    group = f"bench-{kind}-{work}-{uuid.uuid4().hex[:6]}"
+    log = folder / f"{kind}-{work}.log"
+    env = _env(services, group)
+    python = peers_python()
+    states = folder / group
+    states.mkdir()
+    procs = [_start([python, "-m", "bench.kafka_peers", kind, services.kafka_bootstrap,
+                     topic, group, work, str(states / str(i))], env, log)
+             for i in range(KAFKA_PEER_WORKERS)]
+    _all_ready(procs, states, log)
+    progress = GroupProgress(services.kafka_bootstrap, group, topic)
+    settled = group_settled(services.kafka_bootstrap, group, KAFKA_PEER_WORKERS)
+    checks = [_alive(proc, log) for proc in procs]
+
+    def find() -> list[Any]:
+        return [p for proc in procs for p in tree(proc.pid)()]
+
+    def done() -> int:
+        return progress.committed() if settled() else 0
+
+    def check() -> None:
+        for alive in checks:
+            alive()
+
+    try:
+        meter = Meter({"workers": find, "kafka": single(services.kafka_pid)})
+        return watch_drain(done, n, meter, timeout_s, check=check)
+    finally:
+        progress.close()
+        for proc in procs:
+            _stop(proc)

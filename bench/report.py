@@ -40,12 +40,45 @@ class Results:
     #: every round of the latency runs (``raw``, ``guard``, ``idempotent``); ``latency``,
     #: ``raw_latency`` and ``idempotent_latency`` hold each one's round of the median p99
     latency_rounds: list[dict[str, Latency]] = field(default_factory=list)
+    #: every round of asynctier beside the Kafka-native peers, keyed ``<contender>.<work>``
+    #: (``asynctier.noop``, ``quix.sleep``, ``faust.asleep``, ...); ``rows`` holds each
+    #: one's round of the median rate
+    peer_rounds: list[dict[str, Row]] = field(default_factory=list)
 
     def keep_median_rows(self) -> None:
         """Put each repeated scenario's median-rate round in ``rows``."""
         for key in {k for r in self.rounds for k in r}:
             runs = sorted((r[key] for r in self.rounds if key in r), key=lambda row: row.rate)
             self.rows[key] = runs[(len(runs) - 1) // 2]
+
+    def keep_median_peer_rows(self) -> None:
+        """Put each peer-round contender's median-rate round in ``rows``."""
+        for key in {k for r in self.peer_rounds for k in r}:
+            runs = sorted((r[key] for r in self.peer_rounds if key in r),
+                          key=lambda row: row.rate)
+            self.rows[key] = runs[(len(runs) - 1) // 2]
+
+    def peer_ratio(self, work: str, peer: str) -> float | None:
+        """asynctier's rate over ``peer``'s with the same ``work``, the median of the peer
+        rounds' ratios (both drained in the same round)."""
+        mine, theirs = f"asynctier.{work}", f"{peer}.{work}"
+        pairs = [r[mine].rate / r[theirs].rate for r in self.peer_rounds
+                 if mine in r and theirs in r and r[mine].rate > 0 and r[theirs].rate > 0]
+        return sorted(pairs)[(len(pairs) - 1) // 2] if pairs else None
+
+    def better_peer_ratio(self, work: str) -> float | None:
+        """asynctier against the faster of the two peers with ``work`` (the lower ratio)."""
+        got = [r for r in (self.peer_ratio(work, "quix"), self.peer_ratio(work, "faust"))
+               if r is not None]
+        return min(got) if got else None
+
+    def p99_ratio(self, key: str) -> float | None:
+        """``key``'s p99 over the raw loop's p99 in the same latency round, the median of
+        the rounds' ratios."""
+        pairs = [r[key].percentile(99) / r["raw"].percentile(99) for r in self.latency_rounds
+                 if key in r and "raw" in r and r[key].samples and r["raw"].samples
+                 and r["raw"].percentile(99) > 0]
+        return sorted(pairs)[(len(pairs) - 1) // 2] if pairs else None
 
     def keep_median_latency(self) -> None:
         """Put each latency contender's round of the median p99 in ``latency``,
@@ -103,7 +136,20 @@ class Results:
             "run_once_cost": self.ratio("asynctier", "idempotent"),
             "limiter_ratio": self.ratio("limiter", "asynctier"),
             "rss_growth": max(growth.values()) if growth else None,
+            "ratio_vs_quix": self.peer_ratio("noop", "quix"),
+            "ratio_vs_faust": self.peer_ratio("noop", "faust"),
+            "io_ratio_vs_quix": self.peer_ratio("sleep", "quix"),
+            "io_ratio_vs_faust": self.peer_ratio("sleep", "faust"),
+            "aio_ratio_vs_quix": self.peer_ratio("asleep", "quix"),
+            "aio_ratio_vs_faust": self.peer_ratio("asleep", "faust"),
+            "p99_ratio_vs_raw": self.p99_ratio("guard"),
+            "p99_ratio_vs_raw_idempotent": self.p99_ratio("idempotent"),
         }
+
+    def targets(self) -> dict[str, float | None]:
+        """The headline plus the values only the targets use."""
+        return {**self.headline(), "io_ratio_vs_best": self.better_peer_ratio("sleep"),
+                "aio_ratio_vs_best": self.better_peer_ratio("asleep")}
 
 
 #: The targets of issue 7 (and issue 5's limiter): key, text, threshold, at least (or most).
@@ -111,7 +157,13 @@ TARGETS: list[tuple[str, str, float, bool]] = [
     ("ratio_vs_raw", "asynctier / raw loop", 0.30, True),
     ("ratio_vs_celery", "asynctier / Celery", 40.0, True),
     ("ratio_vs_dramatiq", "asynctier / Dramatiq", 10.0, True),
-    ("p99_ms", "p99 record-to-start at half load (ms)", 20.0, False),
+    ("p99_ratio_vs_raw", "p99 record-to-start at half load / the raw loop's p99, same "
+     "round (issue 30)", 1.25, False),
+    ("p99_ratio_vs_raw_idempotent", "the same, the binding bound --idempotent", 1.1, False),
+    ("ratio_vs_quix", "asynctier / Quix Streams, no-op (issue 30)", 1.0, True),
+    ("ratio_vs_faust", "asynctier / faust-streaming, no-op", 5.0, True),
+    ("io_ratio_vs_best", "asynctier / the faster peer, 1 ms sync function", 10.0, True),
+    ("aio_ratio_vs_best", "asynctier / the faster peer, 1 ms async function", 20.0, True),
     ("flood_ratio", "main-topic drain at 100% failures / success run", 0.8, True),
     ("limiter_ratio", "never-binding rate limiter / no limiter (issue 5)", 0.9, True),
     ("rss_growth", f"peak RSS, largest / smallest backlog (flat: <= {RSS_FLAT})", RSS_FLAT,
@@ -144,8 +196,9 @@ def final_line(results: Results) -> str:
 def missed(results: Results) -> list[str]:
     """The targets that were measured and missed."""
     out = []
+    values = results.targets()
     for key, _, threshold, at_least in TARGETS:
-        value = results.headline()[key]
+        value = values[key]
         if value is None:
             continue
         if (value < threshold) if at_least else (value > threshold):
@@ -161,15 +214,26 @@ def _rss(row: Row) -> str:
     return " / ".join(f"{k} {_mb(v)}" for k, v in row.peak_rss.items())
 
 
+#: The contenders of the peer rounds, as ``<contender>.<work>`` keys, in table order.
+PEER_KEYS = tuple(f"{c}.{w}" for w in ("noop", "sleep", "asleep")
+                  for c in ("asynctier", "quix", "faust"))
 ORDER = ("raw", "client", "asynctier", "limiter", "flood", "idempotent", "flood_idempotent",
-         "celery", "dramatiq")
+         *PEER_KEYS, "celery", "dramatiq")
+
+
+def _same_work(results: Results, key: str) -> str:
+    """asynctier over this contender with the same work (peer rounds only)."""
+    contender, _, work = key.partition(".")
+    if contender in ("quix", "faust"):
+        return _num(results.peer_ratio(work, contender))
+    return "1.00" if contender == "asynctier" and work else ""
 
 
 def _throughput_table(results: Results) -> list[str]:
     lines = ["| contender | records | seconds | records/s | x raw loop | x Celery | x Dramatiq "
-             "| CPU-s / 1k records (its processes) | CPU-s / 1k (Kafka + Redis) "
-             "| peak RSS (MB) |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+             "| asynctier / this, same work | CPU-s / 1k records (its processes) "
+             "| CPU-s / 1k (Kafka + Redis) | peak RSS (MB) |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for key in ORDER:
         row = results.rows.get(key)
         if row is None:
@@ -177,7 +241,8 @@ def _throughput_table(results: Results) -> list[str]:
         lines.append(
             f"| {row.name} | {row.items:,} | {row.seconds:.2f} | {row.rate:,.0f} "
             f"| {_num(results.ratio(key, 'raw'))} | {_num(results.ratio(key, 'celery'), 1)} "
-            f"| {_num(results.ratio(key, 'dramatiq'), 1)} | {row.cpu_per_1k:.3f} "
+            f"| {_num(results.ratio(key, 'dramatiq'), 1)} | {_same_work(results, key)} "
+            f"| {row.cpu_per_1k:.3f} "
             f"| {_num(row.broker_cpu_per_1k, 3)} | {_rss(row)} |")
     return lines
 
@@ -226,9 +291,26 @@ def _rounds_table(results: Results) -> list[str]:
     return [*lines, ""]
 
 
+def _peer_rounds_table(results: Results) -> list[str]:
+    if not results.peer_rounds:
+        return []
+    keys = [k for k in PEER_KEYS if any(k in r for r in results.peer_rounds)]
+    lines = ["## Rounds beside the Kafka-native peers", "",
+             f"{len(results.peer_rounds)} round(s), each contender in turn (asynctier, "
+             "Quix Streams, faust-streaming; the no-op, then the 1 ms sync, then the 1 ms "
+             "async function), every other round in reverse order. Records/s of each; the "
+             "ratios of the final line are the medians of the rounds' asynctier / peer.", "",
+             "| round | " + " | ".join(f"`{k}`" for k in keys) + " |",
+             "|--:|" + "--:|" * len(keys)]
+    for i, r in enumerate(results.peer_rounds, 1):
+        lines.append(f"| {i} | " + " | ".join(
+            f"{r[k].rate:,.0f}" if k in r else "n/a" for k in keys) + " |")
+    return [*lines, ""]
+
+
 def _targets_table(results: Results) -> list[str]:
     lines = ["| target | wanted | measured | met |", "|---|--:|--:|---|"]
-    head = results.headline()
+    head = results.targets()
     miss = missed(results)
     for key, text, threshold, at_least in TARGETS:
         value = head[key]
@@ -344,6 +426,18 @@ How it is measured:
   reverse order), and each reader's p99 is the median over the rounds: on a machine this
   full, a few seconds of congestion set one run's p99 (single 15 s runs of the same
   binding on one warm stack gave 25 to 150 ms).
+- **Kafka-native peers** (issue 30; `bench/kafka_peers.py`, bench/README.md): Quix Streams
+  (`Application`, at-least-once, `commit_interval` 0.5 s, no changelog topics, a dataframe
+  `.update(fn)`) and faust-streaming (one agent, concurrency 1, `broker_commit_interval`
+  0.5 s, memory store, no web server), 2 worker processes each in one consumer group,
+  released together; the window opens at the first commit once the group is stable with
+  both in it and closes when the group's commits reach the topic's end. Quix drains the
+  main topic with the no-op; faust, and both peers with the 1 ms functions, drain a smaller
+  topic (`--peer-io-records`); asynctier drains the main topic (no-op) and `--io-records`
+  (1 ms functions), bound by default (run-once guard on). They run in rounds
+  (`--peer-rounds`), every other one in reverse order; each ratio is the median of the
+  rounds' asynctier / peer. Neither peer retries later, dead-letters, rate-limits or
+  guards against a second run.
 - **retry flood**: the same topic bound to a function that always raises; the main topic
   drains into the 30 s delay topic. Measured like the success run.
 - **run-once guard**: the no-op and the flood are bound as a user binds by default (not
@@ -379,6 +473,7 @@ def render(results: Results) -> str:
         out += ["Notes:", "", *notes, ""]
     out += ["## Targets", "", *_targets_table(results), ""]
     out += _rounds_table(results)
+    out += _peer_rounds_table(results)
     if results.latency is not None:
         out += ["## Latency (record-to-start)", "", *_latency_lines(results), ""]
     if results.memory:

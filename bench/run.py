@@ -39,7 +39,8 @@ from bench.report import Results  # noqa: E402
 from bench.stack import Services, machine, services  # noqa: E402
 
 SCENARIOS = ("raw", "client", "asynctier", "limiter", "flood", "idempotent",
-             "flood_idempotent", "latency", "celery", "dramatiq", "memory", "profile")
+             "flood_idempotent", "latency", "quix", "faust", "io", "celery", "dramatiq",
+             "memory", "profile")
 #: The scenarios run in interleaved rounds.
 ROUND_KEYS = ("asynctier", "limiter", "flood", "idempotent", "flood_idempotent")
 
@@ -57,6 +58,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="rounds of the three latency runs (raw loop, asynctier, asynctier "
                         "--idempotent), every other one in reverse order; each p99 is the "
                         "median over the rounds [3; quick 1]")
+    p.add_argument("--peer-rounds", type=int, default=None,
+                   help="rounds of the Kafka-native peers (Quix Streams, faust-streaming) "
+                        "beside asynctier, each kind of work in turn, every other round in "
+                        "reverse order; their ratios are medians over the rounds [3; quick 1]")
+    p.add_argument("--io-records", type=int,
+                   help="records asynctier drains with the 1 ms functions [50000; quick "
+                        "5000]")
+    p.add_argument("--peer-io-records", type=int,
+                   help="records each peer drains with the 1 ms functions (and faust with "
+                        "the no-op) [5000; quick 2000]")
     p.add_argument("--backlogs", help="memory backlogs, comma separated "
                                       "[10000,500000; quick 5000,50000]")
     p.add_argument("--limit-rate", type=float, default=1_000_000,
@@ -84,6 +95,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.rounds = max(1, args.rounds or (1 if quick else 7))
     if args.warmup_rounds is None:
         args.warmup_rounds = 0 if quick else 1
+    args.peer_rounds = max(1, args.peer_rounds or (1 if quick else 3))
+    args.io_records = args.io_records or (5_000 if quick else 50_000)
+    args.peer_io_records = args.peer_io_records or (2_000 if quick else 5_000)
     args.latency_seconds = args.latency_seconds or (5.0 if quick else 15.0)
     args.latency_rounds = max(1, args.latency_rounds or (1 if quick else 3))
     backlogs = args.backlogs or ("5000,50000" if quick else "10000,500000")
@@ -108,8 +122,11 @@ class Runner:
 
     def step(self, name: str, fn: Callable[[], None]) -> None:
         """Run one scenario (when selected), timing it and keeping its error."""
-        if name not in self.args.only:
-            return
+        if name in self.args.only:
+            self.attempt(name, fn)
+
+    def attempt(self, name: str, fn: Callable[[], None]) -> None:
+        """Run one scenario, timing it and keeping its error."""
         print(f"== {name}", flush=True)
         started = time.monotonic()
         try:
@@ -161,6 +178,8 @@ class Runner:
                 self.step(name, fn)
         self.results.keep_median_rows()
         self.step("latency", self._latency)
+        if {"quix", "faust", "io"} & a.only:
+            self._kafka_peers()
         values: list[bytes] = []
         if {"celery", "dramatiq"} & a.only:
             values = scenarios.peer_values(s, self.topic, a.peer_records)
@@ -186,6 +205,43 @@ class Runner:
                     print(f"   {name}: {fn(s, f, self.topic, n).rate:,.0f}/s", flush=True)
                 except Exception as exc:  # the measured run will say what is wrong
                     print(f"   {name}: warm-up failed: {exc}", flush=True)
+
+    def _kafka_peers(self) -> None:
+        """Rounds of asynctier beside Quix Streams and faust-streaming, each kind of work
+        in turn; every contender of a round drains a topic of its own size (faust and the
+        1 ms peers are slow: a drain of a few seconds each)."""
+        a, s, f = self.args, self.svc, self.folder
+        io_topic, small_topic = f"{self.topic}-io", f"{self.topic}-peer"
+        if "io" in a.only:
+            preload(s.kafka_bootstrap, io_topic, a.io_records)
+        preload(s.kafka_bootstrap, small_topic, a.peer_io_records)
+        steps: list[tuple[str, Callable[[], scenarios.Row]]] = []
+        if {"quix", "faust"} & a.only:
+            steps.append(("asynctier.noop", lambda: scenarios.asynctier_work(
+                s, f, self.topic, a.records, "noop")))
+        if "quix" in a.only:
+            steps.append(("quix.noop", lambda: scenarios.kafka_peer(
+                s, f, "quix", self.topic, a.records, "noop")))
+        if "faust" in a.only:
+            steps.append(("faust.noop", lambda: scenarios.kafka_peer(
+                s, f, "faust", small_topic, a.peer_io_records, "noop")))
+        for work in ("sleep", "asleep") if "io" in a.only else ():
+            steps.append((f"asynctier.{work}", lambda w=work: scenarios.asynctier_work(
+                s, f, io_topic, a.io_records, w)))
+            steps += [(f"{kind}.{work}", lambda k=kind, w=work: scenarios.kafka_peer(
+                s, f, k, small_topic, a.peer_io_records, w))
+                for kind in ("quix", "faust") if kind in a.only]
+        for round_ in range(a.peer_rounds):
+            print(f"-- peers round {round_ + 1} of {a.peer_rounds}", flush=True)
+            measured: dict[str, scenarios.Row] = {}
+            self.results.peer_rounds.append(measured)
+            for key, fn in steps if round_ % 2 == 0 else reversed(steps):
+                def one(key: str = key, fn: Callable[[], scenarios.Row] = fn,
+                        measured: dict[str, scenarios.Row] = measured) -> None:
+                    measured[key] = fn()
+                    self.row(key, measured[key])
+                self.attempt(key, one)
+        self.results.keep_median_peer_rows()
 
     def _limiter(self) -> None:
         row, used = scenarios.asynctier_limited(self.svc, self.folder, self.topic,

@@ -20,6 +20,7 @@ import redis
 
 from bench import peers
 from bench.asynctier_run import COMPONENTS, REPO, AsynctierRun
+from bench.kafka_peers import COMMIT_INTERVAL_S
 from bench.measure import BenchError, Drain, Finder, Meter, single, watch_drain
 from bench.records import (
     GroupProgress,
@@ -30,6 +31,7 @@ from bench.records import (
     warm_producer,
 )
 from bench.stack import Services
+from bench.work import KINDS
 
 
 @dataclass(frozen=True)
@@ -321,3 +323,32 @@ def _peer_row(name: str, services: Services, got: peers.PeerRun) -> Row:
     return Row(name, drain.items, drain.seconds, drain.cpu_s.get("workers", 0.0),
                _broker_cpu(services, drain), {"workers": drain.peak_rss.get("workers", 0)},
                f"enqueued beforehand in {got.enqueue_s:.1f} s (not measured)")
+
+
+# --------------------------------------------------------------------------- Kafka-native peers
+
+#: asynctier's function for each kind of work of :mod:`bench.work`.
+ASYNCTIER_WORK = {"noop": "noop", "sleep": "sleep1ms", "asleep": "asleep1ms"}
+PEER_NAMES = {"quix": "Quix Streams", "faust": "faust-streaming"}
+
+
+def asynctier_work(services: Services, folder: Path, topic: str, n: int, work: str) -> Row:
+    """The default ``asynctier run`` draining ``topic`` with one kind of work (the binding
+    as a user binds it: run-once guard on, default concurrency)."""
+    function = ASYNCTIER_WORK[work]
+    with platform(services, folder, function) as run:
+        run.bind(function, topic, function)
+        drain = drain_asynctier(services, run, topic, n, function)
+    return _row(f"asynctier, {KINDS[work]}", services, drain)
+
+
+def kafka_peer(services: Services, folder: Path, kind: str, topic: str, n: int,
+               work: str) -> Row:
+    """Quix Streams or faust-streaming draining ``topic`` with one kind of work."""
+    drain = peers.run_kafka_peer(services, kind, topic, n, work, folder,
+                                 _timeout(n, 100 if work == "noop" else 20))
+    note = (f"{peers.KAFKA_PEER_WORKERS} worker processes, one group; commits every "
+            f"{COMMIT_INTERVAL_S:g} s; measured once the group was stable")
+    return Row(f"{PEER_NAMES[kind]}, {KINDS[work]}", drain.items, drain.seconds,
+               drain.cpu_s.get("workers", 0.0), _broker_cpu(services, drain),
+               {"workers": drain.peak_rss.get("workers", 0)}, note)

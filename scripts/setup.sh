@@ -5,13 +5,14 @@
 #      and stops);
 #   2. a virtual environment in .venv with asynctier installed in editable mode;
 #   3. Kafka's jars fetched by Maven into ~/.cache/asynctier (once).
-# Environment: PYTHON (default python3, 3.11+), ASYNCTIER_EXTRAS (default "dev").
+# Environment: PYTHON (default python3, 3.11+), ASYNCTIER_EXTRAS (default "dev"),
+# ASYNCTIER_VENV (default .venv; `make bench` puts its Kafka-native peers in .venv-peers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 EXTRAS=${ASYNCTIER_EXTRAS:-dev}
-VENV=.venv
+VENV=${ASYNCTIER_VENV:-.venv}
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 
