@@ -68,6 +68,10 @@ def _duration(what: str, text: str) -> float:
 @click.option("--redis-policy", type=click.Choice(["fail_open", "fail_closed"]),
               default="fail_open", show_default=True,
               help="When Redis is down: local limits (fail_open) or pause (fail_closed).")
+@click.option("--ordering", type=click.Choice(["none", "key"]), default="none",
+              show_default=True,
+              help="key: records of one key run one at a time, in offset order (a failing "
+                   "record parks its key; other keys keep flowing). none: concurrently.")
 @click.option("--create-topic", type=int, metavar="N",
               help="Create the topic with N partitions when it does not exist.")
 @click.pass_context
@@ -75,7 +79,8 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
          lease: str, function: str, tenant: str, priority: str,
          fmt: str, schema_file: str | None, rate: float | None, burst: int | None,
          concurrency: int | None, max_attempts: int, timeout: str, retry_ladder: str | None,
-         idempotent: bool, redis_policy: str, create_topic: int | None) -> None:
+         idempotent: bool, redis_policy: str, ordering: str,
+         create_topic: int | None) -> None:
     """Bind topic --topic (or queue topic --queue) to function --function under NAME."""
     settings = settings_of(ctx)
     if (topic is None) == (queue_topic is None):
@@ -101,6 +106,7 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
         max_concurrency=concurrency, max_attempts=max_attempts,
         timeout_s=_duration("timeout", timeout),
         idempotent=idempotent, redis_policy=redis_policy,  # type: ignore[arg-type]
+        ordering=ordering,  # type: ignore[arg-type]
         **fields,  # type: ignore[arg-type]
     ).validate()
     try:
@@ -114,8 +120,9 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
         ensure_binding_topics(settings, [binding])
     BindingRegistry(settings).put(binding)
     source = f"{topic}" if topic is not None else f"queue {tenant}/{queue_topic}"
+    order = ", ordered by key" if binding.ordering == "key" else ""
     click.echo(f"bound {name}: {source} -> {function} (tenant {tenant}, {priority}, "
-               f"ladder {','.join(binding.ladder_names)})")
+               f"ladder {','.join(binding.ladder_names)}{order})")
 
 
 def _kafka_topic(settings: Settings, topic: str, create_topic: int | None) -> None:

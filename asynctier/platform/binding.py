@@ -24,10 +24,14 @@ from asynctier.platform.schemas import load_schema
 Priority = Literal["urgent", "normal", "batch"]
 PayloadFormat = Literal["json", "avro", "bytes"]
 RedisPolicy = Literal["fail_open", "fail_closed"]
+Ordering = Literal["none", "key"]
 
 PRIORITIES: tuple[Priority, ...] = ("urgent", "normal", "batch")
 FORMATS: tuple[PayloadFormat, ...] = ("json", "avro", "bytes")
 REDIS_POLICIES: tuple[RedisPolicy, ...] = ("fail_open", "fail_closed")
+#: ``none``: records run concurrently; ``key``: a key's records one at a time, in offset
+#: order (docs/design.md, Per-key order).
+ORDERINGS: tuple[Ordering, ...] = ("none", "key")
 DEFAULT_LADDER_S: tuple[float, ...] = (30.0, 60.0, 300.0, 1800.0)
 #: The kinds of source a binding may name (each has a tailer: asynctier.tailers.registry).
 SOURCE_KINDS: tuple[str, ...] = ("kafka", "queue")
@@ -67,6 +71,7 @@ class Binding:
     source_kind: str = "kafka"
     lease_s: float = 30.0  # a queue binding's lease per batch (its items run within it)
     created_ms: int = 0
+    ordering: Ordering = "none"
     _parsed_schema: Any = field(default=None, compare=False, repr=False)
 
     @property
@@ -111,6 +116,10 @@ class Binding:
                f"format {self.format!r} is not one of {', '.join(FORMATS)}")
         _check(self.redis_policy in REDIS_POLICIES, "redis policy",
                f"{self.redis_policy!r} is not one of {', '.join(REDIS_POLICIES)}")
+        _check(self.ordering in ORDERINGS, "ordering",
+               f"ordering {self.ordering!r} is not one of {', '.join(ORDERINGS)}")
+        _check(self.ordering == "none" or self.source_kind == "kafka", "ordering",
+               "--ordering key is for a Kafka topic; a queue orders by priority")
         self._validate_numbers()
         self._validate_ladder()
         self._validate_schema()

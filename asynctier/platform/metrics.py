@@ -33,7 +33,8 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_se
 log = logging.getLogger(__name__)
 
 #: The ``outcome`` label of :data:`ITEMS`.
-OUTCOMES: Final = frozenset({"ok", "retry", "failed", "dead_letter", "undecodable"})
+OUTCOMES: Final = frozenset({"ok", "retry", "failed", "dead_letter", "undecodable",
+                              "parked"})  # parked: behind its key (--ordering key)
 #: The ``reason`` label of :data:`DEAD_LETTERS`.
 DEAD_LETTER_REASONS: Final = frozenset(
     {"undecodable", "rejected", "max_attempts", "function_error", "binding_removed",
@@ -75,6 +76,16 @@ IN_FLIGHT = Gauge(
     "asynctier_in_flight_items",
     "Items taken but not yet resolved, by component and binding.",
     ["component", "binding"],
+)
+PARKED_KEYS = Gauge(
+    "asynctier_parked_keys",
+    "Keys of a --ordering key binding waiting behind a record on the delay path.",
+    ["binding"],
+)
+PARKED_OLDEST_SECONDS = Gauge(
+    "asynctier_parked_oldest_seconds",
+    "How long the oldest parked key of a --ordering key binding has been parked.",
+    ["binding"],
 )
 QUEUE_DEPTH = Gauge(
     "asynctier_scheduler_queue_depth",
@@ -254,6 +265,12 @@ def observe_record_ages(binding: str, record_ms: Iterable[int], start_s: float) 
 def set_in_flight(component: str, binding: str, n: int) -> None:
     """Set how many items ``component`` holds unresolved for ``binding``."""
     IN_FLIGHT.labels(component, binding).set(n)
+
+
+def set_parked(binding: str, keys: int, oldest_s: float) -> None:
+    """Set a --ordering key binding's parked keys and the oldest one's age."""
+    PARKED_KEYS.labels(binding).set(keys)
+    PARKED_OLDEST_SECONDS.labels(binding).set(oldest_s)
 
 
 def add_in_flight(component: str, binding: str, delta: int) -> None:

@@ -23,6 +23,8 @@ H_ATTEMPTS_MADE = "asynctier.attempts-made"
 H_REASON = "asynctier.reason"
 H_CHARGED = "asynctier.charged"
 H_REPLAYED = "asynctier.replayed"
+#: A dead letter of a ``--ordering key`` binding: the records of its key that run after it.
+H_RAN_AFTER = "asynctier.ran-after"
 PLATFORM_HEADERS = (
     H_BINDING,
     H_ATTEMPT,
@@ -34,6 +36,7 @@ PLATFORM_HEADERS = (
     H_REASON,
     H_CHARGED,
     H_REPLAYED,
+    H_RAN_AFTER,
 )
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
