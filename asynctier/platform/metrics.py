@@ -181,6 +181,8 @@ ALL_METRICS: Final = {
     "asynctier_function_duration_seconds": FUNCTION_DURATION,
     "asynctier_record_to_start_seconds": RECORD_TO_START,
     "asynctier_in_flight_items": IN_FLIGHT,
+    "asynctier_parked_keys": PARKED_KEYS,
+    "asynctier_parked_oldest_seconds": PARKED_OLDEST_SECONDS,
     "asynctier_scheduler_queue_depth": QUEUE_DEPTH,
     "asynctier_throttled_total": THROTTLED,
     "asynctier_quota_delayed_total": QUOTA_DELAYED,

@@ -34,6 +34,7 @@ class KeyGate:
         self.lot = lot
         self.busy: Counter[str] = Counter()  # keys with a record in a batch not handed off
         self.open: dict[TP, OrderedDict[int, None]] = {}  # offsets read, not checkpointed
+        self.high: dict[TP, int] = {}  # per partition, the highest offset checkpointed
 
     def split(self, msgs: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any], set[int]]:
         """``msgs`` (of owned partitions, in read order) as (run, parked, held back,
@@ -120,6 +121,9 @@ class KeyGate:
                 opened.pop(msg.offset(), None)
         out: dict[TP, int] = {}
         for tp, high in mark.items():
+            # an earlier batch's commit may have stopped below a record held back: this
+            # one covers what that one could not, up to the highest offset resolved
+            high = self.high[tp] = max(self.high.get(tp, -1), high)
             opened = self.open.get(tp)
             low = next(iter(opened)) if opened else None
             out[tp] = high if low is None else min(high, low - 1)
@@ -129,6 +133,7 @@ class KeyGate:
         """Partitions revoked or lost (None: all): nothing of them is open any more."""
         for tp in list(self.open) if gone is None else gone:
             self.open.pop(tp, None)
+            self.high.pop(tp, None)
 
 
 def ran_after_header(lot: ParkingLot, parcel_key: bytes | None, origin: str,
