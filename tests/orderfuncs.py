@@ -53,6 +53,7 @@ class Success:
     seq: int
     attempt: int
     at: float
+    source: str = ""
 
 
 def read(path: Path) -> list[Success]:
@@ -63,21 +64,26 @@ def read(path: Path) -> list[Success]:
     for line in path.read_text().splitlines():
         parts = line.split(" ")
         if len(parts) == 5:
-            out.append(Success(parts[0], int(parts[1]), int(parts[2]), float(parts[3])))
+            out.append(Success(parts[0], int(parts[1]), int(parts[2]), float(parts[3]),
+                               parts[4]))
     return out
 
 
-def first_successes(path: Path) -> dict[str, list[int]]:
-    """Per key, its seqs in the order of their first success."""
+def first_successes(path: Path, topic: str = "") -> dict[str, list[int]]:
+    """Per key, its seqs in the order of their first success (of ``topic``'s records only,
+    when given)."""
     seen: set[tuple[str, int]] = set()
     out: dict[str, list[int]] = {}
     for s in read(path):
+        if topic and not s.source.startswith(f"{topic}/"):
+            continue
         if (s.key, s.seq) not in seen:
             seen.add((s.key, s.seq))
             out.setdefault(s.key, []).append(s.seq)
     return out
 
 
-def out_of_order(path: Path) -> list[tuple[str, list[int]]]:
+def out_of_order(path: Path, topic: str = "") -> list[tuple[str, list[int]]]:
     """The keys whose first successes are not in sequence order."""
-    return [(k, seqs) for k, seqs in first_successes(path).items() if seqs != sorted(seqs)]
+    return [(k, seqs) for k, seqs in first_successes(path, topic).items()
+            if seqs != sorted(seqs)]

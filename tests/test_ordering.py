@@ -170,3 +170,45 @@ def test_100k_in_order_across_a_tailer_and_a_scheduler_sigkill(
     figures = run_ordered(platform, settings, unique_topic(4), 100_000, 1_000, kill=kill,
                           timeout_s=900)
     print(f"\nordered 100,000/1,000 keys, SIGKILLs: {figures}")
+
+
+def drain_span(path: Path, topic: str, skip_key: str | None) -> float:
+    """Seconds from the first to the last first success of ``topic``'s records (the key
+    ``skip_key`` left out)."""
+    times = [s.at for s in orderfuncs.read(path)
+             if s.source.startswith(f"{topic}/") and s.key != skip_key]
+    return max(times) - min(times)
+
+
+@pytest.mark.slow
+def test_one_key_failing_for_60s_does_not_slow_the_other_999(
+        platform: Platform, unique_topic: Callable[..., str], settings: Settings) -> None:
+    total, keys = 100_000, 1_000
+    base, hot = unique_topic(4), unique_topic(4)
+    docs = keyed_docs(total, keys, 0.0)
+    produce_json(settings, base, docs, key_of="key")
+    platform.start("scheduler")
+    platform.start("delay")
+    platform.start("tailers", None, "--batch-size", "500")
+    platform.cli("bind", "base", "--topic", base, "--function", "tests.orderfuncs:step",
+                 "--retry-ladder", "5s", "--max-attempts", "100", "--ordering", "key")
+    wait_until(lambda: sum(s.source.startswith(f"{base}/")
+                           for s in orderfuncs.read(platform.ledger)) >= total, 900,
+               "the run without a failing key drained")
+    t0 = time.time()
+    failing = [dict(d, fail_for_s=60, t0=t0) if d["key"] == "k0" else d for d in docs]
+    produce_json(settings, hot, failing, key_of="key")
+    platform.cli("bind", "hot", "--topic", hot, "--function", "tests.orderfuncs:step",
+                 "--retry-ladder", "5s", "--max-attempts", "100", "--ordering", "key")
+    others = sum(d["key"] != "k0" for d in docs)
+    wait_until(lambda: sum(s.source.startswith(f"{hot}/") and s.key != "k0"
+                           for s in orderfuncs.read(platform.ledger)) >= others, 900,
+               "the other 999 keys drained")
+    without = drain_span(platform.ledger, base, "k0")
+    with_hot = drain_span(platform.ledger, hot, "k0")
+    print(f"\nother 999 keys: {without:.1f}s without the failing key, {with_hot:.1f}s with it")
+    assert with_hot <= without * 1.10
+    wait_until(lambda: len(orderfuncs.first_successes(platform.ledger, hot).get("k0", []))
+               == sum(d["key"] == "k0" for d in docs), 300, "k0 ran too")
+    assert orderfuncs.out_of_order(platform.ledger, base) == []
+    assert orderfuncs.out_of_order(platform.ledger, hot) == []
