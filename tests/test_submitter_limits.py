@@ -75,6 +75,8 @@ def bindings(tenant: str) -> list[Binding]:
         Binding("other", "work2", fn, tenant=f"{tenant}-b", source_kind="queue"),
         Binding("av", "avwork", fn, tenant=tenant, source_kind="queue", format="avro",
                 schema=AVRO_SCHEMA),
+        Binding("small", "smallwork", fn, tenant=tenant, source_kind="queue",
+                max_payload_bytes=64),
     ]
 
 
@@ -132,6 +134,22 @@ def test_each_bad_workload_is_refused_with_its_own_message_and_neighbours_accept
     assert "avro: 1 byte(s) left over" in (avro[1].reason or "")
     [counts] = queue_store.counts(tenant, "work")
     assert counts.ready == 2 * len(BAD)
+
+
+def test_a_bindings_own_payload_limit_replaces_the_default(
+        submitter: Served, queue_store: QueueStore, tenant: str) -> None:
+    """Binding "small" takes payloads of at most 64 bytes: 64 is accepted and stored, 65 is
+    invalid with the binding's limit in the message; binding "q" still takes 65."""
+    fits, over = b'"' + b"x" * 62 + b'"', b'"' + b"x" * 63 + b'"'
+    with submitter.client() as client:
+        small = client.submit_many("small", [Workload(fits, id="fits"),
+                                             Workload(over, id="over")])
+        wide = client.submit("q", over, id="wide")
+    assert [r.status for r in small] == ["accepted", "invalid"]
+    assert "over the 64-byte limit of binding small" in (small[1].reason or "")
+    assert wide.status == "accepted"
+    assert queue_store.get(tenant, "smallwork", "fits") is not None
+    assert queue_store.get(tenant, "smallwork", "over") is None
 
 
 def test_all_or_nothing_refuses_the_call_whole(submitter: Served, queue_store: QueueStore,

@@ -3,9 +3,14 @@ SDK's payloads."""
 
 from __future__ import annotations
 
+import pytest
+
+from asynctier.cli.bindings import _size
 from asynctier.cli.run import COMPONENTS, _child_args
 from asynctier.client import as_payload
+from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
+from asynctier.platform.errors import BindingError
 from asynctier.submitter.protocol import (
     METHOD,
     Call,
@@ -50,3 +55,18 @@ def test_the_sdk_sends_bytes_as_they_are_text_as_utf8_and_the_rest_as_json() -> 
     assert as_payload(b"\x00\x01") == b"\x00\x01"
     assert as_payload("héllo") == "héllo".encode()
     assert as_payload({"id": 1, "x": [1, 2]}) == b'{"id":1,"x":[1,2]}'
+
+
+def test_a_per_binding_payload_limit_is_parsed_checked_and_stored() -> None:
+    """``bind --max-payload`` sizes parse with their units, out-of-range limits are refused
+    naming the field, and the limit survives the bindings topic's Avro."""
+    assert [_size("max payload", t) for t in ("4096", "512KB", "1MiB", "2 kib")] == [
+        4096, 512_000, 1024 * 1024, 2048]
+    with pytest.raises(BindingError, match="max payload: '1GB' is not a size"):
+        _size("max payload", "1GB")
+    base = Binding("small", "work", "tests.faults.funcs:run", source_kind="queue")
+    with pytest.raises(BindingError, match="max payload: max payload 2,097,152 bytes"):
+        base.with_changes(max_payload_bytes=2 * 1024 * 1024).validate()
+    kept = base.with_changes(max_payload_bytes=512_000).validate()
+    assert Binding.decode(kept.encode()).max_payload_bytes == 512_000
+    assert Binding.decode(base.encode()).max_payload_bytes is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -41,6 +42,19 @@ def _duration(what: str, text: str) -> float:
         raise BindingError(f"{what}: {exc}") from exc
 
 
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KB|KIB|MB|MIB)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"B": 1, "KB": 1000, "KIB": 1024, "MB": 1000**2, "MIB": 1024**2}
+
+
+def _size(what: str, text: str) -> int:
+    """Bytes of a size such as ``4096``, ``512KB`` or ``1MiB``."""
+    found = _SIZE_RE.fullmatch(text)
+    if found is None:
+        raise BindingError(f"{what}: {text!r} is not a size: write bytes, or a number with "
+                           "KB, KiB, MB or MiB (512KB, 1MiB)")
+    return int(found.group(1)) * _SIZE_UNITS[(found.group(2) or "B").upper()]
+
+
 @click.command()
 @click.argument("name")
 @click.option("--topic", help="The Kafka topic to run the function on.")
@@ -72,6 +86,9 @@ def _duration(what: str, text: str) -> float:
               show_default=True,
               help="key: records of one key run one at a time, in offset order (a failing "
                    "record parks its key; other keys keep flowing). none: concurrently.")
+@click.option("--max-payload", "max_payload", metavar="SIZE",
+              help="The largest payload the Submitter accepts (512KB, 1MB; at most 1MiB) "
+                   "[default: 1MiB].")
 @click.option("--create-topic", type=int, metavar="N",
               help="Create the topic with N partitions when it does not exist.")
 @click.pass_context
@@ -79,7 +96,7 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
          lease: str, function: str, tenant: str, priority: str,
          fmt: str, schema_file: str | None, rate: float | None, burst: int | None,
          concurrency: int | None, max_attempts: int, timeout: str, retry_ladder: str | None,
-         idempotent: bool, redis_policy: str, ordering: str,
+         idempotent: bool, redis_policy: str, ordering: str, max_payload: str | None,
          create_topic: int | None) -> None:
     """Bind topic --topic (or queue topic --queue) to function --function under NAME."""
     settings = settings_of(ctx)
@@ -96,6 +113,8 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
     if queue_topic is not None:
         fields["source_kind"] = "queue"
         fields["lease_s"] = _duration("lease", lease)
+    if max_payload is not None:
+        fields["max_payload_bytes"] = _size("max payload", max_payload)
     ladder = _ladder(retry_ladder)
     if ladder is not None:
         fields["retry_ladder_s"] = ladder

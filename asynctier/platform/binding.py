@@ -35,6 +35,9 @@ ORDERINGS: tuple[Ordering, ...] = ("none", "key")
 DEFAULT_LADDER_S: tuple[float, ...] = (30.0, 60.0, 300.0, 1800.0)
 #: The kinds of source a binding may name (each has a tailer: asynctier.tailers.registry).
 SOURCE_KINDS: tuple[str, ...] = ("kafka", "queue")
+#: The highest per-binding payload limit (the queue's item limit, and Kafka's default
+#: message.max.bytes is about the same).
+MAX_PAYLOAD_LIMIT = 1024 * 1024
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
@@ -70,6 +73,8 @@ class Binding:
     redis_policy: RedisPolicy = "fail_open"
     source_kind: str = "kafka"
     lease_s: float = 30.0  # a queue binding's lease per batch (its items run within it)
+    #: The largest payload the Submitter accepts for this binding; None: its default (1 MiB).
+    max_payload_bytes: int | None = None
     created_ms: int = 0
     ordering: Ordering = "none"
     _parsed_schema: Any = field(default=None, compare=False, repr=False)
@@ -141,6 +146,10 @@ class Binding:
                f"timeout {self.timeout_s:g}s is out of range: 0 < S <= 3600")
         _check(1 <= self.lease_s <= 3600, "lease",
                f"lease {self.lease_s:g}s is out of range: 1s <= S <= 1h")
+        if self.max_payload_bytes is not None:
+            _check(1 <= self.max_payload_bytes <= MAX_PAYLOAD_LIMIT, "max payload",
+                   f"max payload {self.max_payload_bytes:,} bytes is out of range: give 1 "
+                   f"byte to {MAX_PAYLOAD_LIMIT:,} (1MiB)")
 
     def _validate_ladder(self) -> None:
         ladder = self.retry_ladder_s

@@ -29,7 +29,7 @@ class Validator:
     def __init__(self, binding: Binding, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
                  ) -> None:
         self.binding = binding
-        self.max_payload_bytes = max_payload_bytes
+        self.max_payload_bytes = binding.max_payload_bytes or max_payload_bytes
         self._decode: Decoder = decoder_for(binding)
         self._queue = binding.source_kind == "queue"
 
@@ -43,8 +43,8 @@ class Validator:
             return "the payload is missing: give the workload's bytes"
         if len(w.payload) > self.max_payload_bytes:
             return (f"the payload is {len(w.payload):,} bytes, over the "
-                    f"{self.max_payload_bytes:,}-byte limit: store big inputs elsewhere and "
-                    "submit their address")
+                    f"{self.max_payload_bytes:,}-byte limit of binding {self.binding.name}: "
+                    "store big inputs elsewhere and submit their address")
         try:
             self._decode(w.payload)
         except DecodeError as exc:
