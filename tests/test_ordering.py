@@ -150,6 +150,7 @@ def test_keys_run_in_order_retries_park_only_their_key(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_100k_records_over_1000_keys_in_order(
         platform: Platform, unique_topic: Callable[..., str], settings: Settings) -> None:
     figures = run_ordered(platform, settings, unique_topic(4), 100_000, 1_000,
@@ -159,6 +160,7 @@ def test_100k_records_over_1000_keys_in_order(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_100k_in_order_across_a_tailer_and_a_scheduler_sigkill(
         platform: Platform, unique_topic: Callable[..., str], settings: Settings) -> None:
     def kill() -> None:
@@ -181,6 +183,7 @@ def drain_span(path: Path, topic: str, skip_key: str | None) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_one_key_failing_for_60s_does_not_slow_the_other_999(
         platform: Platform, unique_topic: Callable[..., str], settings: Settings) -> None:
     total, keys = 100_000, 1_000
