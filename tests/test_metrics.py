@@ -47,6 +47,8 @@ def test_every_metric_of_the_issue_is_defined() -> None:
         "asynctier_function_duration_seconds": ("binding",),
         "asynctier_record_to_start_seconds": ("binding",),
         "asynctier_in_flight_items": ("component", "binding"),
+        "asynctier_parked_keys": ("binding",),
+        "asynctier_parked_oldest_seconds": ("binding",),
         "asynctier_scheduler_queue_depth": ("tier",),
         "asynctier_throttled_total": ("binding",),
         "asynctier_quota_delayed_total": ("binding", "tenant"),

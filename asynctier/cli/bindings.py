@@ -101,6 +101,10 @@ def _size(what: str, text: str) -> int:
 @click.option("--breaker", help="Circuit breaker: SHARE%/WINDOW, such as 50%/30s. When that "
               "share of calls fails over the window, new records are parked (no attempt "
               "spent), probes test the downstream, and records flow back at a ramped rate.")
+@click.option("--ordering", type=click.Choice(["none", "key"]), default="none",
+              show_default=True,
+              help="key: records of one key run one at a time, in offset order (a failing "
+                   "record parks its key; other keys keep flowing). none: concurrently.")
 @click.option("--max-payload", "max_payload", metavar="SIZE",
               help="The largest payload the Submitter accepts (512KB, 1MB; at most 1MiB) "
                    "[default: 1MiB].")
@@ -113,7 +117,7 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
          concurrency: int | None, max_attempts: int, timeout: str, retry_ladder: str | None,
          queue_after: str, isolation: str, idempotent: bool, redis_policy: str,
          start_within: str | None, expire_after: str | None, breaker: str | None,
-         max_payload: str | None,
+         ordering: str, max_payload: str | None,
          create_topic: int | None) -> None:
     """Bind topic --topic (or queue topic --queue) to function --function under NAME."""
     settings = settings_of(ctx)
@@ -152,6 +156,7 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
         queue_after_s=_duration("queue after", queue_after),
         isolation=isolation,  # type: ignore[arg-type]
         idempotent=idempotent, redis_policy=redis_policy,  # type: ignore[arg-type]
+        ordering=ordering,  # type: ignore[arg-type]
         **fields,  # type: ignore[arg-type]
     ).validate()
     try:
@@ -171,8 +176,9 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
         ensure_binding_topics(settings, [binding])
     BindingRegistry(settings).put(binding)
     source = path_of(settings, binding)
+    order = ", ordered by key" if binding.ordering == "key" else ""
     click.echo(f"bound {name}: {source} -> {function} (tenant {tenant}, {priority}, "
-               f"ladder {','.join(binding.ladder_names)})")
+               f"ladder {','.join(binding.ladder_names)}{order})")
 
 
 def path_of(settings: Settings, binding: Binding) -> str:

@@ -34,6 +34,59 @@ from asynctier.queue.backlog import (
     read_backlog,
 )
 from asynctier.queue.shards import ShardedQueue
+from asynctier.tailers.parking import ParkingLot
+
+
+@dataclass(frozen=True)
+class ParkedRow:
+    """A ``--ordering key`` binding's parked keys (``error`` when Redis did not answer)."""
+
+    name: str
+    keys: int = 0
+    heads: int = 0
+    oldest_s: float = 0.0
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        """The row for ``--json`` (kind ``parked``)."""
+        return {"kind": "parked", "name": self.name, "parked_keys": self.keys,
+                "heads_on_delay_path": self.heads, "oldest_parked_s": round(self.oldest_s, 3),
+                "error": self.error}
+
+
+def read_parked(settings: Settings, bindings: Sequence[Binding]) -> list[ParkedRow]:
+    """The parked keys of every ``--ordering key`` binding among ``bindings``."""
+    rows = []
+    for binding in bindings:
+        if binding.ordering != "key":
+            continue
+        lot = ParkingLot.of(settings, binding.name)
+        try:
+            stats = lot.stats()
+        except Exception as exc:  # Redis down: the row says so, the command goes on
+            rows.append(ParkedRow(binding.name, error=f"Redis did not answer: {exc}"))
+            continue
+        finally:
+            lot.redis.close()
+        rows.append(ParkedRow(binding.name, stats.keys, stats.waiting_heads,
+                              stats.oldest_age_s))
+    return rows
+
+
+def parked_table(rows: Sequence[ParkedRow]) -> Table:
+    """The parked keys per ordered binding as a rich table."""
+    table = Table(title="parked keys (--ordering key)", title_justify="left")
+    for name in ("name", "parked keys", "on the delay path", "oldest parked"):
+        table.add_column(name, justify="left" if name == "name" else "right")
+    for row in rows:
+        if row.error is not None:
+            table.add_row(row.name, "unavailable", "-", "-", style="red")
+            table.caption = row.error
+            continue
+        table.add_row(row.name, str(row.keys), str(row.heads),
+                      format_age(row.oldest_s) if row.keys else "-",
+                      style="yellow" if row.keys else None)
+    return table
 
 
 def format_age(seconds: float | None) -> str:
@@ -123,10 +176,13 @@ class Reading:
 
     lag: list[LagRow]
     backlog: list[BacklogRow]
+    parked: list[ParkedRow]
 
     def as_json(self) -> list[dict[str, object]]:
-        """Every row, Kafka's then the queue's (``kind`` tells them apart)."""
-        return [r.as_dict() for r in self.lag] + [r.as_dict() for r in self.backlog]
+        """Every row, Kafka's, the queue's, then the parked keys' (``kind`` tells them
+        apart)."""
+        return ([r.as_dict() for r in self.lag] + [r.as_dict() for r in self.backlog]
+                + [r.as_dict() for r in self.parked])
 
 
 def _rows(settings: Settings, binding: str | None, readers: Readers) -> Reading:
@@ -141,7 +197,7 @@ def _rows(settings: Settings, binding: str | None, readers: Readers) -> Reading:
         lag_rows: list[LagRow] = []  # a queue binding has no partitions nor delay topics
     else:
         lag_rows = read_lag(settings, bindings.values(), binding, readers.lag, parts)
-    return Reading(lag_rows, readers.backlog(chosen))
+    return Reading(lag_rows, readers.backlog(chosen), read_parked(settings, chosen))
 
 
 def tables(reading: Reading) -> Group:
@@ -152,6 +208,8 @@ def tables(reading: Reading) -> Group:
         parts.append(lag_table(reading.lag))
     if reading.backlog:
         parts.append(backlog_table(reading.backlog))
+    if reading.parked:
+        parts.append(parked_table(reading.parked))
     return Group(*parts)
 
 

@@ -24,6 +24,7 @@ Priority = Literal["urgent", "normal", "batch"]
 PayloadFormat = Literal["json", "avro", "bytes"]
 RedisPolicy = Literal["fail_open", "fail_closed"]
 Isolation = Literal["thread", "process"]
+Ordering = Literal["none", "key"]
 
 PRIORITIES: tuple[Priority, ...] = ("urgent", "normal", "batch")
 FORMATS: tuple[PayloadFormat, ...] = ("json", "avro", "bytes")
@@ -33,6 +34,9 @@ ISOLATIONS: tuple[Isolation, ...] = ("thread", "process")
 DEFAULT_QUEUE_AFTER_S = 60.0
 #: The longest timeout a binding may have (1 h); ``--timeout`` says so.
 MAX_TIMEOUT_S = 3600.0
+#: ``none``: records run concurrently; ``key``: a key's records one at a time, in offset
+#: order (docs/design.md, Per-key order).
+ORDERINGS: tuple[Ordering, ...] = ("none", "key")
 DEFAULT_LADDER_S: tuple[float, ...] = (30.0, 60.0, 300.0, 1800.0)
 #: The kinds of source a binding may name (each has a tailer: asynctier.tailers.registry).
 SOURCE_KINDS: tuple[str, ...] = ("kafka", "queue")
@@ -83,6 +87,7 @@ class Binding:
     expire_after_s: float | None = None  # not started this long after it: dead, "expired"
     breaker_ratio: float | None = None  # --breaker 50%/30s: opens at this failure share...
     breaker_window_s: float = 30.0  # ... over this window
+    ordering: Ordering = "none"
     _parsed_schema: Any = field(default=None, compare=False, repr=False)
 
     @property
@@ -142,6 +147,15 @@ class Binding:
                f"isolation {self.isolation!r} is not one of {', '.join(ISOLATIONS)}")
         _check(self.redis_policy in REDIS_POLICIES, "redis policy",
                f"{self.redis_policy!r} is not one of {', '.join(REDIS_POLICIES)}")
+        _check(self.ordering in ORDERINGS, "ordering",
+               f"ordering {self.ordering!r} is not one of {', '.join(ORDERINGS)}")
+        _check(self.ordering == "none" or self.source_kind == "kafka", "ordering",
+               "--ordering key is for a Kafka topic; a queue orders by priority")
+        _check(self.ordering == "none" or not self.moved_to_queue, "ordering",
+               f"--ordering key runs from the Kafka topic, but a timeout of "
+               f"{self.timeout_s:g}s (over --queue-after {self.queue_after_s:g}s) moves the "
+               "records into the queue, where order is not kept: lower --timeout or raise "
+               "--queue-after")
         self._validate_numbers()
         self._validate_ladder()
         self._validate_schema()

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 #: The ``outcome`` label of :data:`ITEMS`.
 OUTCOMES: Final = frozenset({"ok", "retry", "failed", "dead_letter", "undecodable",
-                             "moved"})
+                             "moved", "parked"})  # parked: behind its key (--ordering key)
 #: The ``reason`` label of :data:`DEAD_LETTERS`.
 DEAD_LETTER_REASONS: Final = frozenset(
     {"undecodable", "rejected", "max_attempts", "function_error", "binding_removed",
@@ -76,6 +76,16 @@ IN_FLIGHT = Gauge(
     "asynctier_in_flight_items",
     "Items taken but not yet resolved, by component and binding.",
     ["component", "binding"],
+)
+PARKED_KEYS = Gauge(
+    "asynctier_parked_keys",
+    "Keys of a --ordering key binding waiting behind a record on the delay path.",
+    ["binding"],
+)
+PARKED_OLDEST_SECONDS = Gauge(
+    "asynctier_parked_oldest_seconds",
+    "How long the oldest parked key of a --ordering key binding has been parked.",
+    ["binding"],
 )
 QUEUE_DEPTH = Gauge(
     "asynctier_scheduler_queue_depth",
@@ -209,6 +219,8 @@ ALL_METRICS: Final = {
     "asynctier_function_duration_seconds": FUNCTION_DURATION,
     "asynctier_record_to_start_seconds": RECORD_TO_START,
     "asynctier_in_flight_items": IN_FLIGHT,
+    "asynctier_parked_keys": PARKED_KEYS,
+    "asynctier_parked_oldest_seconds": PARKED_OLDEST_SECONDS,
     "asynctier_scheduler_queue_depth": QUEUE_DEPTH,
     "asynctier_throttled_total": THROTTLED,
     "asynctier_quota_delayed_total": QUOTA_DELAYED,
@@ -300,6 +312,12 @@ def observe_record_ages(binding: str, record_ms: Iterable[int], start_s: float) 
 def set_in_flight(component: str, binding: str, n: int) -> None:
     """Set how many items ``component`` holds unresolved for ``binding``."""
     IN_FLIGHT.labels(component, binding).set(n)
+
+
+def set_parked(binding: str, keys: int, oldest_s: float) -> None:
+    """Set a --ordering key binding's parked keys and the oldest one's age."""
+    PARKED_KEYS.labels(binding).set(keys)
+    PARKED_OLDEST_SECONDS.labels(binding).set(oldest_s)
 
 
 def add_in_flight(component: str, binding: str, delta: int) -> None:

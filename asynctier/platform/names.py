@@ -25,6 +25,8 @@ H_CHARGED = "asynctier.charged"
 H_REPLAYED = "asynctier.replayed"
 #: A Kafka record moved into the queue keeps its key in this header (queue items have none).
 H_KEY = "asynctier.key"
+#: A dead letter of a ``--ordering key`` binding: the records of its key that run after it.
+H_RAN_AFTER = "asynctier.ran-after"
 PLATFORM_HEADERS = (
     H_BINDING,
     H_ATTEMPT,
@@ -37,6 +39,7 @@ PLATFORM_HEADERS = (
     H_CHARGED,
     H_REPLAYED,
     H_KEY,
+    H_RAN_AFTER,
 )
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")

@@ -13,7 +13,9 @@ whose binding no longer exists goes to that binding's dead-letter topic (reason
 ``binding_removed``). Offsets are committed, per partition highest released + 1, only
 after every hand-off of the batch was confirmed.
 
-The delay path needs only Kafka (and a scheduler): Redis is never touched here.
+The delay path needs only Kafka (and a scheduler). Redis is touched only for a
+``--ordering key`` binding: a record of it that succeeds or becomes a dead letter unparks
+its key (:mod:`asynctier.tailers.parking`) before the batch is committed.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.scheduler.membership import default_client
 from asynctier.platform.signals import wait_for_stop
 from asynctier.tailers.options import PipelineOptions
+from asynctier.tailers.ordered import ran_after_header
+from asynctier.tailers.parking import ParkingLot, order_key
 from asynctier.tailers.pipeline import Pipeline
 from asynctier.tailers.source import Batch, Prepared
 
@@ -195,13 +199,26 @@ class DelaySource:
         counts: Counter[str] = Counter()
         by_binding: dict[tuple[str, str], Counter[str]] = {}
         by_id = {o["id"]: o for o in batch.outcomes}
+        unpark: dict[str, list[tuple[str, str]]] = {}
         for i, entry in enumerate(entries):
-            what = self.handoff.resolve(entry.binding, entry.parcel, by_id[i])
+            ordered = entry.binding.ordering == "key"
+            parcel = entry.parcel
+            if ordered and by_id[i]["status"] != "ok" and not any(
+                    name == n.H_RAN_AFTER for name, _ in parcel.headers):
+                lot = self.tailer.lot(entry.binding.name)
+                parcel.headers = [*parcel.headers,
+                                  ran_after_header(lot, parcel.key, parcel.origin)]
+            what = self.handoff.resolve(entry.binding, parcel, by_id[i])
+            if ordered and what != "retry":
+                unpark.setdefault(entry.binding.name, []).append(
+                    (order_key(parcel.key, parcel.origin), parcel.origin))
             by_binding.setdefault((entry.binding.name, entry.binding.tenant), Counter())[
                 what] += 1
             counts[what] += 1
         for action in actions:
             counts[action()] += 1
+        for name, heads in unpark.items():
+            self.tailer.lot(name).unpark(heads)
         batch.extra = (entries, actions, by_binding)
         return counts
 
@@ -252,6 +269,14 @@ class DelayTailer:
         self._consumer_factory = consumer_factory
         self._consumer: Any = None  # this session's
         self.pipeline: Pipeline | None = None
+        self._lots: dict[str, ParkingLot] = {}
+
+    def lot(self, binding: str) -> ParkingLot:
+        """The parked keys of a ``--ordering key`` binding (made when first needed)."""
+        lot = self._lots.get(binding)
+        if lot is None:
+            lot = self._lots[binding] = ParkingLot.of(self.settings, binding)
+        return lot
 
     # -- the loop -------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
 from asynctier.platform.calls import CallBuilder
 from asynctier.platform.config import Settings
-from asynctier.platform.errors import SchedulerUnavailable
+from asynctier.platform.errors import HandoffError, SchedulerUnavailable
 from asynctier.platform.kafka import (
     close_consumer,
     commit_past,
@@ -36,6 +36,9 @@ from asynctier.platform.kafka import (
 )
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.tailers.options import TailerOptions
+from asynctier.tailers.ordered import KeyGate
+from asynctier.tailers.parked_runner import ParkedRunner, start_runner
+from asynctier.tailers.parking import ParkingLot
 from asynctier.tailers.pipeline import Hook, Pipeline, no_hook
 from asynctier.tailers.source import Batch, Prepared
 
@@ -81,6 +84,10 @@ class KafkaSource:
         self.committed: dict[tuple[str, int], int] = {}
         self.in_revoke = False
         self.stats: Counter[str] = Counter()
+        # --ordering key: which records run now, which wait behind their key
+        self.gate: KeyGate | None = None
+        if binding.ordering == "key":
+            self.gate = KeyGate(binding, ParkingLot.of(settings, binding.name))
 
     # -- reading --------------------------------------------------------------------------
 
@@ -95,6 +102,8 @@ class KafkaSource:
 
     def prepare(self, records: list[Any]) -> Prepared:
         """One call of the records of owned partitions (consume errors are logged)."""
+        if self.gate is not None:
+            return self._prepare_ordered(records)
         name = self.binding.name
         good: list[Any] = []
         origins: list[str] = []
@@ -118,6 +127,47 @@ class KafkaSource:
             if offset > high.get(tp, -1):
                 high[tp] = offset
         return Prepared(good, call.encode() if good else None, high, (origins, call.size))
+
+    def _prepare_ordered(self, records: list[Any]) -> Prepared:
+        """``--ordering key``: one record per key at a time; a parked key's records go
+        behind it in Redis (resolved here: the batch's records past ``items``)."""
+        assert self.gate is not None
+        good = []
+        for msg in records:
+            if msg.error() is not None:
+                consume_error(msg.error(), self.what, self.topic)
+            elif (msg.topic(), msg.partition()) in self.owned:
+                good.append(msg)
+        try:
+            run, parked, held, heads = self.gate.split(good)
+        except HandoffError as exc:
+            log.error("%s: %s; holding %d record(s) back, trying again in 1s", self.what,
+                      exc, len(good))
+            time.sleep(1.0)  # Redis is down: no record may run ahead of its key
+            return Prepared([], None, rest=good)
+        name = self.binding.name
+        call = CallBuilder()
+        origins: list[str] = []
+        sent: list[Any] = []
+        for at, msg in enumerate(run):
+            origin = f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
+            if not call.add(name, msg.value(), msg.key(), msg.headers(), 1, origin,
+                            msg.timestamp()[1]):
+                # the call is full: the rest is held back (its keys are let go)
+                self.gate.let_go(run[at:])
+                held = run[at:] + held
+                break
+            sent.append(msg)
+            origins.append(origin)
+        batch = sent + parked
+        high: dict[tuple[str, int], int] = {}
+        for msg in batch:
+            tp = (msg.topic(), msg.partition())
+            high[tp] = max(high.get(tp, -1), msg.offset())
+        held.sort(key=lambda m: (m.partition(), m.offset()))
+        request = call.encode() if sent else None
+        return Prepared(batch, request, high, (origins, call.size, heads, False),
+                        held, len(sent))
 
     def wait(self, batch: Batch, superseded: Callable[[], bool]) -> bool:
         """Wait for the answer while polling the consumer (its partitions paused).
@@ -153,6 +203,12 @@ class KafkaSource:
 
     def hand_off(self, batch: Batch) -> Counter[str]:
         """Delay or dead-letter records for every non-ok outcome."""
+        if self.gate is not None:
+            origins, size, heads, released = batch.extra
+            counts = self.gate.hand_off(self.handoff, batch.records, batch.items,
+                                        batch.outcomes, heads, released)
+            batch.extra = (origins, size, heads, True)
+            return counts
         origins, size = batch.extra
         return self.handoff.resolve_messages(self.binding, batch.records, batch.outcomes,
                                              origins, size)
@@ -165,7 +221,10 @@ class KafkaSource:
         """Commit past the batch's highest offset of each partition still owned:
         asynchronously in the loop, synchronously when draining (revoke, stop)."""
         owned = self.owned
-        for done in commit_past(self.consumer, batch.mark, lambda t, p: (t, p) in owned, sync,
+        mark = batch.mark
+        if self.gate is not None:
+            mark = self.gate.limit(batch.records, mark)
+        for done in commit_past(self.consumer, mark, lambda t, p: (t, p) in owned, sync,
                                 self.what):
             self.committed[(done.topic, done.partition)] = done.offset
 
@@ -239,6 +298,8 @@ class KafkaSource:
         finally:
             self.in_revoke = False
             self.owned -= gone
+            if self.gate is not None:
+                self.gate.forget(gone)
             take_over(consumer, partitions, assign=False)
 
     def on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
@@ -250,6 +311,8 @@ class KafkaSource:
         self.owned -= gone
         for tp in gone:
             self.committed.pop(tp, None)
+        if self.gate is not None:
+            self.gate.forget(gone)
         if self.pipeline is not None:
             self.pipeline.forget(lambda m: (m.topic(), m.partition()) in gone)
         take_over(consumer, partitions, assign=False)
@@ -307,8 +370,14 @@ class KafkaTailer:
         pipeline = self.open()
         source = self.source
         assert source is not None
-        log.info("tailer for binding %s started: topic %s, group %s",
-                 self.binding.name, self.binding.topic, self.group)
+        log.info("tailer for binding %s started: topic %s, group %s%s",
+                 self.binding.name, self.binding.topic, self.group,
+                 ", ordered by key" if source.gate is not None else "")
+        runner = None
+        if source.gate is not None:
+            runner = start_runner(ParkedRunner(self.binding, self.client, source.gate.lot,
+                                               Handoff(self.settings),
+                                               self.options.batch_size), stop)
         try:
             pipeline.run(stop)
         except SchedulerUnavailable:
@@ -318,6 +387,8 @@ class KafkaTailer:
             what = f"tailer for binding {self.binding.name}"
             leave_group(source.consumer, lambda: bool(source.owned), what)
             close_consumer(self._close, what)
+            if runner is not None:
+                runner.join(60.0)
             metrics.set_in_flight(COMPONENT, self.binding.name, 0)
             log.info("tailer for binding %s stopped", self.binding.name)
 

@@ -115,6 +115,11 @@ class Pipeline:
         if prepared.rest:
             self.pending = prepared.rest + self.pending
         if not prepared.records:
+            if prepared.rest:  # all of it waits behind a batch (per-key order): let one go
+                if self.answered:
+                    self.hand_off_answered()
+                elif self.in_flight:
+                    self.resolve_oldest()
             return
         call = None
         items = len(prepared.records) if prepared.items is None else prepared.items
