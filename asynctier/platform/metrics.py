@@ -201,15 +201,15 @@ LONGEST_RUN = Gauge(
 )
 CHECKPOINTS = Counter(
     "asynctier_checkpoints_total",
-    "Checkpoints functions saved (ctx.checkpoint), by result: saved, or refused (the lease "
+    "Checkpoints functions saved (ctx.checkpoint), by outcome: saved, or refused (the lease "
     "was lost or the queue could not store it).",
-    ["binding", "result"],
+    ["binding", "outcome"],
 )
 LEASES_LOST = Counter(
     "asynctier_queue_leases_lost_total",
-    "Items that lost their lease while running, by why: no_heartbeat (its scheduler stopped "
+    "Items that lost their lease while running, by reason: no_heartbeat (its scheduler stopped "
     "reporting it), stream_broke (its scheduler went away), not_held (leased elsewhere).",
-    ["binding", "why"],
+    ["binding", "reason"],
 )
 
 #: Every metric above, by the name it is exported under (counters without ``_total``
@@ -528,13 +528,13 @@ def count_leases_lost(binding: str, why: str, n: int) -> None:
 # --- the endpoint -----------------------------------------------------------------------
 
 
-#: How a call past its timeout was handled (the ``handling`` label of :data:`TIMEOUTS`).
+#: How a call past its timeout was handled (the ``outcome`` label of :data:`TIMEOUTS`).
 TIMEOUT_HANDLING: Final = frozenset({"cancelled", "stopped", "left_running"})
 TIMEOUTS = Counter(
     "asynctier_function_timeouts_total",
     "Calls past their binding's timeout, by how they were handled: cancelled (async), "
     "stopped (worker process killed) or left_running (a worker thread cannot be stopped).",
-    ["binding", "handling"],
+    ["binding", "outcome"],
 )
 OVERRUNNING = Gauge(
     "asynctier_overrunning_calls",

@@ -9,7 +9,7 @@ run: when the item in progress passes the binding's timeout, the loop stops wait
 it (an attempt failed with reason ``timeout``), and sends the rest of the chunk on another
 hop. Python cannot stop a thread, so **an overrunning sync call keeps its worker thread**
 until it returns: it is logged (binding and item), counted
-(``asynctier_function_timeouts_total{handling="left_running"}``,
+(``asynctier_function_timeouts_total{outcome="left_running"}``,
 ``asynctier_overrunning_calls``), counted in the scheduler's load, and, for a binding with
 a concurrency cap, keeps its slot until it returns (:meth:`Runtime.run_one_held`). A sync
 call that returns late (past the timeout) is a ``timeout`` failure too.
