@@ -171,7 +171,7 @@ def produce_json(settings: Settings, topic: str, docs: Sequence[dict[str, object
 
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "linger.ms": 20})
+    producer = Producer(settings.kafka_config(**{"linger.ms": 20}))  # TLS/SASL as set
     failures: list[str] = []
 
     def report(err: object, msg: object) -> None:

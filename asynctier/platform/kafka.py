@@ -23,7 +23,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # public, re-
 from confluent_kafka.cimpl import NewTopic
 
 from asynctier.platform.config import Settings
-from asynctier.platform.errors import AsynctierError, HandoffError
+from asynctier.platform.errors import AsynctierError, HandoffError, ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +189,17 @@ def commit_past(consumer: Any, high: Mapping[tuple[str, int], int],
 
 
 def admin(settings: Settings) -> AdminClient:
-    """An AdminClient on the configured cluster."""
-    return AdminClient(client_config(settings))
+    """An AdminClient on the configured cluster; a credentials or TLS failure is logged
+    once with the setting to fix."""
+    told: set[int] = set()
+
+    def error(err: KafkaError) -> None:
+        hint = credential_hint(err)
+        if hint and err.code() not in told:
+            told.add(err.code())
+            log.error("Kafka at %s: %s%s", settings.kafka_bootstrap, err.str(), hint)
+
+    return AdminClient(client_config(settings, error_cb=error))
 
 
 #: How long a topic just created may take to show in the metadata a broker serves: the
@@ -280,7 +289,15 @@ def ensure_topics(client: AdminClient, topics: Mapping[str, tuple[int, Mapping[s
 
     A topic that already exists is left as it is.
     """
-    metadata = client.list_topics(timeout=timeout_s)
+    try:
+        metadata = client.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        err = exc.args[0]
+        client.poll(0)  # serves the error callback: a refused login is logged with its fix
+        raise ServiceError(f"Kafka did not answer a metadata request within {timeout_s:g}s "
+                           f"({err.str()}): check that it runs at [kafka] bootstrap.servers"
+                           f"{credential_hint(err) or ', and its credentials (see the log)'}"
+                           ) from exc
     existing = set(metadata.topics)
     factor, base = replication_for(len(metadata.brokers), replication or Replication())
     wanted = [NewTopic(name, num_partitions=parts, replication_factor=factor,
