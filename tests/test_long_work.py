@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from asynctier.platform.config import Settings
+from asynctier.platform.errors import CheckpointError
 from asynctier.queue.items import NewItem
 from asynctier.queue.store import QueueStore
 from tests.helpers import wait_until
@@ -253,9 +254,10 @@ def test_sync_overruns_stopped_under_processes_reported_under_threads(
     assert info is not None and "timed out after 1s" in info.last_error  # a failed attempt
 
 
-def _pool_outcomes(functions: list[str], allow: list[str]) -> list[Any]:
+def _pool_outcomes(functions: list[str], allow: list[str], **extra: Any) -> list[Any]:
     """Run one item of each of ``functions`` in a real worker process of a ProcessPool of
-    one worker, allowing ``allow`` only; their outcomes."""
+    one worker, allowing ``allow`` only; their outcomes. ``extra``: more item fields (the
+    scheduler's ``resumed`` and ``saver``)."""
     from asynctier.platform.binding import Binding
     from asynctier.platform.scheduler.processes import ProcessPool
 
@@ -266,7 +268,7 @@ def _pool_outcomes(functions: list[str], allow: list[str]) -> list[Any]:
 
     item: Any = {"id": 7, "binding": "iso", "payload": b'{"id": 7}', "key": b"k",
                  "headers": [], "attempt": 1, "source_ref": "t/0/7", "record_time_ms": 0,
-                 "priority": 0, "deadline_ms": None}
+                 "priority": 0, "deadline_ms": None, **extra}
 
     async def run() -> list[Any]:
         pool = ProcessPool(allow, size=1)
@@ -295,6 +297,38 @@ def test_worker_processes_run_only_allowed_modules(tmp_path: Path,
     assert " t/0/7 k" in ledger_path.read_text()
     assert refused["status"] == "failed" and refused["reason"] == "function_error"
     assert "not allowed" in refused["error"]
+
+
+class _Saves:
+    """A scheduler-side saver (the stream's StreamSaver stands here): records the states,
+    or refuses them as a lost lease would."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.saved: list[tuple[bytes, str]] = []
+        self.refuse = refuse
+
+    def save(self, state: bytes, kind: str) -> None:
+        raise AssertionError("a worker's checkpoint is saved from the event loop")
+
+    async def asave(self, state: bytes, kind: str) -> None:
+        if self.refuse:
+            raise CheckpointError("binding iso: the checkpoint was not saved: lease lost")
+        self.saved.append((state, kind))
+
+
+def test_checkpoints_cross_the_worker_process_pipe(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under --isolation process, ctx.resumed reaches the worker and each ctx.checkpoint is
+    saved by the scheduler before it returns; a refused save raises in the function."""
+    monkeypatch.setenv("ASYNCTIER_TEST_LEDGER", str(tmp_path / "ledger.txt"))
+    fn = "tests.funcs.long_work:checkpointing"
+    saves = _Saves()
+    [done] = _pool_outcomes([fn], ["tests.funcs.long_work"], resumed={"step": 3},
+                            saver=saves)
+    assert done["status"] == "ok", done
+    assert saves.saved == [(b'{"step":4}', "json"), (b'{"step":5}', "json")]
+    [refused] = _pool_outcomes([fn], ["tests.funcs.long_work"], saver=_Saves(refuse=True))
+    assert refused["status"] != "ok" and "lease lost" in refused["error"], refused
 
 
 def test_items_of_a_slow_function_get_chunks_of_one() -> None:

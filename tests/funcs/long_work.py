@@ -54,3 +54,12 @@ async def async_work(payload: Any, ctx: Context) -> None:
     if _fails(payload):
         raise RuntimeError(f"record {payload['id']} fails")
     _write("D", payload, ctx)
+
+
+def checkpointing(payload: Any, ctx: Context) -> None:
+    """Saves two checkpoints after the one it resumed from (``{"step": n}``), and fails
+    when a save is refused: shows ctx.checkpoint and ctx.resumed in a worker process."""
+    start = (ctx.resumed or {"step": 0})["step"]
+    for step in (start + 1, start + 2):
+        ctx.checkpoint({"step": step})
+    _write("D", payload, ctx)

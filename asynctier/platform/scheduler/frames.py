@@ -6,6 +6,10 @@ from typing import IO
 
 #: Bytes of a frame's length prefix (big-endian).
 LENGTH_BYTES = 4
+#: First byte of a worker's checkpoint frame: the byte, the kind (``json`` or ``bytes``),
+#: a newline, the state. The scheduler answers with an empty frame (durable) or the
+#: reason it was not saved.
+CHECKPOINT = b"\x01"
 
 
 def frame(data: bytes) -> bytes:

@@ -20,8 +20,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from asynctier.platform import metrics
+from asynctier.platform.context import encode_checkpoint
+from asynctier.platform.errors import CheckpointError
 from asynctier.platform.scheduler import outcomes
-from asynctier.platform.scheduler.frames import LENGTH_BYTES, frame
+from asynctier.platform.scheduler.frames import CHECKPOINT, LENGTH_BYTES, frame
 from asynctier.platform.wire import Item, Outcome, retry
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,10 @@ class WorkerDied(Exception):
     """The worker process ended while running an item."""
 
 
+#: A checkpoint a worker's function saved: (kind, state).
+Saved = tuple[str, bytes]
+
+
 class WorkerProcess:
     """One worker process and its pipes."""
 
@@ -52,7 +58,8 @@ class WorkerProcess:
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         return cls(proc)
 
-    async def send(self, header: bytes, binding: bytes, payload: bytes) -> Outcome | None:
+    async def send(self, header: bytes, binding: bytes, payload: bytes
+                   ) -> Outcome | Saved | None:
         """Send one item; None once its function started, or its outcome when it ended
         before (refused, undecodable). WorkerDied when the process ends."""
         stdin = self.proc.stdin
@@ -64,8 +71,9 @@ class WorkerProcess:
             raise WorkerDied(str(exc)) from exc
         return await self.answer()
 
-    async def answer(self) -> Outcome | None:
-        """The next answer: None for "started", else the outcome."""
+    async def answer(self) -> Outcome | Saved | None:
+        """The next answer: None for "started", a checkpoint (kind, state), or the
+        outcome."""
         stdout = self.proc.stdout
         assert stdout is not None
         try:
@@ -74,10 +82,24 @@ class WorkerProcess:
                 raise WorkerDied(f"it answered a frame of {size} bytes")
             if size == 0:
                 return None
-            answer: Outcome = json.loads(await stdout.readexactly(size))
+            data = await stdout.readexactly(size)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             raise WorkerDied(str(exc)) from exc
+        if data[:1] == CHECKPOINT:
+            kind, _, state = data[1:].partition(b"\n")
+            return kind.decode("ascii", "replace"), state
+        answer: Outcome = json.loads(data)
         return answer
+
+    async def reply(self, error: str) -> None:
+        """Answer a checkpoint: saved (empty) or why not."""
+        stdin = self.proc.stdin
+        assert stdin is not None
+        try:
+            stdin.write(frame(error.encode()))
+            await stdin.drain()
+        except ConnectionError as exc:
+            raise WorkerDied(str(exc)) from exc
 
     async def kill(self) -> int | None:
         """SIGKILL the process and reap it; its exit code."""
@@ -96,11 +118,16 @@ def request_of(item: Item) -> bytes:
     def b64(data: bytes | None) -> str | None:
         return None if data is None else base64.b64encode(data).decode()
 
+    resumed = item.get("resumed")
+    if resumed is not None:
+        data, kind = encode_checkpoint(item["binding"], resumed)
+        resumed = {"kind": kind, "data": b64(data)}
     return json.dumps({
         "id": item["id"], "key": b64(item["key"]),
         "headers": [(h["name"], b64(h["value"])) for h in item["headers"]],
         "source": item["source_ref"], "attempt": item["attempt"],
         "record_time": item["record_time_ms"] / 1000.0,
+        "resumed": resumed, "checkpoints": item.get("saver") is not None,
     }).encode()
 
 
@@ -155,17 +182,36 @@ class ProcessPool:
         binding's timeout (TimeoutError past it)."""
         try:
             async with asyncio.timeout(START_TIMEOUT_S):  # a new worker imports first
-                outcome = await worker.send(request_of(item), job.binding_bytes,
-                                            item["payload"] or b"")
+                outcome: Outcome | Saved | None = await worker.send(
+                    request_of(item), job.binding_bytes, item["payload"] or b"")
         except TimeoutError as exc:
             raise WorkerDied(f"it did not start the function within {START_TIMEOUT_S:g}s "
                              "(a module that hangs on import?)") from exc
         if outcome is None:  # the function started: its timeout runs from here
             async with asyncio.timeout(job.binding.timeout_s):
                 outcome = await worker.answer()
+                while isinstance(outcome, tuple):  # a checkpoint: save it, then go on
+                    await worker.reply(await self._save(item, outcome))
+                    outcome = await worker.answer()
             if outcome is None:
                 raise WorkerDied("it said 'started' twice")
+        if isinstance(outcome, tuple):
+            raise WorkerDied("it sent a checkpoint before its function started")
         return outcome
+
+    @staticmethod
+    async def _save(item: Item, saved: Saved) -> str:
+        """Save a worker's checkpoint as a thread's would be; the error to answer."""
+        saver = item.get("saver")
+        kind, state = saved
+        if saver is None or kind not in ("json", "bytes"):
+            return (f"binding {item['binding']}: its items cannot be checkpointed here "
+                    "(only a queue binding's items keep checkpoints)")
+        try:
+            await saver.asave(state, kind)
+        except CheckpointError as exc:
+            return str(exc)
+        return ""
 
     async def _call(self, job: Any, item: Item, worker: WorkerProcess) -> tuple[Outcome, bool]:
         binding = job.binding

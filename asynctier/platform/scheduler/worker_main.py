@@ -7,7 +7,8 @@ scheduler's log). Every message is data: JSON and raw bytes in length-prefixed f
 never pickle. A request is three frames (the item's context as JSON, the binding as its
 Avro record, the payload). The answer is an empty frame when the function starts (its
 module imported and the payload decoded: the scheduler's clock for the timeout starts
-there), then one frame, the item's outcome as JSON.
+there), then any checkpoint frames (``ctx.checkpoint``: each waits for the scheduler's
+reply on stdin), then one frame, the item's outcome as JSON.
 
 The function is resolved here with the scheduler's allowed modules
 (:class:`~asynctier.platform.scheduler.resolver.FunctionResolver`): a module not allowed
@@ -22,13 +23,18 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
 
 from asynctier.platform.binding import Binding
-from asynctier.platform.context import Context
-from asynctier.platform.errors import DecodeError, FunctionNotFound, ModuleNotAllowed
+from asynctier.platform.context import Context, decode_checkpoint
+from asynctier.platform.errors import (
+    CheckpointError,
+    DecodeError,
+    FunctionNotFound,
+    ModuleNotAllowed,
+)
 from asynctier.platform.scheduler import outcomes
-from asynctier.platform.scheduler.frames import frame, read_frame
+from asynctier.platform.scheduler.frames import CHECKPOINT, frame, read_frame
 from asynctier.platform.scheduler.payloads import Decoder, decoder_for
 from asynctier.platform.scheduler.resolver import FunctionResolver
 from asynctier.platform.wire import FUNCTION_ERROR, Outcome, failed, ok
@@ -36,6 +42,28 @@ from asynctier.platform.wire import FUNCTION_ERROR, Outcome, failed, ok
 
 def _bytes(text: str | None) -> bytes | None:
     return None if text is None else base64.b64decode(text)
+
+
+class PipeSaver:
+    """``ctx.checkpoint`` in a worker: the state goes to the scheduler, which saves it as
+    for a thread, and the call returns once the scheduler says it is durable."""
+
+    def __init__(self, answers: IO[bytes], requests: IO[bytes]) -> None:
+        self.answers = answers
+        self.requests = requests
+
+    def save(self, state: bytes, kind: str) -> None:
+        """Send the state and wait for the scheduler's reply."""
+        self.answers.write(frame(CHECKPOINT + kind.encode() + b"\n" + state))
+        reply = read_frame(self.requests)
+        if reply is None:
+            raise CheckpointError("the scheduler went away before the checkpoint was saved")
+        if reply:
+            raise CheckpointError(reply.decode("utf-8", "replace"))
+
+    async def asave(self, state: bytes, kind: str) -> None:
+        """:meth:`save` (a worker runs sync functions: nothing else runs meanwhile)."""
+        self.save(state, kind)
 
 
 class Worker:
@@ -54,7 +82,8 @@ class Worker:
         return found
 
     def run(self, doc: dict[str, Any], binding_data: bytes, payload: bytes,
-            started: Callable[[], None] = lambda: None) -> Outcome:
+            started: Callable[[], None] = lambda: None,
+            saver: PipeSaver | None = None) -> Outcome:
         """The outcome of one item; ``started()`` is called just before the function."""
         item_id = int(doc["id"])
         binding, decode = self.binding(binding_data)
@@ -67,9 +96,13 @@ class Worker:
         except DecodeError as exc:
             return outcomes.undecodable(item_id, str(exc))
         headers = tuple((name, _bytes(value)) for name, value in doc["headers"])
+        resumed = doc.get("resumed")
         ctx = Context(binding.name, _bytes(doc["key"]), headers, doc["source"],
                       int(doc["attempt"]), float(doc["record_time"]),
-                      time.time() + binding.timeout_s, binding.tenant)
+                      time.time() + binding.timeout_s, binding.tenant,
+                      None if resumed is None else decode_checkpoint(_bytes(resumed["data"]),
+                                                                     resumed["kind"]),
+                      saver if doc.get("checkpoints") else None)
         started()
         try:
             function.call(value, ctx)
@@ -93,7 +126,8 @@ def main(argv: list[str]) -> None:
         def started() -> None:
             answers.write(frame(b""))
 
-        outcome = worker.run(json.loads(header), binding_data, payload, started)
+        outcome = worker.run(json.loads(header), binding_data, payload, started,
+                             PipeSaver(answers, requests))
         answers.write(frame(json.dumps(outcome).encode()))
 
 
