@@ -18,7 +18,7 @@ lint: setup
 
 # pytest's exit code 5 ("no tests collected") is a failure like any other.
 test: lint
-	@rc=0; $(VENV)/bin/pytest -q --durations=15 || rc=$$?; \
+	@rc=0; $(VENV)/bin/pytest -q -n 2 --dist loadfile --durations=15 || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; \
 	exit $$rc
 
