@@ -346,6 +346,7 @@ def test_items_of_a_slow_function_get_chunks_of_one() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 50 two-minute items, 8 at a time per scheduler (one a worker)
 def test_two_minute_kafka_work_over_50_records(
         plat: Platform, settings: Settings, unique_topic: Any) -> None:
     """The issue's run: 50 records of a 2-minute (async) function. The main topic is
