@@ -99,6 +99,24 @@ def test_quick_items_are_answered_as_they_end_beside_a_slow_one(sched: Running) 
                                                               (0, {"step": 2})]
 
 
+def test_quick_items_once_measured_come_back_in_chunks(sched: Running) -> None:
+    """A binding not measured yet runs one item per chunk (it may be long work); once its
+    items are measured quick, a stream's items run in chunks again, their outcomes a
+    message per chunk: one chunk per item cost the queue drain tenfold."""
+    def outcome_messages(count: int) -> int:
+        tailer = Tailer(sched, [{}] * count, binding="along")
+        messages, ids = 0, set()
+        while (message := tailer.next()).kind != "end":
+            if message.kind == "outcomes":
+                messages += 1
+                ids |= {o["id"] for o in decode_outcomes(message.body)}
+        assert ids == set(range(count)), message.error
+        return messages
+
+    assert outcome_messages(40) == 40  # not measured: each its own chunk
+    assert outcome_messages(200) <= 200 // 8  # measured quick: chunks of 8 or more
+
+
 def test_a_refused_checkpoint_fails_the_attempt_saying_why(sched: Running) -> None:
     got = Tailer(sched, [{"checkpoints": 1}]).run(answer="this item's lease ran out")
     [(_, outcome)] = outcomes(got).values()

@@ -123,10 +123,11 @@ class Dispatcher:
         answered ``ok`` without running, and one still running elsewhere (a copy read again
         after a crash) waits for that run to end, then is answered ``ok`` or runs here.
 
-        With ``report`` (a run stream: long work), each item is a chunk of its own and
-        ``report(outcomes)`` is called as each chunk ends, so that no item waits for
-        another (a binding with a concurrency cap keeps its usual chunks); the outcomes
-        are returned at the end all the same.
+        With ``report`` (a run stream: long work), ``report(outcomes)`` is called as each
+        chunk ends. Chunks are sized from the binding's measured time per item: an item
+        that alone fills the chunk target runs alone, so a long item never waits behind
+        another, and one not measured yet runs alone too; short items keep their
+        batches. The outcomes are returned at the end all the same.
         """
         expired, items = split_expired(binding, items, int(time.time() * 1000))
         stamp_deadlines(binding, items)
@@ -237,10 +238,8 @@ class Dispatcher:
                 results.extend(refused)
                 _report_now(report, refused)
                 admitted = True
-            if report is not None and not cap:
-                parts = [[item] for item in items]
-            else:
-                parts = list(self.sizer.split(binding.name, items, self.workers, cap or 1))
+            parts = self.sizer.split(binding.name, items, self.workers, cap or 1,
+                                     cautious=report is not None)
             for part in parts:
                 refused, chunk = await self._intake(binding, part, admitted)
                 queued += 1
