@@ -122,6 +122,11 @@ class NoScheduler(grpc.RpcError):  # type: ignore[misc]
 
 
 NO_SCHEDULER_LOG_EVERY_S = 30.0
+#: How long a scheduler nobody can connect to is left alone: the membership's TTL (5 s)
+#: and the directory's cache (1 s), after which a dead one has dropped out. (A call it
+#: failed otherwise leaves it alone 2 s.) So a tailer whose region's schedulers were all
+#: killed keeps its calls away until they are gone, rather than trying them every 2 s.
+REFUSED_DOWN_S = 6.0
 #: How long a client that does not wait for schedulers (a one-off command) keeps trying.
 GIVE_UP_S = 30.0
 
@@ -237,8 +242,10 @@ class PendingCall:
                     log.warning("scheduler %s failed a batch of %d item(s) (%s); "
                                 "sending the batch again%s", self.address, self.count, code,
                                 failure_hint(code, details, self.client.security))
-                    self.client._mark_down(self.address)
-                    self.crashes += died_mid_call(exc)
+                    died = died_mid_call(exc)
+                    refused = code == grpc.StatusCode.UNAVAILABLE and not died
+                    self.client._mark_down(self.address, REFUSED_DOWN_S if refused else 2.0)
+                    self.crashes += died
             if stop is not None and stop.is_set():
                 raise SchedulerUnavailable("stopping before the batch was resolved")
             if not self.client._wait_for_scheduler and time.monotonic() - since > GIVE_UP_S:
