@@ -30,10 +30,10 @@ from tests.platform_harness import REPO, Platform, free_port, produce_json
 SPILL_SHARE = 0.5
 SPILL_WINDOW = 10
 CAPACITY = 10  # [scheduler] max_queued_items: small, so that a slow function fills it
-#: While a is healthy, records come this many at a time (fewer than a's room), each group
-#: once the one before ran; the tailer has up to 8 calls of 5 records out, which would
-#: fill a's 2 x 10 on a slow machine even with quick records.
-HEALTHY_STEP = 10
+#: While a is healthy, records come one call's worth (5) at a time, each group once the
+#: one before ran: no scheduler of a registers more than 5 of its 10, even 2 s late. (The
+#: tailer's 8 calls of 5 at once fill a's 2 x 10 on a slow machine, quick records or not.)
+HEALTHY_STEP = 5
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,9 @@ class Scenario:
 #: Work moves to b within this of the kill: the first record unfinished at the kill
 #: finishes in b within it.
 MOVED_WITHIN_S = 5.0
-SHORT = Scenario(healthy=60, saturate=240, slow_s=0.05, failover=80, back=60,
+SHORT = Scenario(healthy=30, saturate=240, slow_s=0.05, failover=80, back=60,
                  drained_within_s=5.0)
-LONG = Scenario(healthy=600, saturate=2400, slow_s=0.05, failover=1200, back=600,
+LONG = Scenario(healthy=300, saturate=2400, slow_s=0.05, failover=1200, back=600,
                 drained_within_s=None)
 
 
