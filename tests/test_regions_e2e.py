@@ -53,9 +53,9 @@ class Scenario:
 #: Work moves to b within this of the kill: the first record unfinished at the kill
 #: finishes in b within it.
 MOVED_WITHIN_S = 5.0
-SHORT = Scenario(healthy=30, saturate=240, slow_s=0.05, failover=80, back=60,
+SHORT = Scenario(healthy=30, saturate=240, slow_s=0.05, failover=80, back=30,
                  drained_within_s=5.0)
-LONG = Scenario(healthy=300, saturate=2400, slow_s=0.05, failover=1200, back=600,
+LONG = Scenario(healthy=300, saturate=2400, slow_s=0.05, failover=1200, back=300,
                 drained_within_s=None)
 
 
@@ -166,6 +166,15 @@ def produce(settings: Settings, topic: str, ids: range, sleep_s: float = 0.0) ->
     produce_json(settings, topic, [{"id": i, "sleep": sleep_s} for i in ids], key_of="id")
 
 
+def feed_gently(plat: Platform, settings: Settings, topic: str, ids: range) -> None:
+    """Quick records of ``ids``, :data:`HEALTHY_STEP` at a time, each group once the one
+    before ran: a region that has room keeps it."""
+    for start in ids[::HEALTHY_STEP]:
+        step = range(start, min(start + HEALTHY_STEP, ids.stop))
+        produce(settings, topic, step)
+        wait_until(all_ran(plat, step), 60, "the quick records ran")
+
+
 def scenario(plat: Platform, settings: Settings, topic: str, s: Scenario) -> None:
     began = time.monotonic()
     plat.cli("bind", "placed", "--topic", topic, "--function", "tests.region_funcs:where",
@@ -181,10 +190,7 @@ def scenario(plat: Platform, settings: Settings, topic: str, s: Scenario) -> Non
 
     # 1. a healthy: nothing leaves a
     first = range(0, s.healthy)
-    for start in first[::HEALTHY_STEP]:  # a few at a time: a's schedulers keep room
-        step = range(start, min(start + HEALTHY_STEP, s.healthy))
-        produce(settings, topic, step)
-        wait_until(all_ran(plat, step), 60, "the quick records ran")
+    feed_gently(plat, settings, topic, first)
     where = Counter(r.region for lines in ran(plat, first).values() for r in lines)
     print(f"\nhealthy ({time.monotonic() - began:.1f} s in): {dict(where)}")
     assert set(where) == {"a"}, where
@@ -245,8 +251,7 @@ def scenario(plat: Platform, settings: Settings, topic: str, s: Scenario) -> Non
     produce(settings, topic, probe)
     wait_until(all_ran(plat, probe), 30, "the probe records ran")
     back = range(400_000, 400_000 + s.back)
-    produce(settings, topic, back)
-    wait_until(all_ran(plat, back), 60, "the records after the restart ran")
+    feed_gently(plat, settings, topic, back)
     where = Counter(r.region for group in ran(plat, back).values() for r in group)
     first_home = min((r.at for group in ran(plat, range(300_000, 400_000 + s.back)).values()
                       for r in group if r.region == "a"), default=float("nan"))
