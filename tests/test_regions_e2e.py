@@ -30,9 +30,12 @@ from tests.platform_harness import REPO, Platform, free_port, produce_json
 SPILL_SHARE = 0.5
 SPILL_WINDOW = 10
 CAPACITY = 10  # [scheduler] max_queued_items: small, so that a slow function fills it
-#: While a is healthy, records come one call's worth (5) at a time, each group once the
-#: one before ran: no scheduler of a registers more than 5 of its 10, even 2 s late. (The
-#: tailer's 8 calls of 5 at once fill a's 2 x 10 on a slow machine, quick records or not.)
+#: The tailer's calls: at most this many records each, 8 under way (80 records: 4 times
+#: a's room of 2 x 10, so a saturated a stays full between its beats).
+BATCH = 10
+#: While a is healthy, records come 5 at a time (one call), each group once the one
+#: before ran: no scheduler of a registers more than 5 of its 10, even 2 s late. (The
+#: tailer's 8 calls at once fill a on a slow machine, quick records or not.)
 HEALTHY_STEP = 5
 
 
@@ -46,15 +49,16 @@ class Scenario:
     failover: int  # records under way when a's schedulers are killed
     back: int  # quick records after a is back
     # every record of the failover phase finished within this of the kill (None: b needs
-    # longer than that for the work itself; then only its resumption is bounded)
+    # longer than that for the work itself; then only its take-over is bounded). Short:
+    # b's own 1 s of work takes 3-4 s on a loaded 2-core machine, hence 8.
     drained_within_s: float | None
 
 
 #: Work moves to b within this of the kill: the first record unfinished at the kill
 #: finishes in b within it.
 MOVED_WITHIN_S = 5.0
-SHORT = Scenario(healthy=30, saturate=240, slow_s=0.05, failover=80, back=30,
-                 drained_within_s=5.0)
+SHORT = Scenario(healthy=30, saturate=400, slow_s=0.05, failover=80, back=30,
+                 drained_within_s=8.0)
 LONG = Scenario(healthy=300, saturate=2400, slow_s=0.05, failover=1200, back=300,
                 drained_within_s=None)
 
@@ -182,7 +186,7 @@ def scenario(plat: Platform, settings: Settings, topic: str, s: Scenario) -> Non
     ports = start_schedulers(plat, {"scheduler-a1": "a", "scheduler-a2": "a",
                                     "scheduler-b1": "b", "scheduler-b2": "b"})
     metrics_port = free_port()
-    start_in(plat, "a", "tailers", "tailers-a", "--batch-size", "5", "--max-in-flight", "8",
+    start_in(plat, "a", "tailers", "tailers-a", "--batch-size", str(BATCH), "--max-in-flight", "8",
              "--metrics-port", str(metrics_port))
     wait_listening(plat, ports)
     wait_until(lambda: regions_live(settings) == Counter(a=2, b=2), 15,
