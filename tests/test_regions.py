@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 import redis
 from click.testing import CliRunner
 
@@ -13,6 +14,12 @@ from asynctier.cli import main
 from asynctier.platform.config import Settings
 from asynctier.platform.scheduler import SchedulerDirectory, live_members
 from asynctier.platform.scheduler.membership import Heartbeat, member_keys
+
+
+@pytest.fixture
+def settings(redis_url: str, prefix: str) -> Settings:
+    """The session's Redis under this test's prefix (no Kafka needed here)."""
+    return Settings(redis_url=redis_url, prefix=prefix)
 
 
 def register(settings: Settings, members: list[tuple[str, str, int, int]]) -> None:
