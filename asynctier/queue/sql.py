@@ -179,6 +179,17 @@ FROM known k LEFT JOIN live l USING (topic) LEFT JOIN dead d USING (topic), cloc
 ORDER BY k.topic
 """
 
+#: Ready and delayed items of one topic (the leased ones left out), counted up to a limit:
+#: a backlog check reads at most ``limit`` rows however long the topic is.
+WAITING = f"""
+SELECT count(*) FROM (
+    SELECT 1 FROM {ITEMS}
+    WHERE namespace = %(ns)s AND topic = %(topic)s
+      AND (lease_owner IS NULL OR deliver_after <= {NOW})
+    LIMIT %(limit)s
+) w
+"""
+
 DEAD_ITEMS = f"""
 SELECT id, priority, payload, headers, attempts, enqueued_ms, reason, error, dead_ms
 FROM {DEAD} WHERE namespace = %s AND topic = %s
