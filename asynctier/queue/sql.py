@@ -33,21 +33,24 @@ ON CONFLICT (namespace, topic, id) DO UPDATE SET
 RETURNING id
 """
 
+#: Parameters in binary (``%b``): psycopg dumps and PostgreSQL parses the arrays far
+#: cheaper than as text (measured: 14 -> 4 us of client and 35 -> 28 us of server CPU per
+#: item, batches of 1,000).
 ENQUEUE = f"""
 WITH input AS (
-    SELECT * FROM unnest(%(ids)s::text[], %(topics)s::text[], %(priorities)s::int[],
-                         %(after)s::bigint[], %(payloads)s::bytea[], %(headers)s::text[],
-                         %(ttl_ms)s::bigint[], %(delay_ms)s::bigint[])
+    SELECT * FROM unnest(%(ids)b::text[], %(topics)b::text[], %(priorities)b::int[],
+                         %(after)b::bigint[], %(payloads)b::bytea[], %(headers)b::text[],
+                         %(ttl_ms)b::bigint[], %(delay_ms)b::bigint[])
         WITH ORDINALITY AS t(id, topic, priority, deliver_after, payload, headers, ttl_ms,
                              delay_ms, ord)
 ), seen AS (
     INSERT INTO {TOPICS} (namespace, topic)
-    SELECT DISTINCT %(ns)s::text, topic FROM input
+    SELECT DISTINCT %(ns)b::text, topic FROM input
     ON CONFLICT DO NOTHING
 )
 INSERT INTO {ITEMS} (namespace, topic, id, priority, deliver_after, payload, headers,
                      enqueued_ms, expires_ms)
-SELECT %(ns)s, topic, id, priority, COALESCE(deliver_after, {NOW} + delay_ms, {NOW}), payload,
+SELECT %(ns)b, topic, id, priority, COALESCE(deliver_after, {NOW} + delay_ms, {NOW}), payload,
        headers::jsonb, {NOW}, {NOW} + ttl_ms
 FROM input ORDER BY ord
 ON CONFLICT DO NOTHING
