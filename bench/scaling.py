@@ -87,7 +87,8 @@ def series(svc: Services, folder: Path, rows: list[tuple[str, dict[str, int]]],
            rounds: int, timeout_s: float) -> tuple[list[str], list[float]]:
     """Each row drained ``rounds`` times (fresh topics each time); the lines and the CPU
     per 1,000 records of each row (the median over rounds)."""
-    lines, costs = [], []
+    lines: list[str] = []
+    costs: list[float] = []
     for what, sizes in rows:
         got: list[tuple[str, float]] = []
         for r in range(rounds):
