@@ -319,9 +319,6 @@ def test_a_burst_of_2000_at_600_a_minute_gets_in_within_four_minutes(
     assert others and set(others) == {"accepted"}
 
 
-@pytest.mark.skip(reason="segfaults the pytest process (in librdkafka, no Python frame) once "
-                         "the Submitter served in it reads a Kafka binding's lag; the same "
-                         "path ran in a Submitter process through the 50k e2e test. To do.")
 def test_a_kafka_bindings_lag_over_the_cap_throttles_it(
         settings: Settings, postgres: str, tenant: str,
         unique_topic: Callable[..., str]) -> None:

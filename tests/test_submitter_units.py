@@ -3,7 +3,12 @@ SDK's payloads."""
 
 from __future__ import annotations
 
+import io
+
+import fastavro
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from asynctier.cli.bindings import _size
 from asynctier.cli.run import COMPONENTS, _child_args
@@ -11,6 +16,7 @@ from asynctier.client import as_payload
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import BindingError
+from asynctier.platform.schemas import load_schema
 from asynctier.submitter.protocol import (
     METHOD,
     Call,
@@ -70,3 +76,34 @@ def test_a_per_binding_payload_limit_is_parsed_checked_and_stored() -> None:
     kept = base.with_changes(max_payload_bytes=512_000).validate()
     assert Binding.decode(kept.encode()).max_payload_bytes == 512_000
     assert Binding.decode(base.encode()).max_payload_bytes is None
+
+
+def fastavro_results(results: list[Result]) -> bytes:
+    """What fastavro writes for ``results``: the reference of the hand-written encoder."""
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, load_schema("workload_results"), {"results": [
+        {"status": r.status, "id": r.id, "topic": r.topic, "partition": r.partition,
+         "offset": r.offset, "reason": r.reason, "retry_after_ms": r.retry_after_ms}
+        for r in results]})
+    return buf.getvalue()
+
+
+_text = st.none() | st.text(max_size=300)
+_result = st.builds(
+    Result, st.sampled_from(["accepted", "duplicate", "invalid", "throttled"]),
+    id=_text, topic=st.none() | st.sampled_from(["work", "wörk", "t" * 200]),
+    partition=st.none() | st.integers(-(2**31), 2**31 - 1),
+    offset=st.none() | st.integers(-(2**63), 2**63 - 1), reason=_text,
+    retry_after_ms=st.none() | st.integers(-(2**63), 2**63 - 1))
+
+
+@given(st.lists(_result, max_size=40))
+@settings(max_examples=100, deadline=None)
+def test_the_reply_is_written_byte_for_byte_as_fastavro_writes_it(
+        results: list[Result]) -> None:
+    data = encode_results(results)
+    assert data == fastavro_results(results)
+    assert [(r.status, r.id, r.topic, r.partition, r.offset, r.reason, r.retry_after_ms)
+            for r in decode_results(data)] == [
+        (r.status, r.id, r.topic, r.partition, r.offset, r.reason, r.retry_after_ms)
+        for r in results]

@@ -1,9 +1,10 @@
 """Consumer lag, read from the broker alone, in records and in seconds.
 
 Like ``kafka-consumer-groups``, nothing here needs a running platform: committed offsets
-come from the group coordinator (admin client), end offsets from the partition leaders, and
-the age of the oldest record not yet resolved from that one record, fetched by a consumer
-that is assigned to the committed offset and never joins a group or commits.
+come from the group coordinator (through a consumer of the group that never joins it), end
+offsets from the partition leaders, and the age of the oldest record not yet resolved from
+that one record, fetched by a consumer that is assigned to the committed offset and never
+joins a group or commits.
 
 Three kinds of row, one per partition:
 
@@ -32,7 +33,6 @@ from typing import Any, Literal
 
 from confluent_kafka import Consumer as _Consumer
 from confluent_kafka import (
-    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     TopicPartition,
@@ -167,7 +167,8 @@ def _retriable(exc: KafkaException) -> bool:
 
 
 class LagReader:
-    """Reads offsets with the admin client and record times with a group-less consumer.
+    """Reads end offsets with the admin client, committed offsets with a consumer per
+    group (never subscribed) and record times with a consumer of a group of its own.
 
     Keeps both clients open between calls (close with :meth:`close`) and remembers the
     timestamp of the record at each partition's start position, so a steady group costs
@@ -180,6 +181,7 @@ class LagReader:
         self._admin = AdminClient(client_config(settings))
         self._consumer: _Consumer | None = None
         self._times: dict[Spot, int] = {}  # record time (ms) at (topic, partition, offset)
+        self._groups: dict[str, _Consumer] = {}  # committed offsets, one consumer per group
 
     def topics(self) -> dict[str, int]:
         """Every topic on the broker and its partition count."""
@@ -230,22 +232,36 @@ class LagReader:
                 time.sleep(0.2)
 
     def committed(self, group: str, topic: str, partitions: int) -> dict[int, int | None]:
-        """The committed offset of ``group`` on each partition (None: never committed)."""
+        """The committed offset of ``group`` on each partition (None: never committed).
+
+        Read by a consumer of ``group`` that never subscribes (so never joins it or
+        commits), not by the admin client: librdkafka's admin ListConsumerGroupOffsets
+        dereferences a NULL consumer group and kills the process with SIGSEGV when the
+        coordinator answers NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS, as it does
+        for a group never seen on a young broker (confluentinc/librdkafka#5040)."""
         if partitions == 0:
             return {}
-        request = ConsumerGroupTopicPartitions(
-            group, [TopicPartition(topic, p) for p in range(partitions)])
         try:
-            future = self._admin.list_consumer_group_offsets(
-                [request], request_timeout=self.timeout_s)[group]
-            result = future.result()
+            found = self._group_reader(group).committed(
+                [TopicPartition(topic, p) for p in range(partitions)], timeout=self.timeout_s)
         except KafkaException as exc:
             raise AsynctierError(f"cannot read the offsets of group {group}: "
                                  f"{exc.args[0]}") from exc
         out: dict[int, int | None] = dict.fromkeys(range(partitions))
-        for tp in result.topic_partitions:
+        for tp in found:
+            if tp.error is not None:
+                raise AsynctierError(f"cannot read the offset of group {group} on "
+                                     f"{topic}[{tp.partition}]: {tp.error}")
             out[tp.partition] = None if tp.offset < 0 else int(tp.offset)
         return out
+
+    def _group_reader(self, group: str) -> _Consumer:
+        consumer = self._groups.get(group)
+        if consumer is None:
+            consumer = self._groups[group] = _Consumer(self.settings.kafka_config(**{
+                "group.id": group, "enable.auto.commit": False,
+                "enable.auto.offset.store": False}))
+        return consumer
 
     def record_times(self, wanted: Iterable[Spot]) -> dict[Spot, int | None]:
         """The timestamp (epoch ms) of the first record at or after each (topic, partition,
@@ -297,10 +313,13 @@ class LagReader:
         return self._consumer
 
     def close(self) -> None:
-        """Close the consumer (the admin client needs no closing)."""
+        """Close the consumers (the admin client needs no closing)."""
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        for consumer in self._groups.values():
+            consumer.close()
+        self._groups.clear()
 
 
 def _note_time(msg: Any, wanted: Mapping[Position, int],

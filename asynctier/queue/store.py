@@ -317,6 +317,15 @@ class QueueStore:
         return [TopicCounts(namespace, r[0], r[1], r[2], r[3], r[4], float(r[5]))
                 for r in rows]
 
+    def waiting(self, namespace: str, topic: str, limit: int) -> int:
+        """Ready and delayed items of ``topic`` (``counts``' ready + delayed), but
+        ``limit`` at most: reads at most ``limit`` items, however many there are."""
+        _check_topic_args(namespace, topic)
+        with self._conn() as conn:
+            row = conn.execute(sql.WAITING, {"ns": namespace, "topic": topic,
+                                             "limit": limit}).fetchone()
+        return int(row[0]) if row else 0
+
     def dead_items(self, namespace: str, topic: str, limit: int = 100) -> list[DeadItem]:
         """The dead items of a topic, oldest death first."""
         _check_topic_args(namespace, topic)

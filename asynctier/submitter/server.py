@@ -92,6 +92,9 @@ async def serve_submitter(settings: Settings, *, listen: str | None, stop: threa
         log.info("submitter %s stopping: finishing the calls under way (at most %gs)",
                  address, stop_grace_s)
         await server.stop(stop_grace_s)
+        if submitter.group is not None and submitter.group.calls:
+            log.info("submitter %s: %d queue items written in %d group commits", address,
+                     submitter.group.items, submitter.group.calls)
     finally:
         if backlog is not None:
             await asyncio.to_thread(backlog.close)

@@ -10,12 +10,11 @@ queue or Kafka does not take it: nothing is answered accepted that was not store
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 
@@ -36,17 +35,9 @@ from asynctier.submitter.protocol import (
     encode_results,
 )
 from asynctier.submitter.validation import DEFAULT_MAX_PAYLOAD_BYTES, Validator
-from asynctier.submitter.writers import KafkaWriter
+from asynctier.submitter.writers import GroupCommit, KafkaWriter, QueueWriter
 
 log = logging.getLogger(__name__)
-
-
-class QueueWriter(Protocol):
-    """What the Submitter needs of the queue store (QueueStore or ShardedQueue)."""
-
-    def enqueue(self, namespace: str, items: list[NewItem]) -> list[Any]:
-        """Enqueue in one transaction; one result (``id``, ``created``) per item."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -66,6 +57,10 @@ class SubmitterOptions:
     #: The retry-after of a call refused for room, and of a workload over the backlog cap.
     busy_retry_ms: int = 200
     backlog_retry_ms: int = 2_000
+    #: Queue writes of one namespace under way at once; the calls arriving meanwhile are
+    #: written together by the next (group commit), at most ``group_max_rows`` items.
+    group_flushes: int = 2
+    group_max_rows: int = 5_000
 
 
 class Refused(Exception):
@@ -87,10 +82,12 @@ class Submitter:
                  options: SubmitterOptions | None = None) -> None:
         self.bindings = bindings
         self.queue = queue
+        self.options = options or SubmitterOptions()
+        self.group = None if queue is None else GroupCommit(
+            queue, flushes=self.options.group_flushes, max_rows=self.options.group_max_rows)
         self.kafka = kafka
         self.capacity = capacity
         self.backlog = backlog
-        self.options = options or SubmitterOptions()
         self.pending = 0
         self._validators: dict[str, Validator] = {}
         self._capacity_warned = 0.0
@@ -223,14 +220,14 @@ class Submitter:
 
     async def _enqueue(self, binding: Binding, go: list[int], workloads: list[Workload],
                        results: list[Result | None]) -> None:
-        if self.queue is None:
+        if self.group is None:
             raise Refused(grpc.StatusCode.UNAVAILABLE, "this Submitter has no queue store")
         items = [NewItem(binding.topic, w.payload or b"", id=w.id or uuid.uuid4().hex,
                          priority=w.priority or 0, headers=w.headers,
                          delay_s=None if w.delay_ms is None else w.delay_ms / 1000)
                  for w in workloads]
         try:
-            written = await asyncio.to_thread(self.queue.enqueue, binding.tenant, items)
+            written = await self.group.enqueue(binding.tenant, binding.topic, items)
         except QueueUnavailable as exc:
             raise Refused(grpc.StatusCode.UNAVAILABLE,
                           f"the queue of binding {binding.name} is unavailable, nothing of "

@@ -2,20 +2,27 @@
 
 Both answer only once the write is durable: the queue's transaction committed, or every
 record's delivery confirmed by the broker with ``acks=all``.
+
+Queue writes are group-committed (:class:`GroupCommit`): the calls that arrive while a
+namespace's writes are under way are written together by the next one, one statement and
+one transaction per shard, and each is answered once that transaction committed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, Producer
 
 from asynctier.platform.config import Settings
-from asynctier.platform.errors import HandoffError
+from asynctier.platform.errors import HandoffError, QueueError
 from asynctier.platform.kafka import client_config
+from asynctier.queue.items import EnqueueResult, NewItem, check_namespace
 from asynctier.submitter.protocol import Workload
 
 #: The Submitter's producer: every record acknowledged by all in-sync replicas, no
@@ -95,3 +102,129 @@ def _done(future: asyncio.Future[tuple[int, int]], value: tuple[int, int]) -> No
 def _fail(future: asyncio.Future[tuple[int, int]], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
+
+
+class ShardWriter(Protocol):
+    """What the Submitter needs of one queue shard (a QueueStore)."""
+
+    name: str
+
+    def enqueue(self, namespace: str, items: Sequence[NewItem]) -> list[EnqueueResult]:
+        """Enqueue in one transaction; one result (``id``, ``created``) per item."""
+        ...
+
+
+class QueueWriter(Protocol):
+    """What the Submitter needs of the queue (a ShardedQueue)."""
+
+    def shard_of(self, namespace: str, topic: str) -> ShardWriter:
+        """The shard that holds ``topic`` of ``namespace``."""
+        ...
+
+
+@dataclass
+class _Lane:
+    """The waiting writes of one namespace on one shard, and its flushes under way."""
+
+    store: ShardWriter
+    waiting: deque[tuple[list[NewItem], asyncio.Future[list[EnqueueResult]]]] = field(
+        default_factory=deque)
+    flushing: int = 0
+
+
+class GroupCommit:
+    """Concurrent enqueues of one namespace to one shard written together.
+
+    A write that finds fewer than ``flushes`` writes of its namespace and shard under way
+    starts at once (no waiting when the Submitter is idle); the others wait for the next
+    free flush, which takes every waiting write (up to ``max_rows`` items) into one
+    :meth:`ShardWriter.enqueue` call: one statement, one transaction. Each write is
+    answered with its own results once that transaction committed, or with its error: a
+    write is never answered accepted before it is stored. When the store refuses a group
+    for a bad item (:class:`QueueError`, raised before anything is written), each of its
+    writes is tried alone, so that one write's bad item never refuses its neighbours.
+    """
+
+    def __init__(self, queue: QueueWriter, *, flushes: int = 2, max_rows: int = 5_000
+                 ) -> None:
+        self.queue = queue
+        self.flushes = flushes
+        self.max_rows = max_rows
+        self._lanes: dict[tuple[str, str], _Lane] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Store calls made and items they carried (what the coalescing saved).
+        self.calls = 0
+        self.items = 0
+
+    async def enqueue(self, namespace: str, topic: str, items: list[NewItem]
+                      ) -> list[EnqueueResult]:
+        """Enqueue ``items`` (of ``topic``) once stored, possibly together with others;
+        one result (``id``, ``created``) per item."""
+        check_namespace(namespace)
+        if not items:
+            return []
+        future: asyncio.Future[list[EnqueueResult]] = (
+            asyncio.get_running_loop().create_future())
+        store = self.queue.shard_of(namespace, topic)
+        key = (store.name, namespace)
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = _Lane(store)
+        lane.waiting.append((items, future))
+        if lane.flushing < self.flushes:
+            lane.flushing += 1
+            task = asyncio.create_task(self._flush(key, lane))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await future
+
+    async def _flush(self, key: tuple[str, str], lane: _Lane) -> None:
+        try:
+            while lane.waiting:
+                taken = [lane.waiting.popleft()]
+                rows = len(taken[0][0])
+                while lane.waiting and rows + len(lane.waiting[0][0]) <= self.max_rows:
+                    rows += len(lane.waiting[0][0])
+                    taken.append(lane.waiting.popleft())
+                await self._write(lane.store, key[1], taken)
+        finally:
+            lane.flushing -= 1
+            if not lane.flushing:  # the lane is empty, unless this flush was cancelled
+                while lane.waiting:
+                    lane.waiting.popleft()[1].cancel()
+                self._lanes.pop(key, None)
+
+    async def _write(self, store: ShardWriter, namespace: str,
+                     taken: list[tuple[list[NewItem], asyncio.Future[list[EnqueueResult]]]]
+                     ) -> None:
+        combined = [item for items, _ in taken for item in items]
+        self.calls += 1
+        self.items += len(combined)
+        try:
+            results = await asyncio.to_thread(store.enqueue, namespace, combined)
+        except QueueError as exc:
+            if len(taken) == 1:
+                _fail_all(taken, exc)
+                return
+            for one in taken:  # a bad item: nothing was written; each write on its own
+                await self._write(store, namespace, [one])
+            return
+        except asyncio.CancelledError:  # the Submitter stops: its callers are cancelled too
+            for _, future in taken:
+                future.cancel()
+            raise
+        except Exception as exc:
+            _fail_all(taken, exc)
+            return
+        at = 0
+        for items, future in taken:
+            if not future.done():  # a cancelled call: its items are written all the same
+                future.set_result(results[at:at + len(items)])
+            at += len(items)
+
+
+def _fail_all(taken: list[tuple[list[NewItem], asyncio.Future[list[EnqueueResult]]]],
+              exc: BaseException) -> None:
+    for _, future in taken:
+        if not future.done():
+            future.set_exception(exc)

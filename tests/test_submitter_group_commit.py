@@ -1,0 +1,113 @@
+"""The Submitter's group commit: concurrent queue writes of a namespace written together,
+each answered with its own results once stored (real PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from asynctier.dev.process import free_port
+from asynctier.platform.errors import QueueError, QueueUnavailable
+from asynctier.queue.items import NewItem
+from asynctier.queue.shards import ShardedQueue
+from asynctier.queue.store import QueueStore
+from asynctier.submitter.writers import GroupCommit
+
+
+@pytest.fixture
+def queue(postgres: str) -> Iterator[ShardedQueue]:
+    with ShardedQueue([postgres]) as sharded:
+        yield sharded
+
+
+def items(tag: str, n: int, topic: str = "work") -> list[NewItem]:
+    return [NewItem(topic, b'{"n": %d}' % i, id=f"{tag}-{i}") for i in range(n)]
+
+
+def test_concurrent_writes_share_one_statement_and_each_gets_its_own_results(
+        queue: ShardedQueue, queue_store: QueueStore, queue_namespace: str) -> None:
+    """Ten writes arriving together are one store call; each gets its own ids back, and
+    an id another write of the group already wrote is that write's duplicate."""
+    group = GroupCommit(queue, flushes=1)
+    writes = [items(f"w{k}", 10) for k in range(10)]
+    writes.append(items("w3", 2))  # the same ids as the fourth write
+
+    async def go() -> list[list[tuple[str, bool]]]:
+        done = await asyncio.gather(*(group.enqueue(queue_namespace, "work", w) for w in writes))
+        return [[(r.id, r.created) for r in results] for results in done]
+
+    answered = asyncio.run(go())
+    assert group.calls == 1 and group.items == 102
+    for write, results in zip(writes[:10], answered[:10], strict=True):
+        assert results == [(i.id, True) for i in write]
+    assert answered[10] == [("w3-0", False), ("w3-1", False)]
+    [counts] = queue_store.counts(queue_namespace, "work")
+    assert counts.ready == 100  # stored before the answers
+
+
+def test_a_group_holds_at_most_max_rows(queue: ShardedQueue, queue_namespace: str) -> None:
+    """Writes of 10 with at most 25 rows a call: two writes a call."""
+    group = GroupCommit(queue, flushes=1, max_rows=25)
+
+    async def go() -> None:
+        await asyncio.gather(*(group.enqueue(queue_namespace, "work", items(f"m{k}", 10))
+                               for k in range(10)))
+
+    asyncio.run(go())
+    assert (group.calls, group.items) == (5, 100)
+
+
+def test_a_bad_item_refuses_its_own_write_only(queue: ShardedQueue, queue_store: QueueStore,
+                                               queue_namespace: str) -> None:
+    """A write with an invalid item fails alone; the writes beside it are stored."""
+    group = GroupCommit(queue, flushes=1)
+    bad = [NewItem("work", b"{}", id="ok"), NewItem("work", b"{}", id="x", priority=5000)]
+
+    async def go() -> list[object]:
+        return await asyncio.gather(group.enqueue(queue_namespace, "work", items("a", 3)),
+                                    group.enqueue(queue_namespace, "work", bad),
+                                    group.enqueue(queue_namespace, "work", items("b", 3)),
+                                    return_exceptions=True)
+
+    first, refused, last = asyncio.run(go())
+    assert isinstance(refused, QueueError) and "priority 5000" in str(refused)
+    assert [r.created for r in first] == [True] * 3  # type: ignore[attr-defined]
+    assert [r.created for r in last] == [True] * 3  # type: ignore[attr-defined]
+    [counts] = queue_store.counts(queue_namespace, "work")
+    assert counts.ready == 6
+
+
+def test_a_shard_that_is_down_fails_every_write_of_the_group() -> None:
+    """PostgreSQL not answering: each waiting write gets QueueUnavailable (none is
+    answered as stored), and the next writes are tried again."""
+    store = ShardedQueue([f"postgresql://asynctier@127.0.0.1:{free_port()}/asynctier"],
+                         timeout_s=1.0)
+    group = GroupCommit(store, flushes=1)
+
+    async def go() -> list[object]:
+        return await asyncio.gather(*(group.enqueue("ns", "work", items(f"d{k}", 2))
+                                      for k in range(4)), return_exceptions=True)
+
+    try:
+        failed = asyncio.run(go())
+        assert all(isinstance(f, QueueUnavailable) for f in failed), failed
+        with pytest.raises(QueueUnavailable):
+            asyncio.run(group.enqueue("ns", "work", items("again", 1)))
+    finally:
+        store.close()
+
+
+def test_the_backlog_reading_counts_ready_and_delayed_items_up_to_its_limit(
+        queue_store: QueueStore, queue_namespace: str) -> None:
+    """``waiting``: ready + delayed (as ``counts`` has them), leased ones left out, and
+    never more than the limit (the Submitter's backlog check reads at most its cap)."""
+    queue_store.enqueue(queue_namespace, items("r", 20, "wt"))
+    queue_store.enqueue(queue_namespace, [NewItem("wt", b"{}", id=f"late{i}", delay_s=600)
+                                          for i in range(5)])
+    queue_store.lease(queue_namespace, "wt", 4, 30.0, "owner")
+    [counts] = queue_store.counts(queue_namespace, "wt")
+    assert queue_store.waiting(queue_namespace, "wt", 1000) == counts.ready + counts.delayed
+    assert queue_store.waiting(queue_namespace, "wt", 1000) == 21
+    assert queue_store.waiting(queue_namespace, "wt", 10) == 10
