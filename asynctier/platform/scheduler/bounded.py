@@ -18,6 +18,7 @@ import itertools
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from asynctier.platform.binding import Binding
@@ -93,13 +94,28 @@ class BoundedQueue:
                     self._getters.remove(woken)
         chunk = self.fair.pop()
         if not chunk.binding.defer_when_busy:
-            self.firm_items -= chunk.cost
-            if self.firm_items <= 0:
-                now = time.monotonic()
-                self.firm_last_wait_s = now - (self.firm_since or now)
-                self.firm_items, self.firm_since, self.firm_emptied_at = 0, None, now
+            self._firm_left(chunk.cost)
         self._admit_waiting()
         return chunk
+
+    def remove_where(self, pick: Callable[[Chunk], bool]) -> list[Chunk]:
+        """Take out the queued chunks ``pick`` says (chunks waiting for room are left);
+        the room they held goes to the chunks waiting for it."""
+        removed = self.fair.remove_where(pick)
+        firm = sum(c.cost for c in removed if not c.binding.defer_when_busy)
+        if firm:
+            self._firm_left(firm)
+        if removed:
+            self._admit_waiting()
+        return removed
+
+    def _firm_left(self, cost: int) -> None:
+        """``cost`` items of firm work left the queue."""
+        self.firm_items -= cost
+        if self.firm_items <= 0:
+            now = time.monotonic()
+            self.firm_last_wait_s = now - (self.firm_since or now)
+            self.firm_items, self.firm_since, self.firm_emptied_at = 0, None, now
 
     def _fits(self, cost: int) -> bool:
         return self.fair.items == 0 or self.fair.items + cost <= self.max_items

@@ -9,7 +9,9 @@ saturates one saturates them all, and a scheduler with room runs deferred work a
 
 While saturated, the records of a ``--defer-when-busy`` binding are **parked**: answered
 ``retry`` after :func:`park_s`, spending no attempt (Kafka: the delay path; queue: a nack
-with that delay), both when their batch arrives and when a chunk of them leaves the queue.
+with that delay): when their batch arrives, when saturation begins (the dispatcher then
+takes their queued chunks out of the queue: ``on_start``) and when a chunk of them leaves
+the queue.
 A parked record comes back and is judged again, so it runs once load falls. A record
 whose deadline is near (less than :data:`RELEASE_SHARE` of its window left) is never
 parked: it runs, saturated or not, so deferring cannot make it miss its deadline.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 
 from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
@@ -44,10 +47,12 @@ class Saturation:
     exported as ``asynctier_scheduler_saturated`` at each change)."""
 
     def __init__(self, queue: BoundedQueue, settle_s: float = SETTLE_S,
-                 hold_s: float = HOLD_S) -> None:
+                 hold_s: float = HOLD_S,
+                 on_start: Callable[[], None] | None = None) -> None:
         self.queue = queue
         self.settle_s = settle_s
         self.hold_s = hold_s
+        self.on_start = on_start  # called when it becomes saturated
         self._was = False
 
     def saturated(self) -> bool:
@@ -64,6 +69,8 @@ class Saturation:
                 log.info("scheduler saturated: work that does not defer has waited %gs for a "
                          "worker; records of --defer-when-busy bindings are parked until "
                          "it has not waited for %gs", self.settle_s, self.hold_s)
+                if self.on_start is not None:
+                    self.on_start()
             else:
                 log.info("scheduler no longer saturated: --defer-when-busy records run again")
         return busy
@@ -87,6 +94,12 @@ def park_s(binding: Binding, item: Item, now_ms: int) -> float | None:
     return min(max(binding.retry_ladder_s[0], MIN_PARK_S), MAX_PARK_S, left_s)
 
 
+def may_wait(binding: Binding, items: list[Item], now_ms: int) -> bool:
+    """Whether every one of ``items`` (of ``binding``) may be parked now."""
+    return binding.defer_when_busy and all(park_s(binding, i, now_ms) is not None
+                                           for i in items)
+
+
 def defer(binding: Binding, items: list[Item], saturation: Saturation,
           now_ms: int | None = None) -> tuple[list[Outcome], list[Item]]:
     """(parked outcomes, items to run) of ``binding``'s items: all run unless the binding
@@ -94,7 +107,13 @@ def defer(binding: Binding, items: list[Item], saturation: Saturation,
     Items must carry their deadline (:func:`~.deadlines.stamp_deadlines`)."""
     if not binding.defer_when_busy or not items or not saturation.saturated():
         return [], items
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    return park(binding, items, int(time.time() * 1000) if now_ms is None else now_ms)
+
+
+def park(binding: Binding, items: list[Item],
+         now_ms: int) -> tuple[list[Outcome], list[Item]]:
+    """(parked outcomes, items to run): the items whose deadline is near run (counted in
+    ``asynctier_deferred_total``)."""
     parked: list[Outcome] = []
     run: list[Item] = []
     why = (f"deferred: binding {binding.name} defers when busy and its scheduler is "

@@ -26,8 +26,8 @@ chunk's outcomes are reported to it.
 
 Deferral (:mod:`.deferral`): while this scheduler is saturated by work that does not
 defer, a ``--defer-when-busy`` binding's records whose deadline is not near are parked
-(a retry that spends no attempt), when their batch arrives and when a chunk of them leaves
-the queue.
+(a retry that spends no attempt): when their batch arrives, when saturation begins (its
+chunks then queued are taken out of the queue) and when a chunk of them leaves the queue.
 
 Deadlines (:mod:`.deadlines`): a batch's expired records are answered ``expired`` before
 the claim, the others get their deadline, a chunk is queued by its earliest, and what
@@ -52,7 +52,7 @@ from asynctier.platform.limits.breaker import Breakers
 from asynctier.platform.limits.bucket import burst_of
 from asynctier.platform.scheduler.bounded import BoundedQueue, Chunk
 from asynctier.platform.scheduler.deadlines import order_key, split_expired, stamp_deadlines
-from asynctier.platform.scheduler.deferral import Saturation, defer
+from asynctier.platform.scheduler.deferral import Saturation, defer, may_wait, park
 from asynctier.platform.scheduler.outcomes import error_text
 from asynctier.platform.scheduler.runtime import Job, Runtime
 from asynctier.platform.scheduler.sizing import ChunkSizer
@@ -104,7 +104,7 @@ class Dispatcher:
         self.busy_grace_s = busy_grace_s
         self.default_window_s = default_window_s
         self.breakers = breakers
-        self.saturation = Saturation(queue)
+        self.saturation = Saturation(queue, on_start=self._park_queued)
         self.running_items = 0
         self._capped: dict[str, asyncio.Semaphore] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -329,6 +329,21 @@ class Dispatcher:
             gate = self._capped[chunk.binding.name] = asyncio.Semaphore(self.capped_chunks)
         await gate.acquire()
         chunk.future.add_done_callback(lambda _: gate.release())
+
+    def _park_queued(self) -> None:
+        """The scheduler has become saturated: take the queued chunks of deferring bindings
+        out of the queue and park them now, rather than when a worker reaches them (a chunk
+        with a record whose deadline is near stays, and is judged when it leaves)."""
+        now_ms = int(time.time() * 1000)
+        for chunk in self.queue.remove_where(
+                lambda c: may_wait(c.binding, c.items, now_ms)):
+            self._later(self._answer(chunk, park(chunk.binding, chunk.items, now_ms)[0]))
+
+    async def _answer(self, chunk: Chunk, outcomes: list[Outcome]) -> None:
+        """Answer a chunk that did not run (its claims freed first, as after a run)."""
+        await self._finish(chunk.binding, chunk.items, outcomes)
+        if not chunk.future.done():
+            chunk.future.set_result(outcomes)
 
     async def _watch_saturation(self, every_s: float = 0.5) -> None:
         """Look at the saturation now and then, so that its gauge and log follow it while
