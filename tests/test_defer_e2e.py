@@ -19,14 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from confluent_kafka import Producer
 
-from asynctier.cli import main
 from asynctier.platform.config import Settings
 from tests.deadline_funcs import Start, starts
 from tests.helpers import wait_until
-from tests.platform_harness import Platform, free_port, produce_json
+from tests.platform_harness import Platform, cli_in_process, free_port, produce_json
 
 FN = "tests.deadline_funcs:note"
 WINDOW_S = 7200.0  # the deferred binding's --start-within 2h
@@ -57,14 +55,6 @@ class Figures:
     deferred_total: float  # asynctier_deferred_total{binding="cold"} of the scheduler
 
 
-def _cli(platform: Platform, *args: str) -> str:
-    """``asynctier ARGS`` in this process (a subprocess costs seconds); its output."""
-    env = {k: v for k, v in platform.env().items() if k.startswith("ASYNCTIER_")}
-    done = CliRunner().invoke(main, list(args), env=env)
-    assert done.exit_code == 0, done.output
-    return done.output
-
-
 def _produce_late(settings: Settings, topic: str, ids: range) -> None:
     """Records whose Kafka timestamp is LATE_AGE_S old (their deadline is near)."""
     producer = Producer(settings.kafka_config())
@@ -88,10 +78,11 @@ def _run(platform: Platform, settings: Settings, unique_topic: Callable[..., str
     hot, cold = unique_topic(2), unique_topic(2)
     path = platform.config_file()
     path.write_text(path.read_text() + "\n[scheduler]\nworkers = 2\n")
-    _cli(platform, "bind", "hot", "--topic", hot, "--function", FN, "--priority", "urgent")
-    _cli(platform, "bind", "cold", "--topic", cold, "--function", FN, "--start-within", "2h",
-         "--retry-ladder", "1s,2s", "--max-attempts", "1",
-         *(["--defer-when-busy"] if defer else []))
+    cli_in_process(platform, "bind", "hot", "--topic", hot, "--function", FN,
+                   "--priority", "urgent")
+    cli_in_process(platform, "bind", "cold", "--topic", cold, "--function", FN,
+                   "--start-within", "2h", "--retry-ladder", "1s,2s", "--max-attempts", "1",
+                   *(["--defer-when-busy"] if defer else []))
     made = time.time()
     produce_json(settings, cold, [{"id": i, "sleep": 0.005} for i in range(n_cold)])
     _produce_late(settings, cold, range(n_cold, n_cold + n_late))
@@ -114,7 +105,7 @@ def _run(platform: Platform, settings: Settings, unique_topic: Callable[..., str
     assert len({s.id for s in cold_runs}) == n_cold + n_late
     assert all(s.start <= s.deadline for s in cold_runs)  # ctx.deadline was kept
     assert all(s.start - made < WINDOW_S for s in fresh)  # none missed its deadline
-    dead = json.loads(_cli(platform, "dlq", "list", "cold", "--json") or "[]")
+    dead = json.loads(cli_in_process(platform, "dlq", "list", "cold", "--json") or "[]")
     assert dead == []  # parked records spent no attempt (max attempts 1)
     return Figures(
         startup_s=min(first, *(s.start for s in cold_runs)) - made,
