@@ -241,3 +241,16 @@ def committed_vs_end(settings: Settings, group: str, topic: str) -> tuple[int, i
     end = sum(consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in parts)
     consumer.close()
     return sum(max(tp.offset, 0) for tp in committed), end
+
+
+def cli_in_process(platform: Platform, *args: str) -> str:
+    """``asynctier ARGS`` with the platform's settings, run in this process (a subprocess
+    costs seconds of interpreter start); its output. Fails the test when it fails."""
+    from click.testing import CliRunner
+
+    from asynctier.cli import main
+
+    env = {k: v for k, v in platform.env().items() if k.startswith("ASYNCTIER_")}
+    done = CliRunner().invoke(main, list(args), env=env)
+    assert done.exit_code == 0, f"asynctier {' '.join(args)}: {done.output}"
+    return done.output

@@ -12,11 +12,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 
 from asynctier.platform.config import Settings
 from tests.deadline_funcs import starts
 from tests.helpers import wait_until
-from tests.platform_harness import Platform, produce_json
+from tests.platform_harness import Platform, cli_in_process, produce_json
 
 
 @pytest.fixture
@@ -44,6 +45,34 @@ def _dead(platform: Platform, binding: str) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = json.loads(
         platform.cli("dlq", "list", binding, "--json").stdout or "[]")
     return rows
+
+
+def test_records_already_past_their_expiry_are_dead_letters_and_never_run(
+        platform: Platform, unique_topic: Callable[..., str], settings: Settings) -> None:
+    """The short variant (default suite): no stop and restart; 10 of the 20 records carry
+    a Kafka timestamp a minute old, past ``--expire-after 2s`` when they are read."""
+    topic = unique_topic(2)
+    cli_in_process(platform, "bind", "exp", "--topic", topic, "--function",
+                   "tests.deadline_funcs:note", "--expire-after", "2s")
+    platform.start("scheduler")
+    platform.start("tailers")
+    _assigned(platform, "tailers")  # the fresh records must not age 2 s meanwhile
+    producer = Producer(settings.kafka_config())
+    old_ms = int((time.time() - 60) * 1000)
+    for i in range(20):
+        stamp = {"timestamp": old_ms} if i % 2 else {}  # else now
+        producer.produce(topic, json.dumps({"id": i}).encode(), str(i).encode(), **stamp)
+    assert producer.flush(30) == 0
+    wait_until(lambda: len(starts(platform.ledger)) >= 10, 60, "the fresh records ran")
+    def dead() -> list[dict[str, object]]:
+        rows: list[dict[str, object]] = json.loads(
+            cli_in_process(platform, "dlq", "list", "exp", "--json") or "[]")
+        return rows
+
+    letters = wait_until(lambda: len(dead()) >= 10 and dead(), 30, "10 expired dead letters")
+    assert {int(str(r["key"])) for r in letters} == set(range(1, 20, 2))
+    assert {r["reason"] for r in letters} == {"expired"}
+    assert {s.id for s in starts(platform.ledger)} == set(range(0, 20, 2))  # never ran
 
 
 @pytest.mark.slow

@@ -76,6 +76,8 @@ def test_every_metric_of_the_issue_is_defined() -> None:
         "asynctier_breaker_state": ("binding",),
         "asynctier_breaker_parked_total": ("binding",),
         "asynctier_breaker_probes_total": ("binding",),
+        "asynctier_deferred_total": ("binding",),
+        "asynctier_scheduler_saturated": (),
         "asynctier_region_calls_total": ("region", "reason"),
     }
     assert {n: tuple(m._labelnames) for n, m in metrics.ALL_METRICS.items()} == wanted

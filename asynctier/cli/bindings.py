@@ -100,6 +100,10 @@ def _size(what: str, text: str) -> int:
               "time (5s, 1m...): its deadline. Within a tier, earliest deadline first.")
 @click.option("--expire-after", help="A record not started this long after its record time "
               "is useless: a dead letter with reason 'expired', never run late.")
+@click.option("--defer-when-busy", "defer_when_busy", is_flag=True,
+              help="While the schedulers are saturated by other work, park this binding's "
+                   "records (no attempt spent) until load falls or their deadline nears. "
+                   "Needs --start-within 1h or more.")
 @click.option("--breaker", help="Circuit breaker: SHARE%/WINDOW, such as 50%/30s. When that "
               "share of calls fails over the window, new records are parked (no attempt "
               "spent), probes test the downstream, and records flow back at a ramped rate.")
@@ -118,8 +122,8 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
          fmt: str, schema_file: str | None, rate: float | None, burst: int | None,
          concurrency: int | None, max_attempts: int, timeout: str, retry_ladder: str | None,
          queue_after: str, isolation: str, idempotent: bool, redis_policy: str,
-         start_within: str | None, expire_after: str | None, breaker: str | None,
-         ordering: str, max_payload: str | None,
+         start_within: str | None, expire_after: str | None, defer_when_busy: bool,
+         breaker: str | None, ordering: str, max_payload: str | None,
          create_topic: int | None) -> None:
     """Bind topic --topic (or queue topic --queue) to function --function under NAME."""
     settings = settings_of(ctx)
@@ -159,6 +163,7 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
         isolation=isolation,  # type: ignore[arg-type]
         idempotent=idempotent, redis_policy=redis_policy,  # type: ignore[arg-type]
         ordering=ordering,  # type: ignore[arg-type]
+        defer_when_busy=defer_when_busy,
         **fields,  # type: ignore[arg-type]
     ).validate()
     try:
@@ -179,6 +184,7 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
     BindingRegistry(settings).put(binding)
     source = path_of(settings, binding)
     order = ", ordered by key" if binding.ordering == "key" else ""
+    order += ", deferred when busy" if binding.defer_when_busy else ""
     click.echo(f"bound {name}: {source} -> {function} (tenant {tenant}, {priority}, "
                f"ladder {','.join(binding.ladder_names)}{order})")
 
@@ -279,7 +285,8 @@ def _deadlines(b: Binding) -> str:
         return "-" if s is None else format_duration(s)
     if b.start_within_s is None and b.expire_after_s is None:
         return "-"
-    return f"{shown(b.start_within_s)}/{shown(b.expire_after_s)}"
+    defer = " defer" if b.defer_when_busy else ""
+    return f"{shown(b.start_within_s)}/{shown(b.expire_after_s)}{defer}"
 
 
 COMMANDS = [bind, unbind, bindings]

@@ -43,6 +43,9 @@ SOURCE_KINDS: tuple[str, ...] = ("kafka", "queue")
 #: The highest per-binding payload limit (the queue's item limit, and Kafka's default
 #: message.max.bytes is about the same).
 MAX_PAYLOAD_LIMIT = 1024 * 1024
+#: The shortest ``--start-within`` a ``--defer-when-busy`` binding may have: deferring
+#: waits out a peak, which takes more than minutes.
+DEFER_MIN_WINDOW_S = 3600.0
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
@@ -88,6 +91,9 @@ class Binding:
     breaker_ratio: float | None = None  # --breaker 50%/30s: opens at this failure share...
     breaker_window_s: float = 30.0  # ... over this window
     ordering: Ordering = "none"
+    #: --defer-when-busy: parked while the schedulers are saturated by other work
+    #: (docs/design.md, Shifting out of peaks); needs a --start-within of hours.
+    defer_when_busy: bool = False
     _parsed_schema: Any = field(default=None, compare=False, repr=False)
 
     @property
@@ -203,6 +209,12 @@ class Binding:
             _check(expire >= within, "expire after",
                    f"--expire-after {format_duration(expire)} is shorter than --start-within "
                    f"{format_duration(within)}: a record would expire before its deadline")
+        if self.defer_when_busy:
+            _check(within is not None and within >= DEFER_MIN_WINDOW_S, "defer when busy",
+                   "--defer-when-busy is for work whose deadline is hours away: give "
+                   f"--start-within {format_duration(DEFER_MIN_WINDOW_S)} or more "
+                   f"({'none given' if within is None else format_duration(within) + ' given'})"
+                   "; records due sooner should not wait out a peak")
 
     def _validate_ladder(self) -> None:
         ladder = self.retry_ladder_s

@@ -144,6 +144,17 @@ BREAKER_PROBES = Counter(
     "Probe items let through an open breaker.",
     ["binding"],
 )
+DEFERRED = Counter(
+    "asynctier_deferred_total",
+    "Items of a --defer-when-busy binding parked (retried later, no attempt spent) while "
+    "their scheduler was saturated by other work.",
+    ["binding"],
+)
+SATURATED = Gauge(
+    "asynctier_scheduler_saturated",
+    "1 while this scheduler's workers are saturated by work that does not defer (it then "
+    "parks the records of --defer-when-busy bindings), else 0.",
+)
 CONSUMER_LAG = Gauge(
     "asynctier_consumer_lag",
     "Records not yet committed by the group: end offset minus committed offset.",
@@ -240,6 +251,8 @@ ALL_METRICS: Final = {
     "asynctier_breaker_state": BREAKER_STATE,
     "asynctier_breaker_parked_total": BREAKER_PARKED,
     "asynctier_breaker_probes_total": BREAKER_PROBES,
+    "asynctier_deferred_total": DEFERRED,
+    "asynctier_scheduler_saturated": SATURATED,
     "asynctier_consumer_lag": CONSUMER_LAG,
     "asynctier_consumer_lag_seconds": CONSUMER_LAG_SECONDS,
     "asynctier_delay_backlog": DELAY_BACKLOG,
@@ -439,6 +452,17 @@ def count_breaker_parked(binding: str, n: int = 1) -> None:
     """Count ``n`` items of ``binding`` parked by its breaker."""
     if n:
         BREAKER_PARKED.labels(binding).inc(n)
+
+
+def count_deferred(binding: str, n: int = 1) -> None:
+    """Count ``n`` items of ``binding`` deferred while their scheduler was saturated."""
+    if n:
+        DEFERRED.labels(binding).inc(n)
+
+
+def set_saturated(saturated: bool) -> None:
+    """Whether this scheduler is saturated by work that does not defer."""
+    SATURATED.set(1 if saturated else 0)
 
 
 def count_breaker_probes(binding: str, n: int = 1) -> None:

@@ -5,6 +5,10 @@ waits (backpressure: the tailer's submit call takes longer and memory stays flat
 room frees, the waiting chunk whose tenant has the fewest items queued goes first, so a
 flooding tenant cannot hold the door shut on a trickling one. A chunk larger than the
 whole room is let in when the queue is empty.
+
+It also keeps count of the items queued of bindings that do not defer (*firm* work, not
+``--defer-when-busy``) and since when some have been waiting: :mod:`.deferral` reads
+whether the scheduler is saturated from that.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from asynctier.platform.binding import Binding
@@ -48,6 +54,10 @@ class BoundedQueue:
         self._waiting: dict[int, tuple[Chunk, asyncio.Future[None]]] = {}
         self._getters: deque[asyncio.Future[None]] = deque()
         self._seq = itertools.count()
+        self.firm_items = 0  # items queued of bindings without --defer-when-busy
+        self.firm_since: float | None = None  # monotonic: since when some have waited
+        self.firm_emptied_at = -math.inf  # monotonic: when the last of them left ...
+        self.firm_last_wait_s = 0.0  # ... after waiting this long without a break
 
     @property
     def items(self) -> int:
@@ -83,8 +93,29 @@ class BoundedQueue:
                 if woken in self._getters:
                     self._getters.remove(woken)
         chunk = self.fair.pop()
+        if not chunk.binding.defer_when_busy:
+            self._firm_left(chunk.cost)
         self._admit_waiting()
         return chunk
+
+    def remove_where(self, pick: Callable[[Chunk], bool]) -> list[Chunk]:
+        """Take out the queued chunks ``pick`` says (chunks waiting for room are left);
+        the room they held goes to the chunks waiting for it."""
+        removed = self.fair.remove_where(pick)
+        firm = sum(c.cost for c in removed if not c.binding.defer_when_busy)
+        if firm:
+            self._firm_left(firm)
+        if removed:
+            self._admit_waiting()
+        return removed
+
+    def _firm_left(self, cost: int) -> None:
+        """``cost`` items of firm work left the queue."""
+        self.firm_items -= cost
+        if self.firm_items <= 0:
+            now = time.monotonic()
+            self.firm_last_wait_s = now - (self.firm_since or now)
+            self.firm_items, self.firm_since, self.firm_emptied_at = 0, None, now
 
     def _fits(self, cost: int) -> bool:
         return self.fair.items == 0 or self.fair.items + cost <= self.max_items
@@ -93,6 +124,10 @@ class BoundedQueue:
         self.fair.push(chunk.binding.priority, chunk.binding.tenant, chunk, chunk.cost,
                        chunk.deadline)
         self.peak_items = max(self.peak_items, self.fair.items)
+        if not chunk.binding.defer_when_busy:
+            if self.firm_since is None:
+                self.firm_since = time.monotonic()
+            self.firm_items += chunk.cost
         while self._getters:
             getter = self._getters.popleft()
             if not getter.done():

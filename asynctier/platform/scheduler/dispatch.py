@@ -24,6 +24,11 @@ batch of a binding whose breaker is open or ramping is parked but for what the b
 through; a chunk leaving the queue while it is open is parked but for its probes; each
 chunk's outcomes are reported to it.
 
+Deferral (:mod:`.deferral`): while this scheduler is saturated by work that does not
+defer, a ``--defer-when-busy`` binding's records whose deadline is not near are parked
+(a retry that spends no attempt): when their batch arrives, when saturation begins (its
+chunks then queued are taken out of the queue) and when a chunk of them leaves the queue.
+
 Deadlines (:mod:`.deadlines`): a batch's expired records are answered ``expired`` before
 the claim, the others get their deadline, a chunk is queued by its earliest, and what
 expired while queued is answered ``expired`` when the chunk leaves the queue, not run.
@@ -47,6 +52,7 @@ from asynctier.platform.limits.breaker import Breakers
 from asynctier.platform.limits.bucket import burst_of
 from asynctier.platform.scheduler.bounded import BoundedQueue, Chunk
 from asynctier.platform.scheduler.deadlines import order_key, split_expired, stamp_deadlines
+from asynctier.platform.scheduler.deferral import Saturation, defer, may_wait, park
 from asynctier.platform.scheduler.outcomes import error_text
 from asynctier.platform.scheduler.runtime import Job, Runtime
 from asynctier.platform.scheduler.sizing import ChunkSizer
@@ -98,6 +104,7 @@ class Dispatcher:
         self.busy_grace_s = busy_grace_s
         self.default_window_s = default_window_s
         self.breakers = breakers
+        self.saturation = Saturation(queue, on_start=self._park_queued)
         self.running_items = 0
         self._capped: dict[str, asyncio.Semaphore] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -107,6 +114,8 @@ class Dispatcher:
         """Start the worker tasks on the running loop."""
         self._tasks = [asyncio.create_task(self._work(), name=f"scheduler-worker-{n}")
                        for n in range(self.workers)]
+        self._tasks.append(asyncio.create_task(self._watch_saturation(),
+                                               name="scheduler-saturation"))
 
     async def stop(self) -> None:
         """Stop the workers (chunks still queued are not run)."""
@@ -133,6 +142,8 @@ class Dispatcher:
         """
         expired, items = split_expired(binding, items, int(time.time() * 1000))
         stamp_deadlines(binding, items)
+        deferred, items = defer(binding, items, self.saturation)
+        expired += deferred
         if self.breakers is not None:
             parked, items = await self.breakers.admit(binding, items)
             expired += parked
@@ -323,6 +334,28 @@ class Dispatcher:
         await gate.acquire()
         chunk.future.add_done_callback(lambda _: gate.release())
 
+    def _park_queued(self) -> None:
+        """The scheduler has become saturated: take the queued chunks of deferring bindings
+        out of the queue and park them now, rather than when a worker reaches them (a chunk
+        with a record whose deadline is near stays, and is judged when it leaves)."""
+        now_ms = int(time.time() * 1000)
+        for chunk in self.queue.remove_where(
+                lambda c: may_wait(c.binding, c.items, now_ms)):
+            self._later(self._answer(chunk, park(chunk.binding, chunk.items, now_ms)[0]))
+
+    async def _answer(self, chunk: Chunk, outcomes: list[Outcome]) -> None:
+        """Answer a chunk that did not run (its claims freed first, as after a run)."""
+        await self._finish(chunk.binding, chunk.items, outcomes)
+        if not chunk.future.done():
+            chunk.future.set_result(outcomes)
+
+    async def _watch_saturation(self, every_s: float = 0.5) -> None:
+        """Look at the saturation now and then, so that its gauge and log follow it while
+        no batch asks (an idle scheduler stops being saturated)."""
+        while True:
+            self.saturation.saturated()
+            await asyncio.sleep(every_s)
+
     # -- running --------------------------------------------------------------------------
 
     async def _work(self) -> None:
@@ -365,6 +398,8 @@ class Dispatcher:
     async def _run(self, chunk: Chunk) -> list[Outcome]:
         binding = chunk.binding
         expired, items = split_expired(binding, chunk.items, int(time.time() * 1000))
+        deferred, items = defer(binding, items, self.saturation)
+        expired += deferred
         breakers = self.breakers
         if breakers is not None and items and breakers.parks_now(binding):
             expired += breakers.park(binding, [i for i in items if not breakers.is_probe(i)])

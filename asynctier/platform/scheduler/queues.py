@@ -16,7 +16,7 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -85,6 +85,27 @@ class TenantDRR(Generic[T]):
             del self._queues[tenant], self._deficit[tenant]
             self._granted = False
         return tenant, entry, cost
+
+    def remove_where(self, pick: Callable[[T], bool]) -> list[tuple[str, T, int]]:
+        """Take out every entry ``pick`` says, as ``(tenant, entry, cost)``; the others keep
+        their order, and a tenant left with none leaves the round."""
+        removed: list[tuple[str, T, int]] = []
+        for tenant in list(self._queues):
+            queue = self._queues[tenant]
+            kept = [e for e in queue if not pick(e[2])]
+            if len(kept) == len(queue):
+                continue
+            removed += [(tenant, e[2], e[3]) for e in queue if pick(e[2])]
+            self.items -= sum(e[3] for e in queue) - sum(e[3] for e in kept)
+            if kept:
+                heapq.heapify(kept)
+                self._queues[tenant] = kept
+                continue
+            if self._active and self._active[0] == tenant:
+                self._granted = False
+            self._active.remove(tenant)
+            del self._queues[tenant], self._deficit[tenant]
+        return removed
 
     def queued_by_tenant(self) -> dict[str, int]:
         """Queued items per tenant."""
@@ -167,6 +188,22 @@ class FairQueue(Generic[T]):
         else:
             del self._by_tenant[tenant]
         return tier.name, entry
+
+    def remove_where(self, pick: Callable[[T], bool]) -> list[T]:
+        """Take out every entry ``pick`` says (from every tier); the others keep their
+        order."""
+        removed: list[T] = []
+        for tier in self._tiers.values():
+            for tenant, entry, cost in tier.drr.remove_where(pick):
+                self.items -= cost
+                self.entries -= 1
+                left = self._by_tenant[tenant] - cost
+                if left:
+                    self._by_tenant[tenant] = left
+                else:
+                    del self._by_tenant[tenant]
+                removed.append(entry)
+        return removed
 
     def items_of_tenant(self, tenant: str) -> int:
         """Queued items of ``tenant`` over every tier."""
