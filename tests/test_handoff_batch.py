@@ -87,6 +87,9 @@ class _Msg:
     def headers(self) -> list[tuple[str, bytes | None]] | None:
         return self._headers
 
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1_699_999_000_000 + self._offset)  # TIMESTAMP_CREATE_TIME
+
 
 HEADERS = st.one_of(
     st.none(),

@@ -11,6 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
+
 from asynctier.delay_streams.dlq import DeadLetter, iso_ms
 from asynctier.delay_streams.handoff import parcel_from_message
 from asynctier.delay_streams.ladder import next_hop, plan_hops
@@ -23,9 +25,18 @@ NOW = 1_764_000_000_000
 DEFAULT = (30.0, 60.0, 300.0, 1800.0)
 
 
+#: The Kafka timestamp of the records here: a record's time before any platform header.
+STAMP = NOW - 90_000
+
+
 class _Msg:
-    def __init__(self, headers: list[tuple[str, bytes | None]]) -> None:
+    def __init__(self, headers: list[tuple[str, bytes | None]],
+                 stamp: tuple[int, int] = (TIMESTAMP_CREATE_TIME, STAMP)) -> None:
         self._headers = headers
+        self._stamp = stamp
+
+    def timestamp(self) -> tuple[int, int]:
+        return self._stamp
 
     def topic(self) -> str:
         return "orders"
@@ -65,7 +76,21 @@ def test_sane_platform_headers_are_read() -> None:
 def test_a_platform_header_out_of_range_is_read_as_absent(header: str, value: bytes) -> None:
     parcel = parcel_from_message(_Msg([(header, value)]), NOW)
     assert (parcel.attempt, parcel.first_seen_ms, parcel.due_ms, parcel.origin) == (
-        1, NOW, 0, "orders/2/41")
+        1, STAMP, 0, "orders/2/41")
+
+
+@pytest.mark.parametrize(("stamp", "seen"), [
+    ((TIMESTAMP_CREATE_TIME, STAMP), STAMP),  # its deadline counts from it on every attempt
+    ((TIMESTAMP_NOT_AVAILABLE, -1), NOW),
+    ((TIMESTAMP_CREATE_TIME, NOW + 2 * 86_400_000), NOW),  # a producer's clock gone wrong
+    ((TIMESTAMP_CREATE_TIME, 0), NOW),
+])
+def test_a_record_first_handed_off_keeps_its_kafka_timestamp(stamp: tuple[int, int],
+                                                              seen: int) -> None:
+    """A record's deadline (``--start-within``) counts from its Kafka timestamp on the main
+    path; its retries carry that time as first-seen, not the time of their first hand-off
+    (a binding read with a lag would start its retried records that much later)."""
+    assert parcel_from_message(_Msg([], stamp), NOW).first_seen_ms == seen
 
 
 @settings(max_examples=300, deadline=None)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from confluent_kafka import KafkaException
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaException
 
 from asynctier.delay_streams.ladder import ladder_delay, next_hop
 from asynctier.delay_streams.topics import MAX_MESSAGE_BYTES
@@ -78,6 +78,14 @@ def _int(value: bytes | None, default: int, low: int, high: int) -> int:
     return number if low <= number <= high else default
 
 
+def record_time_ms(msg: Any, now_ms: int) -> int:
+    """The record's time for a record without platform headers: its Kafka timestamp (the
+    time its deadline counts from on the main path too), or ``now_ms`` when it has none
+    or one more than a day ahead."""
+    kind, ms = msg.timestamp()
+    return ms if kind != TIMESTAMP_NOT_AVAILABLE and 0 < ms <= now_ms + _DAY_MS else now_ms
+
+
 def parcel_from_message(msg: Any, now_ms: int | None = None) -> Parcel:
     """A Parcel from a confluent-kafka Message of a source, delay or dead-letter topic.
 
@@ -104,7 +112,8 @@ def parcel_from_message(msg: Any, now_ms: int | None = None) -> Parcel:
         headers=user,
         origin=origin,
         attempt=_int(plat.get(n.H_ATTEMPT), 1, 1, MAX_ATTEMPT),
-        first_seen_ms=_int(plat.get(n.H_FIRST_SEEN), now_ms, 0, now_ms + _DAY_MS),
+        first_seen_ms=_int(plat.get(n.H_FIRST_SEEN), record_time_ms(msg, now_ms), 0,
+                           now_ms + _DAY_MS),
         due_ms=_int(plat.get(n.H_DUE), 0, 0, now_ms + _MAX_AHEAD_MS),
         error=(plat.get(n.H_ERROR) or b"").decode("utf-8", "replace"),
     )
@@ -129,10 +138,13 @@ def record_bytes(parcel: Parcel) -> int:
 
 @dataclass(slots=True)
 class _Plan:
-    """The topic and headers shared by a batch's fresh records that fail the same way."""
+    """The topic and headers shared by a batch's fresh records that fail the same way:
+    each record's origin goes between ``head`` and ``mid``, its first-seen time (its Kafka
+    timestamp) between ``mid`` and ``tail``."""
 
     topic: str
     head: list[tuple[str, bytes | None]]
+    mid: list[tuple[str, bytes | None]]
     tail: list[tuple[str, bytes | None]]
     step: str
     partition: int = PRODUCE_ANY_PARTITION
@@ -232,7 +244,7 @@ class Handoff:
         all of them, when known); count what became of them.
 
         Each record gets what :meth:`resolve` would give it, but the common case of a retry
-        flood (a record without headers, so on attempt 1 and first seen now, to be retried)
+        flood (a record without headers, so on attempt 1, to be retried)
         has its topic and headers worked out once per batch: only its origin differs from
         its neighbours'. Those records go straight to the Kafka client; a full queue or a
         refusal takes the careful path (:meth:`ConfirmingProducer.produce`). What this
@@ -263,7 +275,9 @@ class Handoff:
                 plan = plans[key] = self._fresh_plan(binding, outcome, now_ms)
             origin = (origins[outcome["id"]] if origins is not None
                       else f"{msg.topic()}/{msg.partition()}/{msg.offset()}").encode()
-            headers = [*plan.head, (n.H_ORIGIN, origin), *plan.tail]
+            seen = str(record_time_ms(msg, now_ms)).encode()
+            headers = [*plan.head, (n.H_ORIGIN, origin), *plan.mid, (n.H_FIRST_SEEN, seen),
+                       *plan.tail]
             try:
                 produce_by_position(fast, plan.topic, msg.value(), msg.key(), plan.partition,
                                     0, headers)
@@ -283,9 +297,10 @@ class Handoff:
         due_ms = _due_ms(binding, 1, outcome["after_s"], now_ms)
         topic, headers = self._delay_record(binding, fresh, due_ms, 2 if spends else 1,
                                             outcome["error"] or outcome["status"], now_ms)
-        at = next(i for i, (name, _) in enumerate(headers) if name == n.H_ORIGIN)
-        return _Plan(topic, headers[:at], headers[at + 1:], _retry_step(1, spends),
-                     self.partition(topic))
+        names = [name for name, _ in headers]
+        at, seen = names.index(n.H_ORIGIN), names.index(n.H_FIRST_SEEN)
+        return _Plan(topic, headers[:at], headers[at + 1:seen], headers[seen + 1:],
+                     _retry_step(1, spends), self.partition(topic))
 
     def delay(self, binding: Binding, parcel: Parcel, due_ms: int, attempt: int,
               error: str, now_ms: int | None = None) -> str:
