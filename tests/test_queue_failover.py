@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -26,9 +27,9 @@ import pytest
 from asynctier.dev.postgres import PostgresNode
 from asynctier.dev.replica import crash, pair_dsn
 from asynctier.dev.testing import postgres_data_root, start_test_postgres_pair
-from asynctier.platform.config import Settings
-from asynctier.platform.errors import ServiceError
-from asynctier.queue.dsn import probe
+from asynctier.platform.config import Settings, split_shards
+from asynctier.platform.errors import ConfigError, QueueError, ServiceError
+from asynctier.queue.dsn import HostState, choose_primary, probe, redact_dsn, shard_hosts
 from asynctier.queue.failover import fail_over
 from asynctier.queue.items import NewItem
 from asynctier.queue.shards import ShardedQueue
@@ -65,19 +66,61 @@ def pair(tmp_path: Path) -> Iterator[Pair]:
             shutil.rmtree(base, ignore_errors=True)
 
 
+def test_a_shard_with_a_standby_keeps_its_first_hosts_name() -> None:
+    """A multi-host address: one shard named after its first host (so it hashes as before
+    the standby was added), one single-host address per host; the environment's list
+    splits between shards, not between one shard's hosts."""
+    dsn = "postgresql://u:pw@pg-a:5432,pg-b:5433/q"
+    assert redact_dsn(dsn) == redact_dsn("postgresql://u:pw@pg-a:5432/q") \
+        == "postgresql://u@pg-a:5432/q"
+    assert [redact_dsn(h) for h in shard_hosts(dsn)] == ["postgresql://u@pg-a:5432/q",
+                                                        "postgresql://u@pg-b:5433/q"]
+    assert all("password=pw" in h for h in shard_hosts(dsn))
+    one = "postgresql://u@solo:5432/q"
+    env = Settings().from_env({"ASYNCTIER_QUEUE_SHARDS": f"{one},{dsn}"})
+    assert env.queue_shards == (one, dsn)
+    assert split_shards("host=a dbname=x,host=b,c dbname=y") == ("host=a dbname=x",
+                                                                 "host=b,c dbname=y")
+    with pytest.raises(ConfigError, match="3 hosts but 2 ports"):
+        shard_hosts("host=a,b,c port=1,2 dbname=q")
+
+
+def test_the_primary_is_the_writable_host_on_the_highest_timeline() -> None:
+    """A standby or a fenced host is never chosen; of two writable hosts the higher
+    timeline wins (a promoted standby over an old primary that came back), and none
+    below a timeline already seen."""
+    def host(name: str, recovery: bool = False, read_only: bool = False,
+             timeline: int | None = 1) -> HostState:
+        return HostState(f"host={name}", recovery, read_only,
+                         None if recovery else timeline, recovery)
+
+    old, new, standby = host("old"), host("new", timeline=2), host("sb", recovery=True)
+    assert choose_primary([old, standby]) == old
+    assert choose_primary([old, new]) == new
+    assert choose_primary([None, standby]) is None
+    assert choose_primary([host("old", read_only=True), standby]) is None
+    assert choose_primary([old, None], min_timeline=2) is None
+
+
 def test_a_fenced_old_primary_is_left_and_acknowledged_items_survive(pair: Pair) -> None:
-    """Enqueued items are on the standby before the enqueue returns (synchronous); a
-    failover by hand fences the primary that still answers (read-only) and promotes the
-    standby; a ShardedQueue opened before moves to the new primary by itself, keeps the
-    shard's name, and every item is still there."""
+    """Enqueued items are on the standby before the enqueue returns (synchronous);
+    ``asynctier queue failover SHARD`` fences the primary that still answers (read-only)
+    and promotes the standby; a ShardedQueue opened before moves to the new primary by
+    itself, keeps the shard's name, and every item is still there. A second failover
+    finds no standby and says so."""
     queue = ShardedQueue([pair.dsn], timeout_s=3.0)
     try:
         queue.enqueue("ns", [NewItem("t", b"x", id=f"i{n}") for n in range(50)])
         with psycopg.connect(pair.standby.dsn) as conn:
             row = conn.execute("SELECT count(*) FROM asynctier_queue_items").fetchone()
         assert row is not None and row[0] == 50
-        promotion = fail_over(pair.dsn)
-        assert promotion.timeline == 2 and promotion.fenced == (queue.routes[0].name,)
+        name = queue.routes[0].name
+        done = subprocess.run([sys.executable, "-m", "asynctier", "queue", "failover", name],
+                              env={**os.environ, "ASYNCTIER_QUEUE_SHARDS": pair.dsn},
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+        assert f"queue shard {name}: promoted" in done.stdout
+        assert "(timeline 2)" in done.stdout and f"fenced {name}" in done.stdout
         old, new = probe(pair.primary.dsn), probe(pair.standby.dsn)
         assert old is not None and old.read_only and not old.writable
         assert new is not None and new.writable and new.timeline == 2
@@ -85,6 +128,8 @@ def test_a_fenced_old_primary_is_left_and_acknowledged_items_survive(pair: Pair)
         assert queue.counts("ns", "t")[0].ready == 51
         assert queue.stores[0].dsn == queue.routes[0].hosts[1]
         assert queue.stores[0].name == queue.routes[0].name  # no topic moves shard
+        with pytest.raises(QueueError, match="has no standby in recovery to promote"):
+            fail_over(pair.dsn)
     finally:
         queue.close()
 
@@ -178,16 +223,29 @@ def run_failover(settings: Settings, folder: Path, pair: Pair, namespace: str, t
         print("\nqueue failover:", json.dumps(figures))
         assert "promoted" in (folder / "watcher.log").read_text()
         assert figures["first_run_of_an_item_sent_after_kill_s"] < 10.0
+        old_primary_comes_back_fenced(pair)
         return figures
     finally:
         plat.stop_all()
+
+
+def old_primary_comes_back_fenced(pair: Pair) -> None:
+    """The killed primary restarted (timeline 1, writable by its own account): the
+    watcher makes it read-only, and a commit there is refused."""
+    pair.primary.start()
+    wait_until(lambda: (s := probe(pair.primary.dsn)) is not None and s.read_only, 30.0,
+               "the watcher fenced the old primary", interval=0.2)
+    with psycopg.connect(pair.primary.dsn, autocommit=True) as conn, \
+            pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+        conn.execute("CREATE TABLE split_brain (i int)")
 
 
 def test_failover_mid_stream_loses_nothing_acknowledged(
         settings: Settings, tmp_path: Path, pair: Pair, queue_namespace: str) -> None:
     """2,000 items through the Submitter while the platform drains; the primary is
     SIGKILLed after a third; the watcher (--after 1s) promotes the standby: every
-    acknowledged item ran, drain resumed within 10 s (duplicates counted)."""
+    acknowledged item ran, drain resumed within 10 s (duplicates counted); the old
+    primary, restarted, is fenced by the watcher."""
     run_failover(settings, tmp_path, pair, queue_namespace, 2000, 50, 120.0)
 
 

@@ -39,7 +39,7 @@ The file::
     insecure = false                     # true: plaintext (loopback development)
 
 Environment overrides: ``ASYNCTIER_KAFKA_BOOTSTRAP``, ``ASYNCTIER_REDIS_URL``,
-``ASYNCTIER_QUEUE_SHARDS`` (comma separated),
+``ASYNCTIER_QUEUE_SHARDS`` (comma separated; a shard's own hosts keep theirs),
 ``ASYNCTIER_PREFIX``, ``ASYNCTIER_ALLOW_MODULES`` (comma separated),
 ``ASYNCTIER_SCHEDULERS`` (comma separated), ``ASYNCTIER_DATA_DIR``,
 ``ASYNCTIER_TOPIC_REPLICATION_FACTOR``, ``ASYNCTIER_TOPIC_MIN_INSYNC_REPLICAS``, and
@@ -49,6 +49,7 @@ Environment overrides: ``ASYNCTIER_KAFKA_BOOTSTRAP``, ``ASYNCTIER_REDIS_URL``,
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -100,6 +101,14 @@ REDIS_AUTH_HINT = ("Redis refused the credentials: fix the user and password in 
 
 def _split(value: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def split_shards(value: str) -> tuple[str, ...]:
+    """``ASYNCTIER_QUEUE_SHARDS``: shards separated by commas, where a comma inside one
+    shard's address (its hosts: ``postgresql://u@a:5432,b:5432/db``, or ``host=a,b``)
+    does not separate: a new shard starts at ``postgres(ql)://`` or ``key=``."""
+    parts = re.split(r",(?=\s*(?:postgres(?:ql)?://|[A-Za-z_]+=))", value)
+    return tuple(p.strip() for p in parts if p.strip())
 
 
 #: The tiers a ``[scheduler] tier_weights`` table may weigh.
@@ -289,7 +298,7 @@ class Settings:
         if env.get("ASYNCTIER_SCHEDULERS"):
             changes["schedulers"] = _split(env["ASYNCTIER_SCHEDULERS"])
         if env.get("ASYNCTIER_QUEUE_SHARDS"):
-            changes["queue_shards"] = _split(env["ASYNCTIER_QUEUE_SHARDS"])
+            changes["queue_shards"] = split_shards(env["ASYNCTIER_QUEUE_SHARDS"])
         if env.get("ASYNCTIER_SUBMITTERS"):
             changes["submitters"] = _split(env["ASYNCTIER_SUBMITTERS"])
         if env.get("ASYNCTIER_SUBMITTER_LISTEN"):
