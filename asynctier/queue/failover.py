@@ -148,11 +148,12 @@ def watch(dsns: Sequence[str], after_s: float, stop: threading.Event,
 
 
 def _check(shard: _Watched, after_s: float) -> Promotion | None:
+    asked = time.monotonic()  # a primary that answers answered at most this long ago
     states = [probe(h) for h in shard.hosts]
     primary = choose_primary(states, shard.timeline)
     now = time.monotonic()
     if primary is not None:
-        shard.last_ok = now
+        shard.last_ok = asked
         shard.timeline = max(shard.timeline, primary.timeline or 0)
         for s in states:
             if s is not None and s.writable and (s.timeline or 0) < shard.timeline:
