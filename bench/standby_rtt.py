@@ -10,7 +10,10 @@ standby's flush) — and a batch of 100 items too, which pays the RTT once.
 
     .venv/bin/python -m bench.standby_rtt --rtt-ms 20 --n 200
 
-Removes its servers and their folders at the end.
+Removes its servers and their folders at the end. Compare against ``--rtt-ms 0``: the
+relay costs time of its own (about 45 ms a commit on a loaded 2-core machine); the
+difference between the two runs is the distance's. Measured 2026-12-01 (load 17-25):
+sync 1 item 53 ms at 0, 72 ms at 20 ms RTT; 100 items 70 and 91 ms.
 """
 
 from __future__ import annotations
