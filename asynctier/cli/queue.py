@@ -103,7 +103,7 @@ def enqueue(ctx: click.Context, topic: str, namespace: str, priority: int,
 
 @click.group()
 def queue() -> None:
-    """The queue source: counts, one item, cancel, dead items, replay, shards."""
+    """The queue source: counts, one item, cancel, dead items, replay, shards, failover."""
 
 
 @queue.command()
@@ -276,10 +276,16 @@ def replay(ctx: click.Context, topic: str, namespace: str, limit: int | None,
 @click.pass_context
 def shards(ctx: click.Context, as_json: bool) -> None:
     """The shards, and which shard holds which topic (and where each hashes to)."""
+    from asynctier.queue.dsn import probe, redact_dsn
+
     with _queue(ctx) as q:
-        names = [store.name for store in q.stores]
+        names = [route.name for route in q.routes]
+        hosts = {route.name: [(redact_dsn(h), probe(h)) for h in route.hosts]
+                 for route in q.routes if len(route.hosts) > 1}
         placement = q.placement()
     doc = {"shards": names,
+           "hosts": {name: [{"host": h, "state": s.describe() if s else "no answer"}
+                            for h, s in found] for name, found in hosts.items()},
            "topics": [{"namespace": ns, "topic": t, "shard": home, "held_on": on}
                       for ns, t, home, on in placement]}
     if as_json:
@@ -287,10 +293,68 @@ def shards(ctx: click.Context, as_json: bool) -> None:
         return
     for name in names:
         click.echo(f"shard {name}")
+        for host, state in hosts.get(name, []):
+            click.echo(f"  host {host}: {state.describe() if state else 'no answer'}")
     for ns, t, home, on in placement:
         note = "" if on == [home] else f"  (items still on {', '.join(on)}: placed before " \
                                        "the shards changed)"
         click.echo(f"{ns}/{t} -> {home}{note}")
+
+
+def _shard_dsns(ctx: click.Context, shard: str | None) -> list[str]:
+    """The configured address of the shard named ``shard`` (as ``queue shards`` prints
+    it), or of every shard when None."""
+    from asynctier.queue.dsn import redact_dsn
+
+    dsns = list(settings_of(ctx).queue_shards)
+    if shard is None:
+        return dsns
+    found = [d for d in dsns if redact_dsn(d) == shard]
+    if not found:
+        names = ", ".join(redact_dsn(d) for d in dsns)
+        raise click.UsageError(f"no queue shard is named {shard!r}; the shards are: {names} "
+                               "(asynctier queue shards lists them)")
+    return found
+
+
+@queue.command()
+@click.argument("shard", required=False)
+@click.option("--auto", is_flag=True, help="Watch the shards and fail over by itself once "
+                                           "a primary has not answered for --after.")
+@click.option("--after", "after", default="3s", show_default=True, callback=_delay,
+              help="With --auto: how long no host of a shard may be primary before its "
+                   "standby is promoted.")
+@click.pass_context
+def failover(ctx: click.Context, shard: str | None, auto: bool, after: float) -> None:
+    """Promote SHARD's standby to primary (pg_promote); tailers and Submitters move to it
+    by themselves. A primary that still answers is fenced first (read-only, its sessions
+    ended). With --auto, watch SHARD (or every shard with a standby) until stopped and
+    fail over when its primary has been gone for --after and the standby lost it too."""
+    from asynctier.platform.errors import AsynctierError
+    from asynctier.queue.failover import fail_over, watch
+
+    dsns = _shard_dsns(ctx, shard)
+    if not auto:
+        if shard is None:
+            raise click.UsageError("name the shard to fail over (asynctier queue shards "
+                                   "lists them), or pass --auto to watch every shard")
+        try:
+            click.echo(fail_over(dsns[0]).describe())
+        except AsynctierError as exc:
+            raise click.ClickException(str(exc)) from exc
+        return
+    import threading
+
+    from asynctier.platform.signals import stop_on_signals
+
+    stop = threading.Event()
+    stop_on_signals(stop)
+    click.echo(f"watching {len(dsns)} shard(s); failing over after {after:g} s without a "
+               "primary", err=True)
+    try:
+        watch(dsns, after, stop, on_promotion=lambda p: click.echo(p.describe()))
+    except AsynctierError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 COMMANDS = [enqueue, queue]

@@ -13,6 +13,7 @@ from asynctier.dev.kafka import KafkaJars, KafkaNode
 from asynctier.dev.postgres import PostgresNode, check_reachable, server_user
 from asynctier.dev.process import TlsFiles, default_cache_dir, free_port
 from asynctier.dev.redis import RedisNode
+from asynctier.dev.replica import StandbyNode, make_synchronous, primary_settings
 from asynctier.platform.errors import ServiceError
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,24 @@ def start_test_postgres(root: Path, password: str | None = None) -> PostgresNode
     """
     base = postgres_data_root(root)
     return _started(lambda: PostgresNode(base / "postgres", free_port(), password))
+
+
+def start_test_postgres_pair(root: Path, password: str | None = None
+                             ) -> tuple[PostgresNode, StandbyNode]:
+    """A primary and its synchronous hot standby on free loopback ports, both started
+    (:mod:`asynctier.dev.replica`); the shard's address is ``pair_dsn(primary, standby)``.
+    The caller removes ``postgres_data_root(root)`` when it differs from ``root``."""
+    base = postgres_data_root(root)
+    primary = _started(lambda: PostgresNode(base / "primary", free_port(), password,
+                                            settings=primary_settings()))
+    try:
+        standby = _started(lambda: StandbyNode(base / "standby", free_port(), password,
+                                               primary=primary))
+        make_synchronous(primary)
+    except BaseException:
+        primary.stop(5.0)
+        raise
+    return primary, standby
 
 
 def postgres_data_root(root: Path) -> Path:

@@ -44,7 +44,7 @@ The file::
     insecure = false                     # true: plaintext (loopback development)
 
 Environment overrides: ``ASYNCTIER_KAFKA_BOOTSTRAP``, ``ASYNCTIER_REDIS_URL``,
-``ASYNCTIER_QUEUE_SHARDS`` (comma separated),
+``ASYNCTIER_QUEUE_SHARDS`` (comma separated; a shard's own hosts keep theirs),
 ``ASYNCTIER_PREFIX``, ``ASYNCTIER_ALLOW_MODULES`` (comma separated),
 ``ASYNCTIER_SCHEDULERS`` (comma separated), ``ASYNCTIER_DATA_DIR``,
 ``ASYNCTIER_TOPIC_REPLICATION_FACTOR``, ``ASYNCTIER_TOPIC_MIN_INSYNC_REPLICAS``,
@@ -107,6 +107,14 @@ REDIS_AUTH_HINT = ("Redis refused the credentials: fix the user and password in 
 
 def _split(value: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def split_shards(value: str) -> tuple[str, ...]:
+    """``ASYNCTIER_QUEUE_SHARDS``: shards separated by commas, where a comma inside one
+    shard's address (its hosts: ``postgresql://u@a:5432,b:5432/db``, or ``host=a,b``)
+    does not separate: a new shard starts at ``postgres(ql)://`` or ``key=``."""
+    parts = re.split(r",(?=\s*(?:postgres(?:ql)?://|[A-Za-z_]+=))", value)
+    return tuple(p.strip() for p in parts if p.strip())
 
 
 #: The region of a process that names none (``[asynctier] region``, ``ASYNCTIER_REGION``).
@@ -356,7 +364,7 @@ class Settings:
         if env.get("ASYNCTIER_SCHEDULERS"):
             changes["schedulers"] = _split(env["ASYNCTIER_SCHEDULERS"])
         if env.get("ASYNCTIER_QUEUE_SHARDS"):
-            changes["queue_shards"] = _split(env["ASYNCTIER_QUEUE_SHARDS"])
+            changes["queue_shards"] = split_shards(env["ASYNCTIER_QUEUE_SHARDS"])
         if env.get("ASYNCTIER_SUBMITTERS"):
             changes["submitters"] = _split(env["ASYNCTIER_SUBMITTERS"])
         if env.get("ASYNCTIER_SUBMITTER_LISTEN"):

@@ -72,7 +72,7 @@ def read_backlog(queue: ShardedQueue, bindings: Iterable[Binding]) -> list[Backl
         counts: list[TopicCounts] = []
         if error is None:
             try:
-                counts = store.counts(binding.tenant, binding.topic)
+                counts = queue.counts(binding.tenant, binding.topic)  # follows a failover
             except AsynctierError as exc:
                 error = down[store.name] = str(exc)
         if error is not None:

@@ -7,8 +7,11 @@ that now score highest on it, and removing one moves only its own topics.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import uuid
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 from asynctier.platform.errors import ConfigError
@@ -25,6 +28,7 @@ from asynctier.queue.items import (
     TopicCounts,
     check_namespace,
 )
+from asynctier.queue.route import ShardRoute
 from asynctier.queue.store import DEFAULT_TIMEOUT_S, QueueStore
 
 if TYPE_CHECKING:
@@ -49,15 +53,20 @@ class ShardedQueue:
         if not dsns:
             raise ConfigError("no queue shard is configured: set [queue] shards = "
                               '["postgresql://..."] or ASYNCTIER_QUEUE_SHARDS')
-        self.stores = [QueueStore(dsn, pool_size, timeout_s) for dsn in dsns]
-        names = [store.name for store in self.stores]
+        self.routes = [ShardRoute(dsn, pool_size, timeout_s) for dsn in dsns]
+        names = [route.name for route in self.routes]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
-            for store in self.stores:
-                store.close()
+            for route in self.routes:
+                route.close()
             raise ConfigError(f"queue shards {dup} are listed more than once: give each "
                               "database once")
         self._names = names
+
+    @property
+    def stores(self) -> list[QueueStore]:
+        """Each shard's store on its primary now (a failover replaces it)."""
+        return [route.store for route in self.routes]
 
     @classmethod
     def from_settings(cls, settings: Settings, pool_size: int = 4) -> ShardedQueue:
@@ -66,8 +75,8 @@ class ShardedQueue:
 
     def close(self) -> None:
         """Close every shard's connections."""
-        for store in self.stores:
-            store.close()
+        for route in self.routes:
+            route.close()
 
     def __enter__(self) -> ShardedQueue:
         return self
@@ -76,20 +85,28 @@ class ShardedQueue:
         self.close()
 
     def shard_of(self, namespace: str, topic: str) -> QueueStore:
-        """The shard that holds ``topic`` of ``namespace``."""
-        return self.stores[rendezvous(namespace, topic, self._names)]
+        """The shard that holds ``topic`` of ``namespace`` (its store on its primary now;
+        the methods of this class follow a failover, a store kept does not)."""
+        return self.route_of(namespace, topic).store
+
+    def route_of(self, namespace: str, topic: str) -> ShardRoute:
+        """The route to the shard of ``topic`` of ``namespace``."""
+        return self.routes[rendezvous(namespace, topic, self._names)]
 
     def enqueue(self, namespace: str, items: Sequence[NewItem]) -> list[EnqueueResult]:
         """:meth:`QueueStore.enqueue`, one statement per shard the batch touches; results
         in the batch's order."""
         check_namespace(namespace)
+        # ids chosen here: an enqueue tried again after a failover must not add new ones
+        items = [i if i.id else dataclasses.replace(i, id=uuid.uuid4().hex) for i in items]
         by_shard: dict[int, list[int]] = {}
         for position, item in enumerate(items):
             index = rendezvous(namespace, item.topic, self._names)
             by_shard.setdefault(index, []).append(position)
         results: list[EnqueueResult | None] = [None] * len(items)
         for index, positions in by_shard.items():
-            done = self.stores[index].enqueue(namespace, [items[p] for p in positions])
+            done = self.routes[index].call(
+                partial(_enqueue_on, namespace=namespace, items=[items[p] for p in positions]))
             for position, result in zip(positions, done, strict=True):
                 results[position] = result
         return [r for r in results if r is not None]
@@ -97,71 +114,84 @@ class ShardedQueue:
     def lease(self, namespace: str, topic: str, n: int, lease_s: float, owner: str,
               max_attempts: int | None = None) -> list[Leased]:
         """:meth:`QueueStore.lease` on the topic's shard."""
-        return self.shard_of(namespace, topic).lease(namespace, topic, n, lease_s, owner,
-                                                     max_attempts)
+        return self.route_of(namespace, topic).call(
+            lambda s: s.lease(namespace, topic, n, lease_s, owner, max_attempts))
 
     def resolve(self, namespace: str, topic: str, owner: str, acks: Sequence[str] = (),
                 nacks: Sequence[Nack] = (), deads: Sequence[Dead] = ()) -> Resolved:
         """:meth:`QueueStore.resolve` on the topic's shard."""
-        return self.shard_of(namespace, topic).resolve(namespace, topic, owner, acks, nacks,
-                                                       deads)
+        return self.route_of(namespace, topic).call(
+            lambda s: s.resolve(namespace, topic, owner, acks, nacks, deads))
 
     def extend_lease(self, namespace: str, topic: str, owner: str, ids: Sequence[str],
                      lease_s: float) -> list[str]:
         """:meth:`QueueStore.extend_lease` on the topic's shard."""
-        return self.shard_of(namespace, topic).extend_lease(namespace, topic, owner, ids,
-                                                            lease_s)
+        return self.route_of(namespace, topic).call(
+            lambda s: s.extend_lease(namespace, topic, owner, ids, lease_s))
 
     def save_checkpoint(self, namespace: str, topic: str, owner: str, item_id: str,
                         state: bytes, kind: str, lease_s: float) -> bool:
         """:meth:`QueueStore.save_checkpoint` on the topic's shard."""
-        return self.shard_of(namespace, topic).save_checkpoint(namespace, topic, owner,
-                                                               item_id, state, kind, lease_s)
+        return self.route_of(namespace, topic).call(
+            lambda s: s.save_checkpoint(namespace, topic, owner, item_id, state, kind,
+                                        lease_s))
 
     def running(self, namespace: str, topic: str | None = None,
                 limit: int = 20) -> list[Running]:
         """:meth:`QueueStore.running`: of the topic's shard, or of every shard (the
         longest running first)."""
         if topic is not None:
-            return self.shard_of(namespace, topic).running(namespace, topic, limit)
-        found = [r for store in self.stores for r in store.running(namespace, None, limit)]
+            return self.route_of(namespace, topic).call(
+                lambda s: s.running(namespace, topic, limit))
+        found = [r for route in self.routes
+                 for r in route.call(lambda s: s.running(namespace, None, limit))]
         return sorted(found, key=lambda r: -r.age_s)[:limit]
 
     def get(self, namespace: str, topic: str, item_id: str) -> ItemInfo | None:
         """:meth:`QueueStore.get` on the topic's shard."""
-        return self.shard_of(namespace, topic).get(namespace, topic, item_id)
+        return self.route_of(namespace, topic).call(
+            lambda s: s.get(namespace, topic, item_id))
 
     def cancel(self, namespace: str, topic: str, item_id: str) -> bool:
         """:meth:`QueueStore.cancel` on the topic's shard."""
-        return self.shard_of(namespace, topic).cancel(namespace, topic, item_id)
+        return self.route_of(namespace, topic).call(
+            lambda s: s.cancel(namespace, topic, item_id))
 
     def counts(self, namespace: str, topic: str | None = None) -> list[TopicCounts]:
         """:meth:`QueueStore.counts`: of the topic's shard, or of every shard."""
         if topic is not None:
-            return self.shard_of(namespace, topic).counts(namespace, topic)
-        found = [c for store in self.stores for c in store.counts(namespace)]
+            return self.route_of(namespace, topic).call(
+                lambda s: s.counts(namespace, topic))
+        found = [c for route in self.routes for c in route.call(lambda s: s.counts(namespace))]
         return sorted(found, key=lambda c: c.topic)
 
     def dead_items(self, namespace: str, topic: str, limit: int = 100) -> list[DeadItem]:
         """:meth:`QueueStore.dead_items` on the topic's shard."""
-        return self.shard_of(namespace, topic).dead_items(namespace, topic, limit)
+        return self.route_of(namespace, topic).call(
+            lambda s: s.dead_items(namespace, topic, limit))
 
     def replay(self, namespace: str, topic: str, limit: int | None = None,
                ids: Sequence[str] | None = None) -> int:
         """:meth:`QueueStore.replay` on the topic's shard."""
-        return self.shard_of(namespace, topic).replay(namespace, topic, limit, ids)
+        return self.route_of(namespace, topic).call(
+            lambda s: s.replay(namespace, topic, limit, ids))
 
     def topics(self) -> list[tuple[str, str]]:
         """Every (namespace, topic) any shard has had items for."""
-        return sorted({t for store in self.stores for t in store.topics()})
+        return sorted({t for route in self.routes for t in route.call(lambda s: s.topics())})
 
     def placement(self) -> list[tuple[str, str, str, list[str]]]:
         """(namespace, topic, the shard it hashes to, the shards that hold items of it)
         for every topic; a topic held elsewhere than where it hashes was placed before a
         shard was added or removed."""
         held: dict[tuple[str, str], list[str]] = {}
-        for store in self.stores:
-            for key in store.topics():
-                held.setdefault(key, []).append(store.name)
+        for route in self.routes:
+            for key in route.call(lambda s: s.topics()):
+                held.setdefault(key, []).append(route.name)
         return [(ns, topic, self.shard_of(ns, topic).name, shards)
                 for (ns, topic), shards in sorted(held.items())]
+
+
+def _enqueue_on(store: QueueStore, namespace: str, items: list[NewItem]
+                ) -> list[EnqueueResult]:
+    return store.enqueue(namespace, items)

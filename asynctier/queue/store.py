@@ -73,9 +73,9 @@ class QueueStore:
     """
 
     def __init__(self, dsn: str, pool_size: int = 4,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, name: str | None = None) -> None:
         self.dsn = dsn
-        self.name = redact_dsn(dsn)
+        self.name = name or redact_dsn(dsn)  # a shard's name: its first host's address
         self.timeout_s = timeout_s
         self._pool: ConnectionPool[Conn] = ConnectionPool(
             dsn, min_size=1, max_size=pool_size, open=True, timeout=timeout_s,
