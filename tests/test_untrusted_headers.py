@@ -8,10 +8,9 @@ import math
 import time
 
 import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
 
 from asynctier.delay_streams.dlq import DeadLetter, iso_ms
 from asynctier.delay_streams.handoff import parcel_from_message
