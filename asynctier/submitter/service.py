@@ -5,7 +5,8 @@ number of workloads under way, else RESOURCE_EXHAUSTED with a retry-after); vali
 (invalid ones answered with what to fix; with all-or-nothing the call is refused whole,
 INVALID_ARGUMENT); the topic's backlog cap and the tenant's enqueue capacity (over either:
 ``throttled`` with a retry-after, nothing written); then the write (UNAVAILABLE when the
-queue or Kafka does not take it: nothing is answered accepted that was not stored).
+queue or Kafka does not take it: nothing is answered accepted that was not stored, but
+what was refused may have been stored all the same, so a resend carries the same ids).
 """
 
 from __future__ import annotations
@@ -230,8 +231,9 @@ class Submitter:
             written = await self.group.enqueue(binding.tenant, binding.topic, items)
         except QueueUnavailable as exc:
             raise Refused(grpc.StatusCode.UNAVAILABLE,
-                          f"the queue of binding {binding.name} is unavailable, nothing of "
-                          f"this call was written: {exc}") from exc
+                          f"the queue of binding {binding.name} is unavailable (a commit "
+                          "cut off mid-way, as in a failover, may have landed: send again "
+                          f"with the same ids, which are not enqueued twice): {exc}") from exc
         for i, item, res in zip(go, items, written, strict=True):
             results[i] = Result("accepted" if res.created else "duplicate", i, res.id,
                                 topic=item.topic)
