@@ -53,10 +53,10 @@ def test_the_keys_of_each_script_share_one_slot() -> None:
     names = Names("asynctier")
     slot = redis.cluster.key_slot
     tenant = {slot(names.tenant_key("acme", k).encode())
-              for k in ("quota", "quota-used", "charged:orders:orders/0/1",
+              for k in ("quota", "quota-used", "charges:orders:499012",
                         "enqueue-capacity", "enqueue-used")}
     once = {slot(names.once_key("orders", *k).encode())
-            for k in (("holder", "abc"), ("17",), ("17:orders/0:0",))}
+            for k in (("holders",), ("17",), ("17:orders/0:0",))}
     members = {slot(names.redis_tagged_key("schedulers", *k).encode()) for k in ((), ("load",))}
     assert len(tenant) == len(once) == len(members) == 1
     # and the tags spread tenants and bindings over the slots
