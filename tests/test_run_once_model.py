@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asynctier.platform.limits import once
-from asynctier.platform.limits.quota import escape_ref, join_refs
+from asynctier.platform.limits.quota import join_refs
 from asynctier.platform.limits.scripts import lua
 
 REFS = ["t/0/0", "t/0/1", "t/0/8191", "t/0/8192", "t/1/8191", "t/1/16384",
@@ -86,14 +86,14 @@ def test_the_scripts_do_what_the_model_says(redis_client: redis.Redis, prefix: s
     redis_client.zadd(holders, {h: now_ms + 600_000 for h in HOLDERS})
 
     def claim(holder: str, refs: list[str]) -> str:
-        got = claim_script(keys=once.run_once_keys(holders, keys, span, refs),
+        got = claim_script(keys=once.run_once_keys(holders, keys, span, join_refs(refs)),
                            args=[holder, 600_000, SPAN_MS, keys, join_refs(refs)])
         return str(got.decode())
 
     def finish(holder: str, done: list[str], free: list[str]) -> str:
-        got = finish_script(keys=once.run_once_keys(holders, keys, span, [*done, *free]),
-                            args=[SPAN_MS, keys, join_refs(done) if done else "",
-                                  join_refs(free) if free else "", holder])
+        texts = [join_refs(done) if done else "", join_refs(free) if free else ""]
+        got = finish_script(keys=once.run_once_keys(holders, keys, span, *texts),
+                            args=[SPAN_MS, keys, *texts, holder])
         return str(got.decode())
 
     model = Model()
@@ -152,9 +152,7 @@ def test_python_and_lua_find_the_same_bitmaps(redis_client: redis.Redis,
                                               refs: list[str]) -> None:
     by_block = redis_client.register_script(BY_BLOCK)
     lua_found = {g.decode() for g in by_block(keys=[], args=[join_refs(refs)])}
-    python_found = {f"{where}:{block}" for ref in refs
-                    if (found := once.block_of(escape_ref(ref))) is not None
-                    for where, block in [found]}
+    python_found = {f"{where}:{block}" for where, block in once.blocks_of(join_refs(refs))}
     assert python_found == lua_found
 
 
@@ -168,7 +166,7 @@ def test_a_script_refuses_a_key_it_was_not_given(redis_client: redis.Redis,
     claim = redis_client.register_script(once.CLAIM)
     tag = f"{prefix}:{{once:refuse}}:"
     refs = ["t/0/1", "t/0/9000"]  # two bitmaps
-    keys = once.run_once_keys(tag + "holders", tag, _span_now(redis_client), refs)
+    keys = once.run_once_keys(tag + "holders", tag, _span_now(redis_client), join_refs(refs))
     with pytest.raises(redis.ResponseError, match="is not in KEYS"):  # a bitmap left out
         claim(keys=[k for k in keys if not k.endswith(":t/0:1")],
               args=["aaaa", 600_000, SPAN_MS, tag, join_refs(refs)])
@@ -182,7 +180,7 @@ def test_a_span_not_given_is_answered_with_redis_span_and_nothing_is_written(
     tag = f"{prefix}:{{once:skew}}:"
     span = _span_now(redis_client)
     for off in (span + 2, span - 3):  # the scheduler's clock over a span ahead, or behind
-        keys = once.run_once_keys(tag + "holders", tag, off, ["t/0/1"])
+        keys = once.run_once_keys(tag + "holders", tag, off, "t/0/1")
         got = claim(keys=keys, args=["aaaa", 600_000, SPAN_MS, tag, "t/0/1"]).decode()
         assert got in (f"{once.SKEW}{span}", f"{once.SKEW}{span + 1}")  # span may turn
         got = finish(keys=keys, args=[SPAN_MS, tag, "t/0/1", "", "aaaa"]).decode()

@@ -39,7 +39,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from asynctier.platform.admission import BUSY, RUN, TAKEN_OVER
@@ -47,7 +47,7 @@ from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.config import DEFAULT_RUN_ONCE_WINDOW_S
 from asynctier.platform.errors import ServiceError
 from asynctier.platform.limits.outage import REDIS_DOWN
-from asynctier.platform.limits.quota import as_text, escape_ref, join_refs
+from asynctier.platform.limits.quota import as_text, join_refs
 from asynctier.platform.limits.scripts import lua
 from asynctier.platform.names import Names
 from asynctier.platform.redis_client import AsyncRedis
@@ -106,28 +106,31 @@ FINISH: Final = lua("once_lib", "once_finish", **_CONSTANTS)
 BEAT: Final = lua("once_lib", "once_beat", **_CONSTANTS)
 
 
-def block_of(ref: str) -> tuple[str, int] | None:
-    """``(topic/partition, block)`` of a reference whose success is a bit, else None: the
-    rule of ``by_block`` in ``lua/once_lib.lua`` (``^(.*)/(%d+)$``, at most 15 ASCII
-    digits, no leading zero), applied to the reference as the script sees it
-    (:func:`~.quota.escape_ref`)."""
-    where, slash, offset = ref.rpartition("/")
-    if (not slash or len(offset) > 15 or not offset.isascii() or not offset.isdigit()
-            or (offset[0] == "0" and len(offset) > 1)):
-        return None
-    return where, int(offset) // BLOCK
+def blocks_of(*joined: str) -> set[tuple[str, int]]:
+    """The ``(topic/partition, block)`` pairs of the references whose success is a bit,
+    in references joined as a script gets them (:func:`~.quota.join_refs`): the rule of
+    ``by_block`` in ``lua/once_lib.lua`` (``^(.*)/(%d+)$``, at most 15 ASCII digits, no
+    leading zero; a property test holds the two together)."""
+    blocks = set()
+    for text in joined:
+        for ref in text.split("\n"):  # inline, no call per reference: this is per record
+            where, slash, offset = ref.rpartition("/")
+            if (slash and offset.isdigit() and offset.isascii() and len(offset) <= 15
+                    and (len(offset) == 1 or offset[0] != "0")):
+                blocks.add((where, int(offset) // BLOCK))
+    return blocks
 
 
-def run_once_keys(holders: str, prefix: str, span: int, refs: Iterable[str]) -> list[str]:
-    """The KEYS of a claim or finish of ``refs`` when this scheduler's span is ``span``:
-    the holders, the span hashes of spans ``span - SPANS_KEPT`` to ``span + 1`` (Redis'
-    span may be one off either way) and the bitmaps of the references' blocks in those
-    spans (the names the scripts build: ``<prefix><span>`` and
-    ``<prefix><span>:<topic/partition>:<block>``)."""
+def run_once_keys(holders: str, prefix: str, span: int, *joined: str) -> list[str]:
+    """The KEYS of a claim or finish of the references ``joined`` (as in its ARGV) when
+    this scheduler's span is ``span``: the holders, the span hashes of spans
+    ``span - SPANS_KEPT`` to ``span + 1`` (Redis' span may be one off either way) and the
+    bitmaps of the references' blocks in those spans (the names the scripts build:
+    ``<prefix><span>`` and ``<prefix><span>:<topic/partition>:<block>``)."""
     spans = range(span - SPANS_KEPT, span + 2)
-    blocks = {found for ref in refs if (found := block_of(escape_ref(ref))) is not None}
     return [holders, *(f"{prefix}{s}" for s in spans),
-            *(f"{prefix}{s}:{where}:{block}" for where, block in blocks for s in spans)]
+            *(f"{prefix}{s}:{where}:{block}" for where, block in blocks_of(*joined)
+              for s in spans)]
 
 
 def _settle(waiters: list[asyncio.Future[set[str]]], result: set[str] | None = None,
@@ -175,14 +178,14 @@ class RunOnce:
         """The key of ``binding``'s holders (sorted set: holder -> expiry, epoch ms)."""
         return self._names.once_key(binding, "holders")
 
-    async def _call(self, script: Any, binding: str, refs: Iterable[str],
+    async def _call(self, script: Any, binding: str, joined: Sequence[str],
                     args: list[str | int]) -> str:
         """Run a claim or finish with the keys of this clock's span; asked again once with
         Redis' span when that is another (see :data:`SKEW`)."""
         mine = int(self._clock() * 1000) // self._span_ms
         span = mine + self._skew
         for _ in range(2):
-            keys = run_once_keys(self.holders(binding), self.prefix(binding), span, refs)
+            keys = run_once_keys(self.holders(binding), self.prefix(binding), span, *joined)
             text = as_text(await script(keys=keys, args=args))
             if not text.startswith(SKEW):
                 return text
@@ -197,9 +200,9 @@ class RunOnce:
         if not items:
             return ""
         refs = [item["source_ref"] for item in items]
-        text = await self._call(self._claim, binding, refs, [
-            self.holder, self._holder_ms, self._span_ms, self.prefix(binding),
-            join_refs(refs)])
+        joined = join_refs(refs)
+        text = await self._call(self._claim, binding, [joined], [
+            self.holder, self._holder_ms, self._span_ms, self.prefix(binding), joined])
         running = self._running.setdefault(binding, set())
         if text.count(RUN) == len(text):
             running.update(refs)
@@ -265,10 +268,12 @@ class RunOnce:
                     _settle(mine, exception=down)
                     continue
                 try:
-                    args: list[str | int] = [
-                        self._span_ms, self.prefix(binding), join_refs(done) if done else "",
-                        join_refs(free) if free else "", self.holder]
-                    text = await self._call(self._finish, binding, [*done, *free], args)
+                    done_text = join_refs(done) if done else ""
+                    free_text = join_refs(free) if free else ""
+                    args: list[str | int] = [self._span_ms, self.prefix(binding), done_text,
+                                             free_text, self.holder]
+                    text = await self._call(self._finish, binding, [done_text, free_text],
+                                            args)
                     elsewhere = ({ref for ref, code in zip(free, text, strict=True)
                                   if code == "1"} if "1" in text else set())
                 except Exception as exc:

@@ -110,7 +110,7 @@ local match, byte, floor, tonumber = string.match, string.byte, math.floor, tonu
 local band, bor, rshift = bit.band, bit.bor, bit.rshift
 
 -- Kafka references grouped by bitmap: a list of {where, list of index, bit, ...}, and
--- the indexes of the other references. once.py's block_of follows the same rule (a
+-- the indexes of the other references. once.py's blocks_of follows the same rule (a
 -- property test holds them together): a Kafka reference is <where>/<offset>, the offset
 -- ASCII digits after the last '/', at most 15 of them, no leading zero.
 local function by_block(refs)
