@@ -148,7 +148,7 @@ def test_run_once_holds_on_the_cluster(csettings: Settings) -> None:
             seen = [await a.claim(guarded, batch), await b.claim(guarded, batch)]
             await a.finish(guarded, batch[:2], [ok(0), retry(1, "boom")])
             seen.append(await b.claim(guarded, batch))
-            await a._once.close()  # a died: no heartbeat, its holder key is gone
+            await a._once.close()  # a died: no heartbeat, its holder is dropped
             seen.append(await b.claim(guarded, batch[2:]))
             return seen
         finally:

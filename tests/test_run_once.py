@@ -361,7 +361,7 @@ def test_two_schedulers_given_the_same_batch_run_each_record_once(settings: Sett
 
 def test_a_dead_schedulers_claims_are_taken_over_within_the_holder_ttl(
         settings: Settings) -> None:
-    """A scheduler that claimed a batch and died (its holder key stops being renewed):
+    """A scheduler that claimed a batch and died (its holder stops being renewed):
     the batch sent again to another scheduler waits at most the holder TTL (5 s), then
     runs."""
     basic.reset()

@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 #: A record's success is remembered this long unless told otherwise (``run_once_window``).
 DEFAULT_DONE_TTL_S = DEFAULT_RUN_ONCE_WINDOW_S
-#: A scheduler's holder key lives this long without a beat (renewed every third of it).
+#: A scheduler's holder lives this long without a beat (renewed every third of it).
 DEFAULT_HOLDER_TTL_S = 5.0
 #: CLAIM's code for a record this scheduler claims already (never returned by :class:`RunOnce`).
 MINE: Final = "4"

@@ -2,7 +2,7 @@
 -- fields are deleted, so failures cost Redis no memory (after once_lib.lua).
 --
 -- A record is freed only while this holder's claim is its newest state: a scheduler judged
--- dead (its holder key expired while it still ran the record) must not free a record that
+-- dead (its holder expired while it still ran the record) must not free a record that
 -- another scheduler took over, nor undo the success that one had. Such a record is left
 -- as it is and reported: when another copy already succeeded (d), this copy's failure
 -- is answered ok (the record is done) instead of retried, and it does not run again.
