@@ -145,7 +145,7 @@ REFERENCES = st.one_of(
     st.text("t/0123456789%\n\u0663", max_size=12))
 
 
-@settings(max_examples=300, deadline=None,
+@settings(max_examples=200, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(refs=st.lists(REFERENCES, min_size=1, max_size=8))
 def test_python_and_lua_find_the_same_bitmaps(redis_client: redis.Redis,
