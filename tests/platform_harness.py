@@ -207,9 +207,8 @@ def read_topic(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[
 
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap,
-                         "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False})
+    consumer = Consumer(settings.kafka_config(**{  # the [kafka] table: TLS, SASL
+        "group.id": f"reader-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}))
     meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
     parts = [TopicPartition(topic, p, 0) for p in meta.partitions]
     ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=timeout_s)[1]

@@ -90,3 +90,18 @@ def test_a_dead_letter_topic_takes_any_record_a_scheduler_can_run() -> None:
 
     assert int(dlq_topic_config()["max.message.bytes"]) == MAX_MESSAGE > MAX_MESSAGE_BYTES
     assert PRODUCER_DEFAULTS["message.max.bytes"] > MAX_MESSAGE
+
+
+def test_a_refused_client_certificate_names_the_certificate_settings() -> None:
+    from confluent_kafka import KafkaError
+
+    from asynctier.platform.kafka import credential_hint
+
+    refused = KafkaError(KafkaError._TRANSPORT, "ssl://b:9093/bootstrap: Receive failed: "
+                         "error:0A000412:SSL routines::ssl/tls alert bad certificate")
+    hint = credential_hint(refused)
+    assert "refused this client's certificate" in hint
+    assert "ssl.certificate.location and ssl.key.location" in hint
+    untrusted = KafkaError(KafkaError._SSL, "certificate verify failed")
+    assert "ssl.ca.location" in credential_hint(untrusted)
+    assert credential_hint(KafkaError(KafkaError._TRANSPORT, "Connection refused")) == ""

@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.limits import AdmissionConfig, Quota, RedisAdmission
+from asynctier.platform.limits.quota import QuotaStore, RedisQuota
 from asynctier.platform.wire import Item
 from tests.helpers import wait_until
 
@@ -359,6 +360,43 @@ def test_per_day_quota_delays_until_the_next_utc_day(settings: Settings,
     now = redis_client.time()[0]
     assert sorted(over) == [4, 5]
     assert all(abs(d - (86400 - now % 86400)) < 5 for d in over.values())
+
+
+def test_charges_live_in_window_hashes_and_a_clock_windows_off_charges_once(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    """What was charged is a field of the binding's hash of the current charge window
+    (the script is given the hashes as KEYS): free again in the next window, charged anew
+    after that. A scheduler whose clock is ten windows off learns Redis' window."""
+    pattern = f"{settings.prefix}:{{tenant:acme}}:charges:orders:*"
+
+    def window() -> int:
+        return int(redis_client.time()[0])
+
+    async def scenario() -> tuple[list[int], int]:
+        client = Redis.from_url(settings.redis_url)
+        quota = RedisQuota(client, settings.names, charge_ttl_s=1,
+                           wall=lambda: time.time() + 10)
+        store = QuotaStore(client, settings.names)
+        items = make_items(["orders/0/1", "orders/0/2"])
+        used = []
+        try:
+            await store.set("acme", Quota(per_day=1000))
+            start = window()
+            for wanted in (start + 1, start + 2, start + 4):
+                wait_until(lambda w=wanted: window() >= w, 10, f"Redis second {wanted}")
+                assert await quota.charge(BASE, items) == {}
+                assert await quota.charge(BASE, items) == {}  # the same records again
+                used.append((await store.usage("acme")).day)
+            return used, quota._skew
+        finally:
+            await client.aclose()
+
+    used, skew = asyncio.run(scenario())
+    assert used == [2, 2, 4]  # charged, free in the next window, charged two windows on
+    assert skew in (-10, -11, -9)
+    hashes = list(redis_client.scan_iter(match=pattern))
+    assert hashes and all(redis_client.type(k) == b"hash" for k in hashes)
+    assert all(0 < redis_client.pttl(k) <= 2000 for k in hashes)
 
 
 def test_a_tenant_without_quota_is_never_charged(settings: Settings,

@@ -53,10 +53,10 @@ def test_the_keys_of_each_script_share_one_slot() -> None:
     names = Names("asynctier")
     slot = redis.cluster.key_slot
     tenant = {slot(names.tenant_key("acme", k).encode())
-              for k in ("quota", "quota-used", "charged:orders:orders/0/1",
+              for k in ("quota", "quota-used", "charges:orders:499012",
                         "enqueue-capacity", "enqueue-used")}
     once = {slot(names.once_key("orders", *k).encode())
-            for k in (("holder", "abc"), ("17",), ("17:orders/0:0",))}
+            for k in (("holders",), ("17",), ("17:orders/0:0",))}
     members = {slot(names.redis_tagged_key("schedulers", *k).encode())
                for k in ((), ("load",), ("place",))}
     assert len(tenant) == len(once) == len(members) == 1
@@ -149,7 +149,7 @@ def test_run_once_holds_on_the_cluster(csettings: Settings) -> None:
             seen = [await a.claim(guarded, batch), await b.claim(guarded, batch)]
             await a.finish(guarded, batch[:2], [ok(0), retry(1, "boom")])
             seen.append(await b.claim(guarded, batch))
-            await a._once.close()  # a died: no heartbeat, its holder key is gone
+            await a._once.close()  # a died: no heartbeat, its holder is dropped
             seen.append(await b.claim(guarded, batch[2:]))
             return seen
         finally:

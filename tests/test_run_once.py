@@ -63,8 +63,8 @@ def test_claim_codes_follow_a_record_from_claim_to_done(settings: Settings,
             outcomes: list[Outcome] = [ok(0), retry(1, "boom")]
             await a.finish(GUARDED, batch[:2], outcomes)  # the third still runs in a
             seen.append(await b.claim(GUARDED, batch))
-            # a dies: its holder key is gone (as when it stops beating for 5 s)
-            redis_client.delete(a._once.holder_key("orders"))
+            # a dies: its holder is dropped (as when it stops beating for 5 s)
+            redis_client.zrem(a._once.holders("orders"), a._once.holder)
             seen.append(await b.claim(GUARDED, batch[2:]))
             seen.append(await a.claim(GUARDED, batch))
             return seen
@@ -81,6 +81,31 @@ def test_claim_codes_follow_a_record_from_claim_to_done(settings: Settings,
     ]
     kept = list(redis_client.scan_iter(match=f"{settings.prefix}:{{once:orders}}:[0-9]*"))
     assert kept and all(redis_client.ttl(k) > 900 for k in kept)  # done marks: 15 min +
+
+
+def test_a_scheduler_whose_clock_is_spans_off_learns_redis_span(settings: Settings) -> None:
+    """The keys a call names come from the scheduler's clock; Redis' clock decides. A
+    clock three spans ahead gets the span-skew answer once, asks again with Redis' span
+    and keeps it: the guard works as with a right clock."""
+    batch = make_items(["orders/6/1", "orders/6/2"])
+
+    async def scenario() -> tuple[list[str], int, int]:
+        a, b = RedisAdmission(settings), RedisAdmission(settings)
+        span_s = a._once._span_ms / 1000
+        a._once._clock = lambda: time.time() + 3 * span_s
+        try:
+            seen = [await a.claim(GUARDED, batch)]
+            skew = a._once._skew
+            await a.finish(GUARDED, batch, [ok(0), retry(1, "boom")])
+            seen.append(await b.claim(GUARDED, batch))
+            return seen, skew, a._once._skew
+        finally:
+            await a.close()
+            await b.close()
+
+    seen, skew, later = asyncio.run(scenario())
+    assert seen == [RUN * 2, DONE + RUN]
+    assert skew in (-3, -4, -2) and later == skew
 
 
 def test_two_copies_in_one_batch_are_one_record(settings: Settings) -> None:
@@ -336,7 +361,7 @@ def test_two_schedulers_given_the_same_batch_run_each_record_once(settings: Sett
 
 def test_a_dead_schedulers_claims_are_taken_over_within_the_holder_ttl(
         settings: Settings) -> None:
-    """A scheduler that claimed a batch and died (its holder key stops being renewed):
+    """A scheduler that claimed a batch and died (its holder stops being renewed):
     the batch sent again to another scheduler waits at most the holder TTL (5 s), then
     runs."""
     basic.reset()
@@ -375,7 +400,7 @@ def test_a_scheduler_judged_dead_frees_nothing_another_took_over(
         a, b, c = RedisAdmission(settings), RedisAdmission(settings), RedisAdmission(settings)
         try:
             seen = [await a.claim(GUARDED, batch)]
-            redis_client.delete(a._once.holder_key("orders"))
+            redis_client.zrem(a._once.holders("orders"), a._once.holder)
             seen.append(await b.claim(GUARDED, batch))
             by_b = await b.finish(GUARDED, batch[:1], [ok(0)])  # the second still runs in b
             by_a = await a.finish(GUARDED, batch, [retry(0, "boom"), retry(1, "boom")])
@@ -406,7 +431,7 @@ def test_a_failure_after_another_scheduler_succeeded_with_the_record_is_answered
         async def taken_over_meanwhile(payload: object, ctx: object) -> None:
             if getattr(ctx, "source", None) != "orders/3/1":
                 return
-            redis_client.delete(a._once.holder_key("orders"))
+            redis_client.zrem(a._once.holders("orders"), a._once.holder)
             assert await b.claim(binding, items[:1]) == TAKEN_OVER
             assert await b.finish(binding, items[:1], [ok(0)]) == set()
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asynctier.platform.limits import once
 from asynctier.platform.limits.quota import join_refs
+from asynctier.platform.limits.scripts import lua
 
 REFS = ["t/0/0", "t/0/1", "t/0/8191", "t/0/8192", "t/1/8191", "t/1/16384",
         "t/0/07", "t/0/12345678901234567", "job-42", "other/3/5"]
@@ -74,31 +76,40 @@ class Model:
 @given(ops=OPS)
 def test_the_scripts_do_what_the_model_says(redis_client: redis.Redis, prefix: str,
                                             ops: list[Op]) -> None:
-    claim = redis_client.register_script(once.CLAIM)
-    finish = redis_client.register_script(once.FINISH)
+    claim_script = redis_client.register_script(once.CLAIM)
+    finish_script = redis_client.register_script(once.FINISH)
     tag = f"{prefix}:{{once:m{uuid.uuid4().hex[:8]}}}:"
-    holders, keys = tag + "holder:", tag
-    for holder in HOLDERS:
-        redis_client.set(holders + holder, "1", px=600_000)
+    holders, keys = tag + "holders", tag
+    seconds, micros = redis_client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    span = now_ms // SPAN_MS
+    redis_client.zadd(holders, {h: now_ms + 600_000 for h in HOLDERS})
+
+    def claim(holder: str, refs: list[str]) -> str:
+        got = claim_script(keys=once.run_once_keys(holders, keys, span, join_refs(refs)),
+                           args=[holder, 600_000, SPAN_MS, keys, join_refs(refs)])
+        return str(got.decode())
+
+    def finish(holder: str, done: list[str], free: list[str]) -> str:
+        texts = [join_refs(done) if done else "", join_refs(free) if free else ""]
+        got = finish_script(keys=once.run_once_keys(holders, keys, span, *texts),
+                            args=[SPAN_MS, keys, *texts, holder])
+        return str(got.decode())
+
     model = Model()
     for kind, who, picks, oks in ops:
         holder = HOLDERS[who]
         refs = [REFS[i] for i in picks]
         if kind == "claim":
-            got = claim(keys=[holders + holder],
-                        args=[holder, holders, 600_000, SPAN_MS, keys, join_refs(refs)])
-            assert got.decode() == model.claim(holder, refs), (kind, holder, refs)
+            assert claim(holder, refs) == model.claim(holder, refs), (kind, holder, refs)
         else:
             unique = list(dict.fromkeys(refs))
             done = [ref for ref, ok in zip(unique, oks, strict=False) if ok]
             free = [ref for ref in unique if ref not in done]
-            got = finish(keys=[holders + holder],
-                         args=[SPAN_MS, keys, join_refs(done) if done else "",
-                               join_refs(free) if free else "", holder])
-            assert got.decode() == model.finish(holder, done, free), (kind, holder, done, free)
+            assert finish(holder, done, free) == model.finish(holder, done, free), \
+                (kind, holder, done, free)
     # every reference, looked at by a third scheduler, is where the model has it
-    final = claim(keys=[holders + "zzzz"],
-                  args=["zzzz", holders, 600_000, SPAN_MS, keys, join_refs(REFS)]).decode()
+    final = claim("zzzz", REFS)
     want = "".join("1" if model.state.get(r) == "d" else "2" if r in model.state else "0"
                    for r in REFS)
     assert final == want
@@ -114,3 +125,64 @@ def test_the_scripts_do_what_the_model_says(redis_client: redis.Redis, prefix: s
             assert ref in ("t/0/07", "t/0/12345678901234567", "job-42"), ref
         else:
             assert value == "rzzzz" or model.state.get(ref) == value, (ref, value)
+
+
+# -- every key in KEYS: the names Python gives are the names the scripts use -----------
+
+#: The bitmaps (``<topic/partition>:<block>``) by_block of once_lib.lua finds in a batch.
+BY_BLOCK = lua("once_lib", SPANS_KEPT=once.SPANS_KEPT, BLOCK=once.BLOCK, HT_PAD=once.HT_PAD) + """
+local order = by_block(split(ARGV[1]))
+local out = {}
+for _, group in ipairs(order) do out[#out + 1] = group[1] end
+return out
+"""
+
+OFFSETS = st.one_of(st.integers(0, 10**16).map(str), st.text("0123456789", max_size=18),
+                    st.sampled_from(["07", "00", "0", "\u0663", "\u00b2", "1\u0663", "", "x1"]))
+REFERENCES = st.one_of(
+    st.tuples(st.text("ab/%\n\u00e9:", max_size=6), st.integers(0, 3), OFFSETS)
+    .map(lambda t: f"{t[0]}/{t[1]}/{t[2]}"),
+    st.text("t/0123456789%\n\u0663", max_size=12))
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(refs=st.lists(REFERENCES, min_size=1, max_size=8))
+def test_python_and_lua_find_the_same_bitmaps(redis_client: redis.Redis,
+                                              refs: list[str]) -> None:
+    by_block = redis_client.register_script(BY_BLOCK)
+    lua_found = {g.decode() for g in by_block(keys=[], args=[join_refs(refs)])}
+    python_found = {f"{where}:{block}" for where, block in once.blocks_of(join_refs(refs))}
+    assert python_found == lua_found
+
+
+def _span_now(redis_client: redis.Redis) -> int:
+    seconds, micros = redis_client.time()
+    return int((seconds * 1000 + micros // 1000) // SPAN_MS)
+
+
+def test_a_script_refuses_a_key_it_was_not_given(redis_client: redis.Redis,
+                                                 prefix: str) -> None:
+    claim = redis_client.register_script(once.CLAIM)
+    tag = f"{prefix}:{{once:refuse}}:"
+    refs = ["t/0/1", "t/0/9000"]  # two bitmaps
+    keys = once.run_once_keys(tag + "holders", tag, _span_now(redis_client), join_refs(refs))
+    with pytest.raises(redis.ResponseError, match="is not in KEYS"):  # a bitmap left out
+        claim(keys=[k for k in keys if not k.endswith(":t/0:1")],
+              args=["aaaa", 600_000, SPAN_MS, tag, join_refs(refs)])
+    assert claim(keys=keys, args=["aaaa", 600_000, SPAN_MS, tag, join_refs(refs)]) == b"00"
+
+
+def test_a_span_not_given_is_answered_with_redis_span_and_nothing_is_written(
+        redis_client: redis.Redis, prefix: str) -> None:
+    claim = redis_client.register_script(once.CLAIM)
+    finish = redis_client.register_script(once.FINISH)
+    tag = f"{prefix}:{{once:skew}}:"
+    span = _span_now(redis_client)
+    for off in (span + 2, span - 3):  # the scheduler's clock over a span ahead, or behind
+        keys = once.run_once_keys(tag + "holders", tag, off, "t/0/1")
+        got = claim(keys=keys, args=["aaaa", 600_000, SPAN_MS, tag, "t/0/1"]).decode()
+        assert got in (f"{once.SKEW}{span}", f"{once.SKEW}{span + 1}")  # span may turn
+        got = finish(keys=keys, args=[SPAN_MS, tag, "t/0/1", "", "aaaa"]).decode()
+        assert got.startswith(once.SKEW)
+    assert not list(redis_client.scan_iter(match=tag + "*"))

@@ -1,5 +1,5 @@
 """TLS everywhere, end to end on the real servers with certificates the test makes: Kafka
-over SASL_SSL (and SSL with client certificates), Redis over TLS with an ACL user, and the
+over SASL_SSL and over SSL with client certificates, Redis over TLS with an ACL user, and the
 tailer -> scheduler link over mutual TLS. Wrong credentials: a message naming the setting
 to fix, no secret in any log line, and nothing lost once they are fixed.
 """
@@ -41,6 +41,14 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory,
                                     acl_users={"asynctier": "redis-" + uuid.uuid4().hex})
     yield red
     red.stop()
+
+
+@pytest.fixture
+def ssl_kafka(tmp_path: Path, certs: CertFiles) -> Iterator[devstack.KafkaNode]:
+    """A Kafka on SSL requiring a client certificate its CA signed, of this test."""
+    kafka = devstack.start_test_kafka(tmp_path, tls=_tls(certs))
+    yield kafka
+    kafka.stop()
 
 
 @pytest.fixture
@@ -186,6 +194,80 @@ def test_kafka_sasl_ssl_end_to_end_and_a_wrong_password_loses_nothing(
     assert "mutual TLS" in good.log_text("scheduler")
     for folder in (tmp_path, tmp_path / "bad"):
         assert_no_secret(folder, [*secrets_of(kafka, tls_redis), "not-it-1234"], *outputs)
+
+
+def client_cert_config(kafka: devstack.KafkaNode, cert: Path | None,
+                       key: Path | None) -> dict[str, str]:
+    """The SSL properties of ``kafka`` with this client certificate (None: none at all)."""
+    conf = {k: v for k, v in kafka.client_config().items()
+            if k not in ("ssl.certificate.location", "ssl.key.location")}
+    if cert is not None and key is not None:
+        conf.update({"ssl.certificate.location": str(cert), "ssl.key.location": str(key)})
+    return conf
+
+
+def key_lines(*keys: Path) -> list[str]:
+    """The secret lines (base64 body) of these PEM private keys."""
+    return [line for key in keys for line in key.read_text().splitlines()
+            if line and not line.startswith("-----")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a broker on TLS, then three platforms' processes
+def test_kafka_ssl_client_certificates_end_to_end_and_a_wrong_one_loses_nothing(
+        ssl_kafka: devstack.KafkaNode, tls_redis: devstack.RedisNode, certs: CertFiles,
+        tmp_path: Path, prefix: str) -> None:
+    kafka = ssl_kafka
+    other = write_certs(tmp_path / "other-ca", name="another")  # a CA the broker does not know
+    assert not devstack.kafka_answers(kafka.bootstrap, timeout_s=3.0)  # no TLS
+    assert not devstack.kafka_answers(kafka.bootstrap, timeout_s=5.0,  # TLS, no certificate
+                                      config=client_cert_config(kafka, None, None))
+    right = write_config(tmp_path / "right.toml", prefix,
+                         client_cert_config(kafka, certs.client, certs.client_key),
+                         tls_redis.url)
+    settings = Settings.load(right, env={})
+    good = platform(settings, tmp_path, right, certs)
+    bads: dict[str, FaultPlatform] = {}
+    for name, conf in {"wrong": client_cert_config(kafka, other.client, other.client_key),
+                       "missing": client_cert_config(kafka, None, None)}.items():
+        config = write_config(tmp_path / f"{name}.toml", prefix, conf, tls_redis.url)
+        (tmp_path / name).mkdir()
+        bads[name] = platform(Settings.load(config, env={}), tmp_path / name, config, certs)
+    dead = {200, 201, 202}
+    try:
+        topic = f"{prefix}.orders"
+        ensure_topics(admin(settings), {topic: (2, {})})
+        produce(settings, topic, make_docs(203, failing_every=50,
+                                           extra={i: {"always_fail": True} for i in dead}))
+        good.bind("orders", topic, "--retry-ladder", "1s,2s")
+        good.start("scheduler")
+        for bad in bads.values():
+            bad.extra_env["ASYNCTIER_SCHEDULERS"] = f"127.0.0.1:{good.ports['scheduler']}"
+            bad.start("tailers")
+        for name, bad in bads.items():
+            wait_until(lambda bad=bad: "ssl.certificate.location" in bad.log_text("tailers"),
+                       120, f"the tailers with a {name} client certificate name "
+                       "[kafka] ssl.certificate.location")
+            assert "refused this client's certificate" in bad.log_text("tailers")
+        assert not read_ledger(good.ledger), "a record ran with a refused certificate"
+        for bad in bads.values():
+            bad.stop_all()
+        good.start("delay")
+        good.start("tailers")
+        wait_until(lambda: set(succeeded(read_ledger(good.ledger))) >= set(range(200))
+                   and set(good.dead_letters("orders")) >= dead, 180,
+                   "every record ran (or was dead-lettered) over SSL with client certificates")
+        outputs = [good.cli("bindings").stdout, good.cli("lag").stdout]
+    finally:
+        for bad in bads.values():
+            bad.stop_all()
+        good.stop_all()
+    assert set(good.dead_letters("orders")) == dead  # exactly the records that always fail
+    assert "mutual TLS" in good.log_text("scheduler")
+    secrets = [*key_lines(certs.client_key, certs.server_key, other.client_key),
+               *secrets_of(tls_redis)]
+    for folder in (tmp_path, *(tmp_path / name for name in bads)):
+        assert_no_secret(folder, secrets, *outputs)
 
 
 @pytest.mark.slow

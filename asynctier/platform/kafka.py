@@ -151,6 +151,10 @@ def credential_hint(err: KafkaError) -> str:
     if code in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
         return ("; the broker refused the credentials: check [kafka] sasl.username and "
                 "sasl.password (and sasl.mechanism) in asynctier.toml")
+    if "bad certificate" in err.str() or "certificate required" in err.str():
+        return ("; the broker refused this client's certificate (it requires one its CA "
+                "signed): check [kafka] ssl.certificate.location and ssl.key.location in "
+                "asynctier.toml")
     if code == KafkaError._SSL or "SSL" in err.str():
         return ("; the TLS connection failed: check [kafka] ssl.ca.location (the CA of the "
                 "broker's certificate) and, for client certificates, ssl.certificate.location "

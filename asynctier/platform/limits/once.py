@@ -16,11 +16,13 @@ of one record is the same record here):
   is freed only while this scheduler's claim is its newest state, and one that another
   copy completed meanwhile is answered ``ok``.
 
-A scheduler is alive while its holder key (``<prefix>:{once:<binding>}:holder:<holder>``,
-one per binding it claims records of) exists: set with every claim and renewed by a
-heartbeat while it holds claims, it expires ``holder_ttl_s`` after the scheduler dies.
-Every key of a binding's run-once state carries the hash tag ``{once:<binding>}``: one
-script call touches one Redis Cluster slot. What this cannot prevent is a function that
+A scheduler is alive while its expiry in the binding's holders
+(``<prefix>:{once:<binding>}:holders``, a sorted set: holder -> expiry by Redis ``TIME``)
+is ahead: renewed with every claim and by a heartbeat while it holds claims, it lapses
+``holder_ttl_s`` after the scheduler dies. Every key of a binding's run-once state carries
+the hash tag ``{once:<binding>}``, and every key a script call touches is passed in its
+``KEYS`` (:func:`run_once_keys`; the scripts refuse any other): one call, one Redis
+Cluster slot, as Redis documents scripts. What this cannot prevent is a function that
 succeeded in a scheduler killed before :data:`FINISH` ran: that record runs again (at
 least once wins over at most once). The cost is one round trip per batch and one per write,
 about 3 µs of Redis CPU per record (claimed, run and written down; ``python -m
@@ -35,13 +37,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
 from asynctier.platform.admission import BUSY, RUN, TAKEN_OVER
 from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.config import DEFAULT_RUN_ONCE_WINDOW_S
+from asynctier.platform.errors import ServiceError
 from asynctier.platform.limits.outage import REDIS_DOWN
 from asynctier.platform.limits.quota import as_text, join_refs
 from asynctier.platform.limits.scripts import lua
@@ -53,7 +57,7 @@ log = logging.getLogger(__name__)
 
 #: A record's success is remembered this long unless told otherwise (``run_once_window``).
 DEFAULT_DONE_TTL_S = DEFAULT_RUN_ONCE_WINDOW_S
-#: A scheduler's holder key lives this long without a beat (renewed every third of it).
+#: A scheduler's holder lives this long without a beat (renewed every third of it).
 DEFAULT_HOLDER_TTL_S = 5.0
 #: CLAIM's code for a record this scheduler claims already (never returned by :class:`RunOnce`).
 MINE: Final = "4"
@@ -89,11 +93,44 @@ BLOCK: Final = 8192
 HT_FIELD: Final = "\n"
 HT_PAD: Final = 512
 
+#: What a script answers, instead of its codes, when the span of Redis ``TIME`` is not one
+#: of those whose keys it was given (the span follows): asked again once with that span.
+SKEW: Final = "S"
+
+_CONSTANTS: Final = {"SPANS_KEPT": SPANS_KEPT, "BLOCK": BLOCK, "HT_PAD": HT_PAD}
 #: Claim every record of a batch for one holder (``lua/once_claim.lua``).
-CLAIM: Final = lua("once_lib", "once_claim", SPANS_KEPT=SPANS_KEPT, BLOCK=BLOCK, HT_PAD=HT_PAD)
+CLAIM: Final = lua("once_lib", "once_claim", **_CONSTANTS)
 #: Mark a chunk's successes done and free the others (``lua/once_finish.lua``).
-FINISH: Final = lua("once_lib", "once_finish", SPANS_KEPT=SPANS_KEPT, BLOCK=BLOCK,
-                    HT_PAD=HT_PAD)
+FINISH: Final = lua("once_lib", "once_finish", **_CONSTANTS)
+#: Renew a holder (``lua/once_beat.lua``).
+BEAT: Final = lua("once_lib", "once_beat", **_CONSTANTS)
+
+
+def blocks_of(*joined: str) -> set[tuple[str, int]]:
+    """The ``(topic/partition, block)`` pairs of the references whose success is a bit,
+    in references joined as a script gets them (:func:`~.quota.join_refs`): the rule of
+    ``by_block`` in ``lua/once_lib.lua`` (``^(.*)/(%d+)$``, at most 15 ASCII digits, no
+    leading zero; a property test holds the two together)."""
+    blocks = set()
+    for text in joined:
+        for ref in text.split("\n"):  # inline, no call per reference: this is per record
+            where, slash, offset = ref.rpartition("/")
+            if (slash and offset.isdigit() and offset.isascii() and len(offset) <= 15
+                    and (len(offset) == 1 or offset[0] != "0")):
+                blocks.add((where, int(offset) // BLOCK))
+    return blocks
+
+
+def run_once_keys(holders: str, prefix: str, span: int, *joined: str) -> list[str]:
+    """The KEYS of a claim or finish of the references ``joined`` (as in its ARGV) when
+    this scheduler's span is ``span``: the holders, the span hashes of spans
+    ``span - SPANS_KEPT`` to ``span + 1`` (Redis' span may be one off either way) and the
+    bitmaps of the references' blocks in those spans (the names the scripts build:
+    ``<prefix><span>`` and ``<prefix><span>:<topic/partition>:<block>``)."""
+    spans = range(span - SPANS_KEPT, span + 2)
+    return [holders, *(f"{prefix}{s}" for s in spans),
+            *(f"{prefix}{s}:{where}:{block}" for where, block in blocks_of(*joined)
+              for s in spans)]
 
 
 def _settle(waiters: list[asyncio.Future[set[str]]], result: set[str] | None = None,
@@ -113,13 +150,17 @@ class RunOnce:
 
     def __init__(self, client: AsyncRedis, names: Names,
                  done_ttl_s: float = DEFAULT_DONE_TTL_S,
-                 holder_ttl_s: float = DEFAULT_HOLDER_TTL_S) -> None:
+                 holder_ttl_s: float = DEFAULT_HOLDER_TTL_S,
+                 clock: Callable[[], float] = time.time) -> None:
         self._client = client
         self._names = names
         self._claim = client.register_script(CLAIM)
         self._finish = client.register_script(FINISH)
+        self._beat_script = client.register_script(BEAT)
         self.holder = uuid.uuid4().hex[:12]
         self._span_ms = max(1, int(done_ttl_s * 1000 / (SPANS_KEPT - 1)))
+        self._clock = clock
+        self._skew = 0  # Redis' span minus this clock's, as last learned
         self._holder_ms = int(holder_ttl_s * 1000)
         self._running: dict[str, set[str]] = {}  # per binding: refs claimed, not finished
         self._heartbeat: asyncio.Task[None] | None = None
@@ -134,22 +175,34 @@ class RunOnce:
         return self._names.once_key(binding, "")
 
     def holders(self, binding: str) -> str:
-        """The prefix of ``binding``'s holder keys (the holder follows)."""
-        return self._names.once_key(binding, "holder", "")
+        """The key of ``binding``'s holders (sorted set: holder -> expiry, epoch ms)."""
+        return self._names.once_key(binding, "holders")
 
-    def holder_key(self, binding: str) -> str:
-        """This scheduler's holder key for ``binding``."""
-        return self.holders(binding) + self.holder
+    async def _call(self, script: Any, binding: str, joined: Sequence[str],
+                    args: list[str | int]) -> str:
+        """Run a claim or finish with the keys of this clock's span; asked again once with
+        Redis' span when that is another (see :data:`SKEW`)."""
+        mine = int(self._clock() * 1000) // self._span_ms
+        span = mine + self._skew
+        for _ in range(2):
+            keys = run_once_keys(self.holders(binding), self.prefix(binding), span, *joined)
+            text = as_text(await script(keys=keys, args=args))
+            if not text.startswith(SKEW):
+                return text
+            span = int(text[len(SKEW):])
+            self._skew = span - mine
+        raise ServiceError(
+            f"run-once of binding {binding}: Redis' clock (TIME) moved to another span twice "
+            "within one call; check the clocks of the Redis server and of this scheduler")
 
     async def claim(self, binding: str, items: Sequence[Item]) -> str:
         """One code per item (see :data:`RUN` and the others)."""
         if not items:
             return ""
         refs = [item["source_ref"] for item in items]
-        codes = await self._claim(keys=[self.holder_key(binding)], args=[
-            self.holder, self.holders(binding), self._holder_ms, self._span_ms,
-            self.prefix(binding), join_refs(refs)])
-        text = as_text(codes)
+        joined = join_refs(refs)
+        text = await self._call(self._claim, binding, [joined], [
+            self.holder, self._holder_ms, self._span_ms, self.prefix(binding), joined])
         running = self._running.setdefault(binding, set())
         if text.count(RUN) == len(text):
             running.update(refs)
@@ -215,11 +268,12 @@ class RunOnce:
                     _settle(mine, exception=down)
                     continue
                 try:
-                    args: list[str | int] = [
-                        self._span_ms, self.prefix(binding), join_refs(done) if done else "",
-                        join_refs(free) if free else "", self.holder]
-                    codes = await self._finish(keys=[self.holder_key(binding)], args=args)
-                    text = as_text(codes)
+                    done_text = join_refs(done) if done else ""
+                    free_text = join_refs(free) if free else ""
+                    args: list[str | int] = [self._span_ms, self.prefix(binding), done_text,
+                                             free_text, self.holder]
+                    text = await self._call(self._finish, binding, [done_text, free_text],
+                                            args)
                     elsewhere = ({ref for ref, code in zip(free, text, strict=True)
                                   if code == "1"} if "1" in text else set())
                 except Exception as exc:
@@ -235,14 +289,14 @@ class RunOnce:
                 _settle(mine, result=elsewhere)
 
     async def close(self) -> None:
-        """Stop the heartbeat and drop the holder key: claims left here are free at once."""
+        """Stop the heartbeat and drop this holder: claims left here are free at once."""
         if self._heartbeat is not None:
             await cancel_and_wait(self._heartbeat)
         for binding in self._running:  # one key at a time: each has its own slot
             try:
-                await self._client.delete(self.holder_key(binding))
+                await self._client.zrem(self.holders(binding), self.holder)
             except REDIS_DOWN:
-                return  # Redis is away: the holder keys expire by themselves
+                return  # Redis is away: this holder's expiries lapse by themselves
 
     def _ensure_heartbeat(self) -> None:
         if self._heartbeat is None or self._heartbeat.done():
@@ -253,7 +307,8 @@ class RunOnce:
             await asyncio.sleep(self._holder_ms / 3000)
             for binding in [b for b, refs in self._running.items() if refs]:
                 try:
-                    await self._client.set(self.holder_key(binding), "1", px=self._holder_ms)
+                    await self._beat_script(keys=[self.holders(binding)],
+                                            args=[self.holder, self._holder_ms])
                 except REDIS_DOWN as exc:
-                    log.debug("could not renew the run-once holder key of %s: %s",
+                    log.debug("could not renew the run-once holder of %s: %s",
                               binding, exc)

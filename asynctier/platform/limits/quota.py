@@ -3,16 +3,17 @@
 A quota lives in Redis under ``<prefix>:{tenant:<tenant>}:quota`` (hash ``per_minute``,
 ``per_day``; a missing field means no limit on that window) and is set with
 ``asynctier quota set``. The usage of the current windows lives under
-``<prefix>:{tenant:<tenant>}:quota-used`` and the idempotency keys under
-``<prefix>:{tenant:<tenant>}:charged:<binding>:<source_ref>``: one hash tag, so one
-script call touches one Redis Cluster slot.
+``<prefix>:{tenant:<tenant>}:quota-used`` and what was charged under
+``<prefix>:{tenant:<tenant>}:charges:<binding>:<window>``: one hash tag, so one script call
+touches one Redis Cluster slot, and every key it touches is passed in its ``KEYS``.
 
 :class:`RedisQuota` charges a chunk in one round trip (:data:`~.scripts.CHARGE_QUOTA`):
 the items that fit are charged and admitted, the rest come back with the seconds until
 their window resets (the dispatcher delays them without spending an attempt). Each charged
-item leaves an idempotency key (binding + ``source_ref``) with a TTL, so a record read
-again after a crash is admitted without being charged twice. A tenant without a quota costs
-one round trip per ``recheck_s`` (1 s), not one per chunk.
+item is a field (its ``source_ref``) of its binding's hash for the current charge window
+of ``charge_ttl_s``, kept until the next window ends, so a record read again after a crash
+is admitted without being charged twice. A tenant without a quota costs one round trip per
+``recheck_s`` (1 s), not one per chunk.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.errors import ServiceError
 from asynctier.platform.limits.scripts import CHARGE_QUOTA
 from asynctier.platform.names import Names
 from asynctier.platform.redis_client import AsyncRedis
@@ -30,9 +32,12 @@ from asynctier.platform.wire import Item
 
 #: A tenant found without a quota is not asked about again for this long.
 DEFAULT_RECHECK_S = 1.0
-#: Idempotency keys live this long by default: a record re-read after a crash comes back
-#: within minutes, and one key per charged item must not pile up for days.
+#: Charges are remembered this long at least (twice at most) by default: a record re-read
+#: after a crash comes back within minutes, and one field per charged item must not pile
+#: up for days.
 DEFAULT_CHARGE_TTL_S = 3600
+#: What the script answers first when Redis' charge window is not one it was given keys of.
+_SKEW = 2
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,8 @@ class RedisQuota:
 
     def __init__(self, client: AsyncRedis, names: Names, charge_ttl_s: int = DEFAULT_CHARGE_TTL_S,
                  recheck_s: float = DEFAULT_RECHECK_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
         self._names = names
         self._store = QuotaStore(client, names)
         self._charge = client.register_script(CHARGE_QUOTA)
@@ -126,21 +132,35 @@ class RedisQuota:
         self._recheck_s = recheck_s
         self._clock = clock
         self._no_quota_until: dict[str, float] = {}
+        self._wall = wall
+        self._skew = 0  # Redis' charge window minus this clock's, as last learned
 
-    def charged_key(self, binding: Binding, source_ref: str) -> str:
-        """The idempotency key of one record of one binding (under its tenant's tag)."""
-        return self._names.tenant_key(binding.tenant, "charged", binding.name,
-                                      escape_ref(source_ref))
+    def charges_key(self, binding: Binding, window: int) -> str:
+        """The hash of what ``binding`` was charged in charge window ``window`` (field:
+        source reference; under its tenant's tag)."""
+        return self._names.tenant_key(binding.tenant, "charges", binding.name, str(window))
 
     async def charge(self, binding: Binding, items: Sequence[Item]) -> dict[int, float]:
         """Charge what fits; ``{item id: seconds until it may run}`` for the rest."""
         tenant = binding.tenant
         if not items or self._no_quota_until.get(tenant, 0.0) > self._clock():
             return {}
-        keys = [self._store.key(tenant), self._store.usage_key(tenant)]
-        args: list[str | int] = [self._ttl_s, self.charged_key(binding, ""),
-                join_refs([item["source_ref"] for item in items])]
-        flat = await self._charge(keys=keys, args=args)
+        refs = join_refs([item["source_ref"] for item in items])
+        mine = int(self._wall() // self._ttl_s)
+        first = mine + self._skew - 2
+        for _ in range(2):
+            keys = [self._store.key(tenant), self._store.usage_key(tenant),
+                    *(self.charges_key(binding, w) for w in range(first, first + 4))]
+            flat = await self._charge(keys=keys, args=[self._ttl_s, first, refs])
+            if int(flat[0]) != _SKEW:
+                break
+            self._skew = int(flat[1]) - mine
+            first = int(flat[1]) - 2
+        else:
+            raise ServiceError(
+                f"quota of tenant {tenant}: Redis' clock (TIME) moved to another charge "
+                "window twice within one call; check the clocks of the Redis server and of "
+                "this scheduler")
         if not int(flat[0]):
             self._no_quota_until[tenant] = self._clock() + self._recheck_s
             return {}

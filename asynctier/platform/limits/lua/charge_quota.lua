@@ -1,22 +1,27 @@
 -- Charge a tenant for a chunk of items against its per-minute and per-day quotas. An item
--- whose idempotency key exists was charged before (the same record seen again) and is
--- admitted free; an item that does not fit is returned with the time until the exhausted
--- window resets. Windows are fixed: the minute and the UTC day of Redis TIME.
+-- already charged (the same record seen again) is admitted free; an item that does not
+-- fit is returned with the time until the exhausted window resets. Windows are fixed: the
+-- minute and the UTC day of Redis TIME.
 --
--- The idempotency keys are ARGV[2] .. source reference. They are built here rather than
--- passed as KEYS because packing one argument per item cost the scheduler more CPU than
--- the rest of admission. ARGV[2] carries the tenant's hash tag, as KEYS[1] and KEYS[2]
--- do ({tenant:<tenant>}): every key of one call is in one Redis Cluster slot.
+-- What was charged is kept as fields (the source references) of one hash per binding per
+-- charge window of ARGV[1] seconds: an item is charged when the current or the previous
+-- window's hash has it, and a charge goes to the current one, which expires at the end of
+-- the next window (a charge is remembered ARGV[1] to twice ARGV[1] seconds). The caller
+-- passes the hashes of windows ARGV[2] .. ARGV[2] + 3 (its own clock's window, two before
+-- and one after) as KEYS: the script touches no key it was not given. Every key carries
+-- the tenant's hash tag ({tenant:<tenant>}): one Redis Cluster slot.
 --
--- KEYS[1]  the tenant's quota (hash: per_minute, per_day; a missing field is no limit;
---          no hash at all: nothing is charged and nothing is written)
--- KEYS[2]  the tenant's usage (hash: m, mc, d, dc: window ids and counts)
--- ARGV[1]  seconds an idempotency key lives
--- ARGV[2]  the idempotency keys' prefix
--- ARGV[3]  the chunk's source references, in order, joined by newlines
--- Returns  a flat list: 1 when the tenant has a quota (0: none, and nothing else), then
---          for each item over quota its position (1-based) in the chunk and the
---          milliseconds until it may run.
+-- KEYS[1]     the tenant's quota (hash: per_minute, per_day; a missing field is no limit;
+--             no hash at all: nothing is charged and nothing is written)
+-- KEYS[2]     the tenant's usage (hash: m, mc, d, dc: window ids and counts)
+-- KEYS[3..6]  the binding's charges in windows ARGV[2] .. ARGV[2] + 3
+-- ARGV[1]     seconds a charge window lasts
+-- ARGV[2]     the window of KEYS[3]
+-- ARGV[3]     the chunk's source references, in order, joined by newlines
+-- Returns     a flat list: 1 when the tenant has a quota (0: none, and nothing else), then
+--             for each item over quota its position (1-based) in the chunk and the
+--             milliseconds until it may run; or {2, window} when Redis' charge window is
+--             not one whose keys were given (nothing written: ask again with that one).
 local limits = redis.call('HMGET', KEYS[1], 'per_minute', 'per_day')
 local per_minute = tonumber(limits[1])
 local per_day = tonumber(limits[2])
@@ -33,7 +38,12 @@ local dc = 0
 if tonumber(used[1]) == minute then mc = tonumber(used[2]) or 0 end
 if tonumber(used[3]) == day then dc = tonumber(used[4]) or 0 end
 local ttl = tonumber(ARGV[1])
-local prefix = ARGV[2]
+local window = math.floor(now / (ttl * 1000))
+local at = window - tonumber(ARGV[2])
+if at < 1 or at > 3 then
+  return {2, string.format('%.0f', window)}
+end
+local cur_charges, prev_charges = KEYS[3 + at], KEYS[2 + at]
 local refs = ARGV[3]
 local over = {1}
 local charged = 0
@@ -41,7 +51,7 @@ local position = 0
 local start = 1
 while start <= #refs + 1 do
   local stop = string.find(refs, '\n', start, true) or (#refs + 1)
-  local key = prefix .. string.sub(refs, start, stop - 1)
+  local ref = string.sub(refs, start, stop - 1)
   start = stop + 1
   position = position + 1
   local wait = 0
@@ -51,18 +61,21 @@ while start <= #refs + 1 do
   if per_day ~= nil and dc >= per_day then
     wait = math.max(wait, (day + 1) * 86400000 - now)
   end
-  if wait == 0 then
-    if redis.call('SET', key, '1', 'NX', 'EX', ttl) then
+  if redis.call('HEXISTS', prev_charges, ref) == 1 then
+    -- charged in the previous window: admitted free
+  elseif wait == 0 then
+    if redis.call('HSETNX', cur_charges, ref, '1') == 1 then
       mc = mc + 1
       dc = dc + 1
       charged = charged + 1
     end
-  elseif redis.call('EXISTS', key) == 0 then
+  elseif redis.call('HEXISTS', cur_charges, ref) == 0 then
     over[#over + 1] = position
     over[#over + 1] = wait
   end
 end
 if charged > 0 then
+  redis.call('EXPIREAT', cur_charges, string.format('%.0f', (window + 2) * ttl))
   redis.call('HSET', KEYS[2], 'm', string.format('%.0f', minute), 'mc', mc,
              'd', string.format('%.0f', day), 'dc', dc)
   redis.call('EXPIRE', KEYS[2], 172800)

@@ -2,22 +2,24 @@
 -- fields are deleted, so failures cost Redis no memory (after once_lib.lua).
 --
 -- A record is freed only while this holder's claim is its newest state: a scheduler judged
--- dead (its holder key expired while it still ran the record) must not free a record that
+-- dead (its holder expired while it still ran the record) must not free a record that
 -- another scheduler took over, nor undo the success that one had. Such a record is left
 -- as it is and reported: when another copy already succeeded (d), this copy's failure
 -- is answered ok (the record is done) instead of retried, and it does not run again.
 --
--- KEYS[1]  this holder's key for the binding (not touched: it names the slot; every key
---          this script builds carries the same hash tag {once:<binding>})
+-- KEYS     as once_lib.lua says (KEYS[1], the holders, is not touched here)
 -- ARGV[1]  milliseconds a span lasts
 -- ARGV[2]  the binding's hashes' prefix
 -- ARGV[3]  the successes' references joined by newlines ('' for none)
 -- ARGV[4]  the others' references joined by newlines ('' for none)
 -- ARGV[5]  the holder (this scheduler)
--- Returns  one code per other record, as one string: 1 done by another copy, 0 otherwise.
+-- Returns  one code per other record, as one string: 1 done by another copy, 0 otherwise;
+--          or S<span> when Redis' span is not among the ones given (nothing written).
 local span = tonumber(ARGV[1])
 local prefix = ARGV[2]
 local cur = math.floor(now / span)
+local skew = skewed(prefix, cur)
+if skew then return skew end
 local mine = 'r' .. ARGV[5]
 local free = split(ARGV[4])
 local n = #free
@@ -49,12 +51,12 @@ for _, ref in ipairs(placed) do
 end
 if #gone > 0 then
   for b = cur, cur - (SPANS_KEPT - 1), -1 do
-    local key = prefix .. b
-    if redis.call('EXISTS', key) == 1 then
+    local hash = key(prefix .. b)
+    if redis.call('EXISTS', hash) == 1 then
       for s = 1, #gone, 1000 do
-        redis.call('HDEL', key, unpack(gone, s, math.min(s + 999, #gone)))
+        redis.call('HDEL', hash, unpack(gone, s, math.min(s + 999, #gone)))
       end
-      drop_if_bare(key)
+      drop_if_bare(hash)
     end
   end
 end

@@ -1,5 +1,14 @@
--- Functions and values both run-once scripts use (once_claim.lua, once_finish.lua).
--- Loaded after the constants SPANS_KEPT, BLOCK and HT_PAD (see once.py).
+-- Functions and values the run-once scripts use (once_claim.lua, once_finish.lua,
+-- once_beat.lua). Loaded after the constants SPANS_KEPT, BLOCK and HT_PAD (see once.py).
+--
+-- Every key a script touches is one of its KEYS, as Redis requires (Redis Cluster routes
+-- a call by them): the caller (once.py, run_once_keys) names the binding's holders, the
+-- span hashes of spans cur-SPANS_KEPT .. cur+1 of its own clock, and the bitmaps of the
+-- batch's (topic/partition, block) pairs in those spans. A script builds each name it
+-- uses and passes it through key(), which refuses (an error reply) a name it was not
+-- given: Python and Lua disagreeing on a name fails loudly instead of touching a key
+-- Redis Cluster may not hold here. A span of Redis TIME outside the ones given (the
+-- scheduler's clock a span off) is answered SKEW .. cur before anything is written.
 
 -- Split a newline-joined argument; and the time now (ms) from Redis TIME.
 local function split(text)
@@ -16,6 +25,40 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+local declared = {}
+for i = 1, #KEYS do declared[KEYS[i]] = true end
+local function key(name)
+  if not declared[name] then
+    error(redis.error_reply('ERR run-once: key ' .. name .. ' is not in KEYS (once.py and '
+                            .. 'once_lib.lua disagree on key names)'))
+  end
+  return name
+end
+
+-- nil when the span hashes of the SPANS_KEPT spans up to cur are all given; else the
+-- SKEW reply (with cur, so that the caller asks again with Redis' span).
+local function skewed(prefix, cur)
+  for b = cur, cur - (SPANS_KEPT - 1), -1 do
+    if not declared[prefix .. b] then return 'S' .. string.format('%.0f', cur) end
+  end
+  return nil
+end
+
+-- Keep holder ``me`` alive ``ttl`` ms more in the holders' sorted set (KEYS[1]: holder ->
+-- expiry, epoch ms), drop the expired ones, and let the set expire with its last member.
+local function hold(me, ttl)
+  redis.call('ZADD', KEYS[1], string.format('%.0f', now + ttl), me)
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  redis.call('PEXPIREAT', KEYS[1], last[2])
+end
+
+-- Whether ``holder`` is alive (its expiry in KEYS[1] is still ahead).
+local function alive(holder)
+  local expiry = redis.call('ZSCORE', KEYS[1], holder)
+  return expiry ~= false and expiry ~= nil and tonumber(expiry) > now
+end
+
 -- A record's state: its value in the newest of the last SPANS_KEPT hashes that has one.
 local function newest(prefix, cur, refs)
   local n = #refs
@@ -23,11 +66,11 @@ local function newest(prefix, cur, refs)
   local found = 0
   for b = cur, cur - (SPANS_KEPT - 1), -1 do
     if found == n then break end
-    local key = prefix .. b
-    if redis.call('EXISTS', key) == 1 then
+    local span_key = key(prefix .. b)
+    if redis.call('EXISTS', span_key) == 1 then
       for s = 1, n, 1000 do
         local e = math.min(s + 999, n)
-        local got = redis.call('HMGET', key, unpack(refs, s, e))
+        local got = redis.call('HMGET', span_key, unpack(refs, s, e))
         for i = s, e do
           if state[i] == nil and got[i - s + 1] then
             state[i] = got[i - s + 1]
@@ -42,18 +85,19 @@ end
 
 -- A hash written here is a hash table from the start (see HT_FIELD); one left holding that
 -- field alone is deleted.
-local function write(key, pairs, ttl)
+local function write(name, pairs, ttl)
   if #pairs == 0 then return end
-  redis.call('HSET', key, '\n', string.rep('-', HT_PAD))
+  local hash = key(name)
+  redis.call('HSET', hash, '\n', string.rep('-', HT_PAD))
   for s = 1, #pairs, 2000 do
-    redis.call('HSET', key, unpack(pairs, s, math.min(s + 1999, #pairs)))
+    redis.call('HSET', hash, unpack(pairs, s, math.min(s + 1999, #pairs)))
   end
-  redis.call('PEXPIRE', key, ttl)
+  redis.call('PEXPIRE', hash, ttl)
 end
 
-local function drop_if_bare(key)
-  if redis.call('HLEN', key) == 1 then
-    redis.call('DEL', key)
+local function drop_if_bare(hash)
+  if redis.call('HLEN', hash) == 1 then
+    redis.call('DEL', hash)
   end
 end
 
@@ -66,7 +110,9 @@ local match, byte, floor, tonumber = string.match, string.byte, math.floor, tonu
 local band, bor, rshift = bit.band, bit.bor, bit.rshift
 
 -- Kafka references grouped by bitmap: a list of {where, list of index, bit, ...}, and
--- the indexes of the other references.
+-- the indexes of the other references. once.py's blocks_of follows the same rule (a
+-- property test holds them together): a Kafka reference is <where>/<offset>, the offset
+-- ASCII digits after the last '/', at most 15 of them, no leading zero.
 local function by_block(refs)
   local tps, order, rest = {}, {}, {}
   local last_tp, blocks
@@ -110,7 +156,7 @@ local function done_bits(prefix, cur, refs, only)
   for _, group in ipairs(order) do
     local l = group[2]
     for s = cur, cur - (SPANS_KEPT - 1), -1 do
-      local bits = redis.call('GET', prefix .. s .. ':' .. group[1])
+      local bits = redis.call('GET', key(prefix .. s .. ':' .. group[1]))
       if bits then
         for j = 1, #l, 2 do
           local b = l[j + 1]
@@ -130,7 +176,7 @@ local function set_done(prefix, cur, refs, ttl)
   local placed, others = {}, {}
   for _, group in ipairs(order) do
     local l = group[2]
-    local key = prefix .. cur .. ':' .. group[1]
+    local bitmap = key(prefix .. cur .. ':' .. group[1])
     local bytes, lo, hi = {}, BLOCK, -1
     for j = 1, #l, 2 do
       placed[#placed + 1] = refs[l[j]]
@@ -141,13 +187,13 @@ local function set_done(prefix, cur, refs, ttl)
       if k > hi then hi = k end
     end
     -- the bytes touched, read, ORed and written back in one piece (at most BLOCK / 8)
-    local old = redis.call('GETRANGE', key, lo, hi)
+    local old = redis.call('GETRANGE', bitmap, lo, hi)
     local out = {}
     for k = lo, hi do
       out[#out + 1] = bor(byte(old, k - lo + 1) or 0, bytes[k] or 0)
     end
-    redis.call('SETRANGE', key, lo, string.char(unpack(out)))
-    redis.call('PEXPIRE', key, ttl)
+    redis.call('SETRANGE', bitmap, lo, string.char(unpack(out)))
+    redis.call('PEXPIRE', bitmap, ttl)
   end
   for _, i in ipairs(rest) do others[#others + 1] = refs[i] end
   return placed, others

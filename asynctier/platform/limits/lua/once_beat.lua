@@ -1,0 +1,8 @@
+-- Renew a holder while it holds claims (after once_lib.lua); also drops expired holders.
+--
+-- KEYS[1]  the binding's holders (sorted set: holder -> expiry, epoch ms)
+-- ARGV[1]  the holder (this scheduler)
+-- ARGV[2]  milliseconds it lives without being renewed
+-- Returns  1
+hold(ARGV[1], tonumber(ARGV[2]))
+return 1
