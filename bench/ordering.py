@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import tempfile
 import time
 import uuid
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from bench import spy
 from bench.asynctier_run import AsynctierRun
 from bench.records import create_topic, record
 from bench.stack import services
@@ -56,21 +58,48 @@ def committed(bootstrap: str, group: str, topic: str) -> int:
 
 
 def drain(run: AsynctierRun, bootstrap: str, topic: str, total: int, ordering: str,
-          timeout_s: float) -> float:
-    """Records per second of one drain of ``topic`` bound with ``--ordering``."""
+          timeout_s: float, profile: Path | None = None) -> float:
+    """Records per second of one drain of ``topic`` bound with ``--ordering`` (with
+    ``profile``: py-spy on the tailer and scheduler, summaries printed, raw files there)."""
     run.bind("noop", topic, "noop", "--ordering", ordering)
     started = time.monotonic()
     run.start()
+    spies: dict[str, subprocess.Popen[bytes]] = {}
+    files: dict[str, Path] = {}
     try:
-        while committed(bootstrap, run.group("noop"), topic) < total:
+        while (done := committed(bootstrap, run.group("noop"), topic)) < total:
             if time.monotonic() - started > timeout_s:
                 raise RuntimeError(f"--ordering {ordering}: no drain in {timeout_s:g}s:\n"
                                    f"{run.log_tail()}")
+            if profile is not None and done and not spies:
+                spies, files = _attach(run, profile)
             run.check()()
             time.sleep(0.2)
         return total / (time.monotonic() - started)
     finally:
+        spy._stop_spies(spies)
         run.stop()
+        for target, path in files.items():
+            shares, samples = spy.summarize(path.read_text() if path.exists() else "", 25)
+            print(f"-- py-spy {run.label} {target}: {samples} samples", flush=True)
+            for share in shares:
+                print(f"   {share.inclusive:6.1%} {share.self_:6.1%}  {share.function}")
+
+
+def _attach(run: AsynctierRun, folder: Path) -> tuple[dict[str, subprocess.Popen[bytes]],
+                                                      dict[str, Path]]:
+    exe = spy.py_spy()
+    if exe is None:
+        raise RuntimeError("--profile needs py-spy (pip install py-spy)")
+    spies, files = {}, {}
+    for target, pid in spy._wait_pids(run).items():
+        if target in spy.TARGETS:
+            files[target] = folder / f"profile-{run.label}-{target}.txt"
+            spies[target] = subprocess.Popen(
+                [exe, "record", "--pid", str(pid), "--rate", "250", "--format", "raw",
+                 "--gil", "--output", str(files[target]), "--nonblocking"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return spies, files
 
 
 def main() -> None:
@@ -80,6 +109,8 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="py-spy the tailer and scheduler of each drain (raw files in DIR)")
     args = parser.parse_args()
     with services() as svc, tempfile.TemporaryDirectory(prefix="bench-order-") as tmp:
         topic = f"bench-order-{uuid.uuid4().hex[:6]}"
@@ -89,7 +120,7 @@ def main() -> None:
             for ordering in (("none", "key") if i % 2 == 0 else ("key", "none")):
                 run = AsynctierRun(svc, Path(tmp), f"{ordering}{i}")
                 rate = drain(run, svc.kafka_bootstrap, topic, args.records, ordering,
-                             args.timeout)
+                             args.timeout, args.profile)
                 rates[ordering].append(rate)
                 print(f"round {i + 1}: --ordering {ordering}: {rate:,.0f} records/s",
                       flush=True)
