@@ -143,6 +143,27 @@ KAFKA_PEER_WORKERS = 2
 PEERS_VENV = REPO / ".venv-peers"
 
 
+#: Confluent Parallel Consumer's contender: a Maven project built on first use.
+PC_DIR = REPO / "bench" / "parallel_consumer"
+PC_MAIN = "asynctier.bench.PcBench"
+
+
+def parallel_consumer_classpath() -> str:
+    """The classpath of :data:`PC_MAIN` (``bench/parallel_consumer``), built with Maven
+    (from Maven Central) when its jar is missing."""
+    jar, lib = PC_DIR / "target" / "pc-bench-1.jar", PC_DIR / "target" / "lib"
+    if not jar.exists() or not lib.is_dir():
+        print("   building bench/parallel_consumer with Maven (first use)", flush=True)
+        done = subprocess.run(["mvn", "-q", "package", "dependency:copy-dependencies",
+                               f"-DoutputDirectory={lib}"], cwd=PC_DIR, capture_output=True,
+                              text=True, timeout=900, check=False)
+        if done.returncode != 0 or not jar.exists():
+            raise BenchError("could not build bench/parallel_consumer (Java 17 and Maven "
+                             f"reaching Maven Central are needed):\n{done.stdout[-3000:]}"
+                             f"{done.stderr[-2000:]}")
+    return os.pathsep.join([str(jar), str(lib / "*")])
+
+
 def peers_python() -> str:
     """The Python that runs the Quix Streams and faust-streaming workers."""
     python = os.environ.get("BENCH_PEERS_PYTHON") or str(PEERS_VENV / "bin" / "python")
@@ -203,11 +224,13 @@ def run_kafka_peer(services: Services, kind: str, topic: str, n: int, work: str,
     group = f"bench-{kind}-{work}-{uuid.uuid4().hex[:6]}"
     log = folder / f"{kind}-{work}.log"
     env = _env(services, group)
-    python = peers_python()
+    python = peers_python() if kind != "pc" else ""
     states = folder / group
     states.mkdir()
-    procs = [_start([python, "-m", "bench.kafka_peers", kind, services.kafka_bootstrap,
-                     topic, group, work, str(states / str(i))], env, log)
+    head = ([python, "-m", "bench.kafka_peers", kind] if kind != "pc" else
+            ["java", "-Xmx512m", "-cp", parallel_consumer_classpath(), PC_MAIN])
+    procs = [_start([*head, services.kafka_bootstrap, topic, group, work,
+                     str(states / str(i))], env, log)
              for i in range(KAFKA_PEER_WORKERS)]
     _all_ready(procs, states, log)
     progress = GroupProgress(services.kafka_bootstrap, group, topic)

@@ -144,6 +144,8 @@ class Results:
             "aio_ratio_vs_faust": self.peer_ratio("asleep", "faust"),
             "p99_ratio_vs_raw": self.p99_ratio("guard"),
             "p99_ratio_vs_raw_idempotent": self.p99_ratio("idempotent"),
+            "ratio_vs_parallel_consumer": self.peer_ratio("noop", "pc"),
+            "io_ratio_vs_parallel_consumer": self.peer_ratio("sleep", "pc"),
         }
 
     def targets(self) -> dict[str, float | None]:
@@ -216,7 +218,7 @@ def _rss(row: Row) -> str:
 
 #: The contenders of the peer rounds, as ``<contender>.<work>`` keys, in table order.
 PEER_KEYS = tuple(f"{c}.{w}" for w in ("noop", "sleep", "asleep")
-                  for c in ("asynctier", "quix", "faust"))
+                  for c in ("asynctier", "quix", "faust", "pc"))
 ORDER = ("raw", "client", "asynctier", "limiter", "flood", "idempotent", "flood_idempotent",
          *PEER_KEYS, "celery", "dramatiq")
 
@@ -224,7 +226,7 @@ ORDER = ("raw", "client", "asynctier", "limiter", "flood", "idempotent", "flood_
 def _same_work(results: Results, key: str) -> str:
     """asynctier over this contender with the same work (peer rounds only)."""
     contender, _, work = key.partition(".")
-    if contender in ("quix", "faust"):
+    if contender in ("quix", "faust", "pc"):
         return _num(results.peer_ratio(work, contender))
     return "1.00" if contender == "asynctier" and work else ""
 

@@ -39,7 +39,7 @@ from bench.report import Results  # noqa: E402
 from bench.stack import Services, machine, services  # noqa: E402
 
 SCENARIOS = ("raw", "client", "asynctier", "limiter", "flood", "idempotent",
-             "flood_idempotent", "latency", "quix", "faust", "io", "celery", "dramatiq",
+             "flood_idempotent", "latency", "quix", "faust", "pc", "io", "celery", "dramatiq",
              "memory", "profile")
 #: The scenarios run in interleaved rounds.
 ROUND_KEYS = ("asynctier", "limiter", "flood", "idempotent", "flood_idempotent")
@@ -59,7 +59,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         "--idempotent), every other one in reverse order; each p99 is the "
                         "median over the rounds [3; quick 1]")
     p.add_argument("--peer-rounds", type=int, default=None,
-                   help="rounds of the Kafka-native peers (Quix Streams, faust-streaming) "
+                   help="rounds of the Kafka-native peers (Quix Streams, faust-streaming, "
+                        "Parallel Consumer) "
                         "beside asynctier, each kind of work in turn, every other round in "
                         "reverse order; their ratios are medians over the rounds [3; quick 1]")
     p.add_argument("--io-records", type=int,
@@ -216,7 +217,7 @@ class Runner:
             preload(s.kafka_bootstrap, io_topic, a.io_records)
         preload(s.kafka_bootstrap, small_topic, a.peer_io_records)
         steps: list[tuple[str, Callable[[], scenarios.Row]]] = []
-        if {"quix", "faust"} & a.only:
+        if {"quix", "faust", "pc"} & a.only:
             steps.append(("asynctier.noop", lambda: scenarios.asynctier_work(
                 s, f, self.topic, a.records, "noop")))
         if "quix" in a.only:
@@ -225,12 +226,16 @@ class Runner:
         if "faust" in a.only:
             steps.append(("faust.noop", lambda: scenarios.kafka_peer(
                 s, f, "faust", small_topic, a.peer_io_records, "noop")))
+        if "pc" in a.only:
+            steps.append(("pc.noop", lambda: scenarios.kafka_peer(
+                s, f, "pc", self.topic, a.records, "noop")))
         for work in ("sleep", "asleep") if "io" in a.only else ():
             steps.append((f"asynctier.{work}", lambda w=work: scenarios.asynctier_work(
                 s, f, io_topic, a.io_records, w)))
             steps += [(f"{kind}.{work}", lambda k=kind, w=work: scenarios.kafka_peer(
                 s, f, k, small_topic, a.peer_io_records, w))
-                for kind in ("quix", "faust") if kind in a.only]
+                for kind in ("quix", "faust", "pc") if kind in a.only
+                and not (kind == "pc" and work == "asleep")]  # the JVM: no async form
         for round_ in range(a.peer_rounds):
             print(f"-- peers round {round_ + 1} of {a.peer_rounds}", flush=True)
             measured: dict[str, scenarios.Row] = {}

@@ -329,7 +329,8 @@ def _peer_row(name: str, services: Services, got: peers.PeerRun) -> Row:
 
 #: asynctier's function for each kind of work of :mod:`bench.work`.
 ASYNCTIER_WORK = {"noop": "noop", "sleep": "sleep1ms", "asleep": "asleep1ms"}
-PEER_NAMES = {"quix": "Quix Streams", "faust": "faust-streaming"}
+PEER_NAMES = {"quix": "Quix Streams", "faust": "faust-streaming",
+              "pc": "Confluent Parallel Consumer (JVM)"}
 
 
 def asynctier_work(services: Services, folder: Path, topic: str, n: int, work: str) -> Row:
@@ -349,6 +350,8 @@ def kafka_peer(services: Services, folder: Path, kind: str, topic: str, n: int,
                                  _timeout(n, 100 if work == "noop" else 20))
     note = (f"{peers.KAFKA_PEER_WORKERS} worker processes, one group; commits every "
             f"{COMMIT_INTERVAL_S:g} s; measured once the group was stable")
+    if kind == "pc":
+        note += "; unordered, 64 records at once per process"
     return Row(f"{PEER_NAMES[kind]}, {KINDS[work]}", drain.items, drain.seconds,
                drain.cpu_s.get("workers", 0.0), _broker_cpu(services, drain),
                {"workers": drain.peak_rss.get("workers", 0)}, note)

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from asynctier.platform import metrics
 
 ALLOWED_LABELS = {"binding", "tenant", "outcome", "component", "tier", "step", "reason",
-                  "group", "topic", "partition", "state"}
+                  "group", "topic", "partition", "state", "region"}
 
 
 def _value(name: str, **labels: str) -> float:
@@ -76,6 +76,7 @@ def test_every_metric_of_the_issue_is_defined() -> None:
         "asynctier_breaker_state": ("binding",),
         "asynctier_breaker_parked_total": ("binding",),
         "asynctier_breaker_probes_total": ("binding",),
+        "asynctier_region_calls_total": ("region", "reason"),
     }
     assert {n: tuple(m._labelnames) for n, m in metrics.ALL_METRICS.items()} == wanted
 

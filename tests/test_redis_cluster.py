@@ -57,7 +57,8 @@ def test_the_keys_of_each_script_share_one_slot() -> None:
                         "enqueue-capacity", "enqueue-used")}
     once = {slot(names.once_key("orders", *k).encode())
             for k in (("holder", "abc"), ("17",), ("17:orders/0:0",))}
-    members = {slot(names.redis_tagged_key("schedulers", *k).encode()) for k in ((), ("load",))}
+    members = {slot(names.redis_tagged_key("schedulers", *k).encode())
+               for k in ((), ("load",), ("place",))}
     assert len(tenant) == len(once) == len(members) == 1
     # and the tags spread tenants and bindings over the slots
     assert len({slot(names.once_key(f"b{i}", "1").encode()) for i in range(20)}) > 15
@@ -160,14 +161,16 @@ def test_run_once_holds_on_the_cluster(csettings: Settings) -> None:
 
 def test_membership_on_the_cluster(csettings: Settings) -> None:
     async def scenario() -> list[str]:
-        beat = Heartbeat(csettings, "127.0.0.1:7001", lambda: 3)
+        beat = Heartbeat(csettings.with_overrides(region="eu"), "127.0.0.1:7001", lambda: 3,
+                         capacity=7)
         try:
             assert await beat.beat()
-            return [f"{m.address}={m.load}" for m in live_members(csettings)]
+            return [f"{m.address}={m.load}@{m.region}/{m.capacity}"
+                    for m in live_members(csettings)]
         finally:
             await beat.stop()
 
-    assert asyncio.run(scenario()) == ["127.0.0.1:7001=3"]
+    assert asyncio.run(scenario()) == ["127.0.0.1:7001=3@eu/7"]
     assert live_members(csettings) == []  # it left
 
 

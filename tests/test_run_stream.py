@@ -28,11 +28,15 @@ SYNC = Binding(name="long", topic="t", function="tests.funcs.long:work", source_
                timeout_s=30)
 ASYNC = Binding(name="along", topic="t", function="tests.funcs.long:awork",
                 source_kind="queue", timeout_s=30)
+#: long work by its timeout (above queue_after_s): every item alone, however quick
+MINUTES = Binding(name="minutes", topic="t", function="tests.funcs.long:awork",
+                  source_kind="queue", timeout_s=120, queue_after_s=60)
 
 
 @pytest.fixture
 def sched(settings: Settings) -> Iterator[Running]:
-    with running_scheduler(settings, [SYNC, ASYNC], allow=("tests.funcs.long",)) as running:
+    with running_scheduler(settings, [SYNC, ASYNC, MINUTES],
+                           allow=("tests.funcs.long",)) as running:
         yield running
 
 
@@ -97,6 +101,27 @@ def test_quick_items_are_answered_as_they_end_beside_a_slow_one(sched: Running) 
     assert len(beats) >= 5, got  # 0.1 s beats while only the slow item ran
     assert [what for _, what in marks(got, "checkpoint")] == [(0, {"step": 1}),
                                                               (0, {"step": 2})]
+
+
+def test_quick_items_once_measured_come_back_in_chunks(sched: Running) -> None:
+    """A binding not measured yet runs one item per chunk (it may be long work); once its
+    items are measured quick, a stream's items run in chunks again, their outcomes a
+    message per chunk: one chunk per item cost the queue drain tenfold. A binding whose
+    timeout is above its queue-after threshold keeps one item per chunk."""
+    def outcome_messages(count: int, binding: str = "along") -> int:
+        tailer = Tailer(sched, [{}] * count, binding=binding)
+        messages, ids = 0, set()
+        while (message := tailer.next()).kind != "end":
+            if message.kind == "outcomes":
+                messages += 1
+                ids |= {o["id"] for o in decode_outcomes(message.body)}
+        assert ids == set(range(count)), message.error
+        return messages
+
+    assert outcome_messages(40) == 40  # not measured: each its own chunk
+    assert outcome_messages(200) <= 200 // 8  # measured quick: chunks of 8 or more
+    assert outcome_messages(40, "minutes") == 40
+    assert outcome_messages(100, "minutes") == 100  # measured quick, still each alone
 
 
 def test_a_refused_checkpoint_fails_the_attempt_saying_why(sched: Running) -> None:

@@ -79,7 +79,9 @@ def _size(what: str, text: str) -> int:
 @click.option("--queue-after", "queue_after", default="60s", show_default=True,
               help="--topic: with a --timeout above this, records are moved into a queue "
                    "topic the platform owns (<prefix>.moved.NAME) and run from there with "
-                   "leases, so the Kafka offsets are committed at once.")
+                   "leases, so the Kafka offsets are committed at once. --queue: with a "
+                   "--timeout above this each item runs alone (long work), under it items "
+                   "run in batches.")
 @click.option("--isolation", type=click.Choice(ISOLATIONS), default="thread",
               show_default=True,
               help="Sync functions: in worker threads (a call past its timeout is reported "

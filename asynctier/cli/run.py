@@ -43,6 +43,14 @@ def scheduler_addresses(settings: Settings) -> Callable[[], Sequence[str]]:
     return SchedulerDirectory(settings).addresses
 
 
+def scheduler_client(settings: Settings) -> SchedulerClient:
+    """A client on the live schedulers that keeps calls in this process's region while it
+    can (:mod:`asynctier.platform.placement`)."""
+    from asynctier.platform.scheduler.membership import default_client
+
+    return default_client(settings)
+
+
 def run_tailers(settings: Settings, stop: threading.Event, options: TailerOptions,
                 export_lag: bool = False) -> None:
     """Run one tailer per binding until ``stop``; then finish, commit and return.
@@ -55,7 +63,7 @@ def run_tailers(settings: Settings, stop: threading.Event, options: TailerOption
     from asynctier.tailers.manager import TailerManager
 
     quiet_gc()
-    client = SchedulerClient(scheduler_addresses(settings), security=settings.rpc)
+    client = scheduler_client(settings)
     manager = TailerManager(settings, client, options, hook=FaultHook.from_env().reached)
     manager.start()
     log.info("tailers running for %d binding(s): %s", len(manager.bindings),
@@ -121,7 +129,7 @@ def run_delay(settings: Settings, stop: threading.Event, export_lag: bool = Fals
     lag = LagCollector(settings, dict, include_bindings=False, delay=True, interval_s=5.0)
     if export_lag:
         lag.start()
-    client = SchedulerClient(scheduler_addresses(settings), security=settings.rpc)
+    client = scheduler_client(settings)
     run_delay_tailers(settings, stop, client=client)
     client.close()
     if export_lag:

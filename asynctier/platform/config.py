@@ -17,6 +17,10 @@ The file::
     run_once_window = "15m"              # how long a success is remembered (run once)
     topic_replication_factor = 0         # the platform's topics; 0: 3 on 3+ brokers
     topic_min_insync_replicas = 0        # 0: 2 with 3 replicas or more
+    region = "local"                     # this process's region (placement.py)
+    spill_share = 0.5                    # at most this share of calls leaves a full region
+    spill_window = 100                   # ... over the last this many calls
+    spill_order = ["eu-west", "us-east"] # regions to spill to first (others after, by name)
 
     [kafka]                              # passed to librdkafka as is
     "bootstrap.servers" = "127.0.0.1:9092"
@@ -29,7 +33,8 @@ The file::
     shards = ["postgresql://asynctier@127.0.0.1:5432/asynctier"]
 
     [scheduler]                          # asynctier run scheduler
-    workers = 8                          # chunks running at once (its capacity)
+    workers = 8                          # chunks running at once
+    max_queued_items = 20000             # items it holds: its capacity in the membership
     tier_weights = { urgent = 8, normal = 4, batch = 1 }   # shares under contention
     [rpc]                                # the platform's own gRPC: see rpcsecurity.py
     ca = "certs/ca.pem"
@@ -42,13 +47,15 @@ Environment overrides: ``ASYNCTIER_KAFKA_BOOTSTRAP``, ``ASYNCTIER_REDIS_URL``,
 ``ASYNCTIER_QUEUE_SHARDS`` (comma separated),
 ``ASYNCTIER_PREFIX``, ``ASYNCTIER_ALLOW_MODULES`` (comma separated),
 ``ASYNCTIER_SCHEDULERS`` (comma separated), ``ASYNCTIER_DATA_DIR``,
-``ASYNCTIER_TOPIC_REPLICATION_FACTOR``, ``ASYNCTIER_TOPIC_MIN_INSYNC_REPLICAS``, and
+``ASYNCTIER_TOPIC_REPLICATION_FACTOR``, ``ASYNCTIER_TOPIC_MIN_INSYNC_REPLICAS``,
+``ASYNCTIER_REGION``, ``ASYNCTIER_SPILL_SHARE``, ``ASYNCTIER_SPILL_ORDER`` (comma separated), and
 ``ASYNCTIER_RPC_CA``, ``_CERT``, ``_KEY``, ``_TOKEN``, ``_INSECURE`` for ``[rpc]``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -102,6 +109,49 @@ def _split(value: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
+#: The region of a process that names none (``[asynctier] region``, ``ASYNCTIER_REGION``).
+DEFAULT_REGION = "local"
+#: The share of calls a tailer sends out of its full region at most (``spill_share``)...
+DEFAULT_SPILL_SHARE = 0.5
+#: ... over its last this many calls (``spill_window``).
+DEFAULT_SPILL_WINDOW = 100
+#: What a region name may hold.
+_REGION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def check_region(value: Any, what: str = "region") -> str:
+    """A region name (letters, digits, ``.``, ``-``, ``_``; at most 63), else ValueError."""
+    if not isinstance(value, str) or not _REGION_RE.fullmatch(value):
+        raise ValueError(f"{what} = {value!r} is not a region name: use letters, digits, "
+                         "'.', '-', '_' (at most 63), such as \"eu-west\"")
+    return value
+
+
+def check_spill_share(value: Any) -> float:
+    """``spill_share``: a number from 0 (never leave a live region) to 1, else ValueError."""
+    share = float(value)
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"spill_share = {value!r}: give a share from 0 (calls leave the "
+                         "region only when it has no live scheduler) to 1 (no cap)")
+    return share
+
+
+def _spill_window(value: Any) -> int:
+    window = int(value)
+    if not 1 <= window <= 100_000:
+        raise ValueError(f"spill_window = {value!r}: give 1 to 100000 calls")
+    return window
+
+
+def _spill_order(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = _split(value)
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"spill_order = {value!r}: give a list of regions, such as "
+                         '["eu-west", "us-east"]')
+    return tuple(check_region(v, "spill_order entry") for v in value)
+
+
 #: The tiers a ``[scheduler] tier_weights`` table may weigh.
 TIER_NAMES = ("urgent", "normal", "batch")
 
@@ -109,10 +159,10 @@ TIER_NAMES = ("urgent", "normal", "batch")
 def _scheduler_table(table: dict[str, Any], source: str) -> tuple[int | None,
                                                                   dict[str, float]]:
     """``[scheduler]``: (workers or None, tier weights named there)."""
-    bad = set(table) - {"workers", "tier_weights"}
+    bad = set(table) - {"workers", "tier_weights", "max_queued_items"}
     if bad:
         raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [scheduler]; "
-                          "known keys: ['tier_weights', 'workers']")
+                          "known keys: ['max_queued_items', 'tier_weights', 'workers']")
     workers = table.get("workers")
     if workers is not None and (not isinstance(workers, int) or not 1 <= workers <= 1024):
         raise ConfigError(f"{source}: [scheduler] workers = {workers!r}: give 1 to 1024")
@@ -173,6 +223,17 @@ class Settings:
     topic_min_insync_replicas: int = 0
     #: How the platform's own gRPC (scheduler, Submitter) is secured (``[rpc]``).
     rpc: RpcSecurity = field(default_factory=RpcSecurity)
+    #: ``[scheduler] max_queued_items``: the items a scheduler holds (None: its default);
+    #: the capacity it registers, full when its queued and running items reach it.
+    scheduler_max_queued: int | None = None
+    #: This process's region: a scheduler registers in it, a tailer prefers it.
+    region: str = DEFAULT_REGION
+    #: The share of its calls a tailer sends out of its region while that region is full
+    #: (0: only when it has no live scheduler; 1: no cap), over ``spill_window`` calls.
+    spill_share: float = DEFAULT_SPILL_SHARE
+    spill_window: int = DEFAULT_SPILL_WINDOW
+    #: The regions a tailer spills to first, in this order (the others after, by name).
+    spill_order: tuple[str, ...] = ()
 
     @property
     def names(self) -> Names:
@@ -241,7 +302,8 @@ class Settings:
         rpc = rpc_from_mapping(dict(doc.get("rpc", {})), source)
         known = {"prefix", "data_dir", "allow_modules", "schedulers", "scheduler_listen",
                  "submitter_listen", "submitters", "metrics_port", "run_once_window",
-                 "topic_replication_factor", "topic_min_insync_replicas"}
+                 "topic_replication_factor", "topic_min_insync_replicas", "region",
+                 "spill_share", "spill_window", "spill_order"}
         bad = set(main) - known
         if bad:
             raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [asynctier]; "
@@ -266,6 +328,11 @@ class Settings:
                 topic_replication_factor=int(main.get("topic_replication_factor", 0)),
                 topic_min_insync_replicas=int(main.get("topic_min_insync_replicas", 0)),
                 rpc=rpc,
+                scheduler_max_queued=_max_queued(doc.get("scheduler", {})),
+                region=check_region(main.get("region", DEFAULT_REGION)),
+                spill_share=check_spill_share(main.get("spill_share", DEFAULT_SPILL_SHARE)),
+                spill_window=_spill_window(main.get("spill_window", DEFAULT_SPILL_WINDOW)),
+                spill_order=_spill_order(main.get("spill_order", [])),
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {exc}") from exc
@@ -304,7 +371,32 @@ class Settings:
                 except ValueError as exc:
                     raise ConfigError(f"ASYNCTIER_{name.upper()}={value!r} is not a whole "
                                       "number") from exc
+        changes.update(_region_env(env))
         rpc = rpc_with_env(self.rpc, env)
         if rpc is not self.rpc:
             changes["rpc"] = rpc
         return replace(self, **changes) if changes else self
+
+
+def _max_queued(table: Any) -> int | None:
+    value = dict(table).get("max_queued_items")
+    if value is None:
+        return None
+    if not isinstance(value, int) or not 1 <= value <= 10_000_000:
+        raise ValueError(f"[scheduler] max_queued_items = {value!r}: give 1 to 10000000")
+    return value
+
+
+def _region_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """``ASYNCTIER_REGION``, ``ASYNCTIER_SPILL_SHARE``, ``ASYNCTIER_SPILL_ORDER``."""
+    changes: dict[str, Any] = {}
+    try:
+        if env.get("ASYNCTIER_REGION"):
+            changes["region"] = check_region(env["ASYNCTIER_REGION"], "ASYNCTIER_REGION")
+        if env.get("ASYNCTIER_SPILL_SHARE"):
+            changes["spill_share"] = check_spill_share(env["ASYNCTIER_SPILL_SHARE"])
+        if env.get("ASYNCTIER_SPILL_ORDER"):
+            changes["spill_order"] = _spill_order(env["ASYNCTIER_SPILL_ORDER"])
+    except ValueError as exc:
+        raise ConfigError(f"environment: {exc}") from exc
+    return changes

@@ -7,7 +7,8 @@ them opens no socket and starts no thread. A process exposes them with :func:`se
 Names follow Prometheus conventions (``asynctier_`` prefix, ``_total`` for counters,
 ``_seconds`` for durations) and carry few, fixed labels: ``binding``, ``tenant``,
 ``outcome``, ``component``, ``tier``, ``step``, ``reason``, for lag ``group``,
-``topic``, ``partition``, and for the queue's depth ``topic`` and ``state``.
+``topic``, ``partition``, for the queue's depth ``topic`` and ``state``, and for the
+calls' placement ``region`` (where a call went).
 
 The hot path records a whole batch with one call per label set, never one call per item::
 
@@ -205,6 +206,13 @@ CHECKPOINTS = Counter(
     "was lost or the queue could not store it).",
     ["binding", "outcome"],
 )
+REGION_CALLS = Counter(
+    "asynctier_region_calls_total",
+    "Calls a tailer sent to schedulers, by the region they went to and why: home (its own "
+    "region), spill (its region was full) or no_home (its region had no live scheduler); "
+    "cross-region calls are those not home.",
+    ["region", "reason"],
+)
 LEASES_LOST = Counter(
     "asynctier_queue_leases_lost_total",
     "Items that lost their lease while running, by reason: no_heartbeat (its scheduler stopped "
@@ -245,6 +253,7 @@ ALL_METRICS: Final = {
     "asynctier_queue_longest_run_seconds": LONGEST_RUN,
     "asynctier_checkpoints_total": CHECKPOINTS,
     "asynctier_queue_leases_lost_total": LEASES_LOST,
+    "asynctier_region_calls_total": REGION_CALLS,
 }
 
 
@@ -457,6 +466,21 @@ def count_handoff_failure(topic: str, n: int = 1) -> None:
 def set_live_schedulers(n: int) -> None:
     """Set how many schedulers are live."""
     LIVE_SCHEDULERS.set(n)
+
+
+#: The ``reason`` label of :data:`REGION_CALLS` (as :data:`asynctier.platform.placement.REASONS`).
+REGION_REASONS: Final = frozenset({"home", "spill", "no_home"})
+_region_children: dict[tuple[str, str], Any] = {}
+
+
+def count_region_call(region: str, reason: str) -> None:
+    """One call placed in ``region`` for ``reason`` (home, spill, no_home)."""
+    child = _region_children.get((region, reason))
+    if child is None:
+        if reason not in REGION_REASONS:
+            raise ValueError(f"unknown placement reason {reason!r}")
+        child = _region_children[(region, reason)] = REGION_CALLS.labels(region, reason)
+    child.inc()
 
 
 def set_delay_backlog(topic: str, n: int) -> None:

@@ -22,7 +22,15 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from concurrent.futures import Future
 from typing import Any
 
@@ -114,6 +122,11 @@ class NoScheduler(grpc.RpcError):  # type: ignore[misc]
 
 
 NO_SCHEDULER_LOG_EVERY_S = 30.0
+#: How long a scheduler nobody can connect to is left alone: the membership's TTL (5 s)
+#: and the directory's cache (1 s), after which a dead one has dropped out. (A call it
+#: failed otherwise leaves it alone 2 s.) So a tailer whose region's schedulers were all
+#: killed keeps its calls away until they are gone, rather than trying them every 2 s.
+REFUSED_DOWN_S = 6.0
 #: How long a client that does not wait for schedulers (a one-off command) keeps trying.
 GIVE_UP_S = 30.0
 
@@ -176,6 +189,9 @@ def _version_of(method: str) -> str:
 
 
 Addresses = Callable[[], Sequence[str]]
+#: Where the next call goes, given the addresses left alone for now (down): the schedulers
+#: to pick from (see :meth:`asynctier.platform.scheduler.SchedulerDirectory.place`).
+Place = Callable[[Collection[str]], Sequence[str]]
 
 
 class PendingCall:
@@ -226,8 +242,10 @@ class PendingCall:
                     log.warning("scheduler %s failed a batch of %d item(s) (%s); "
                                 "sending the batch again%s", self.address, self.count, code,
                                 failure_hint(code, details, self.client.security))
-                    self.client._mark_down(self.address)
-                    self.crashes += died_mid_call(exc)
+                    died = died_mid_call(exc)
+                    refused = code == grpc.StatusCode.UNAVAILABLE and not died
+                    self.client._mark_down(self.address, REFUSED_DOWN_S if refused else 2.0)
+                    self.crashes += died
             if stop is not None and stop.is_set():
                 raise SchedulerUnavailable("stopping before the batch was resolved")
             if not self.client._wait_for_scheduler and time.monotonic() - since > GIVE_UP_S:
@@ -289,12 +307,14 @@ class SchedulerClient:
     elsewhere.
 
     ``security``: how channels are secured (``settings.rpc``; default: plaintext, loopback
-    only)."""
+    only). ``place``: chooses the schedulers of each call (the tailer's region first);
+    without it every live address takes its turn."""
 
     def __init__(self, addresses: Addresses, call_timeout_s: float | None = None,
                  wait_for_scheduler: bool = True,
-                 security: RpcSecurity | None = None) -> None:
+                 security: RpcSecurity | None = None, place: Place | None = None) -> None:
         self._addresses = addresses
+        self._place = place
         self.security = security or RpcSecurity()
         self._channels: dict[str, tuple[grpc.Channel, Any]] = {}
         self._down: dict[str, float] = {}
@@ -350,7 +370,11 @@ class SchedulerClient:
 
     def _pick(self, spread: str | None = None) -> str | None:
         now = time.monotonic()
-        live = [a for a in self._addresses() if self._down.get(a, 0.0) <= now]
+        if self._place is not None:
+            live = list(self._place({a for a, until in list(self._down.items())
+                                     if until > now}))
+        else:
+            live = [a for a in self._addresses() if self._down.get(a, 0.0) <= now]
         if not live:
             return None
         turn = self._rr if spread is None else self._rr_by.setdefault(spread,
@@ -424,7 +448,8 @@ class SchedulerClient:
 
     def _wait_for_one(self, stop: threading.Event | None) -> None:
         """Back off briefly before resending (a bounded wait, interruptible by ``stop``)."""
-        delay = 0.2 if self._pick() else 1.0
+        now = time.monotonic()
+        delay = 0.2 if any(self._down.get(a, 0.0) <= now for a in self._addresses()) else 1.0
         if stop is not None:
             stop.wait(delay)
         else:

@@ -123,10 +123,13 @@ class Dispatcher:
         answered ``ok`` without running, and one still running elsewhere (a copy read again
         after a crash) waits for that run to end, then is answered ``ok`` or runs here.
 
-        With ``report`` (a run stream: long work), each item is a chunk of its own and
-        ``report(outcomes)`` is called as each chunk ends, so that no item waits for
-        another (a binding with a concurrency cap keeps its usual chunks); the outcomes
-        are returned at the end all the same.
+        With ``report`` (a run stream), ``report(outcomes)`` is called as each chunk
+        ends. Each item is a chunk of its own when the binding's timeout is above its
+        ``queue_after_s`` (long work: minutes) or when it is not measured yet; otherwise
+        chunks are sized from its measured time per item (an item that alone fills the
+        chunk target still runs alone), so short items keep their batches. A binding
+        with a concurrency cap keeps its usual chunks. The outcomes are returned at the
+        end all the same.
         """
         expired, items = split_expired(binding, items, int(time.time() * 1000))
         stamp_deadlines(binding, items)
@@ -237,10 +240,11 @@ class Dispatcher:
                 results.extend(refused)
                 _report_now(report, refused)
                 admitted = True
-            if report is not None and not cap:
-                parts = [[item] for item in items]
+            if report is not None and not cap and binding.timeout_s > binding.queue_after_s:
+                parts = [[item] for item in items]  # long work by its timeout: each alone
             else:
-                parts = list(self.sizer.split(binding.name, items, self.workers, cap or 1))
+                parts = self.sizer.split(binding.name, items, self.workers, cap or 1,
+                                         cautious=report is not None)
             for part in parts:
                 refused, chunk = await self._intake(binding, part, admitted)
                 queued += 1

@@ -45,8 +45,10 @@ class SchedulerOptions:
 def options_from_settings(settings: Settings,
                           base: SchedulerOptions | None = None) -> SchedulerOptions:
     """``base`` (default :class:`SchedulerOptions`) with the config file's ``[scheduler]``
-    table applied: ``workers`` and ``tier_weights`` (tiers not named keep theirs)."""
+    table applied: ``workers``, ``max_queued_items`` and ``tier_weights`` (tiers not named
+    keep theirs)."""
     base = base or SchedulerOptions()
     weights = {**base.tier_weights, **settings.tier_weights}
     workers = settings.scheduler_workers or base.workers
-    return replace(base, workers=workers, tier_weights=weights)
+    queued = settings.scheduler_max_queued or base.max_queued_items
+    return replace(base, workers=workers, tier_weights=weights, max_queued_items=queued)

@@ -127,10 +127,11 @@ async def _serve(settings: Settings, scheduler: Scheduler, listen: str, stop: St
     await server.start()
     opts = scheduler.options
     heartbeat = Heartbeat(settings, address, lambda: scheduler.load,
-                          opts.heartbeat_interval_s, opts.membership_ttl_s)
+                          opts.heartbeat_interval_s, opts.membership_ttl_s,
+                          capacity=opts.max_queued_items)
     await heartbeat.beat()
     heartbeat.start()
-    _log_start(address, listen, port, scheduler, settings.rpc.describe())
+    _log_start(address, listen, port, scheduler, settings.rpc.describe(), settings.region)
     if ready_callback is not None:
         ready_callback(address)
     try:
@@ -159,12 +160,13 @@ def advertised(listen: str, port: int) -> str:
 
 
 def _log_start(address: str, listen: str, port: int, scheduler: Scheduler,
-               security: str) -> None:
+               security: str, region: str) -> None:
     allowed = scheduler.runtime.resolver.allow_modules
     opts = scheduler.options
-    log.info("scheduler listening on %s (port %d, %s), registered as %s; allowed modules: "
-             "%s; %d workers, queue of at most %d items", listen, port, security, address,
-             ", ".join(allowed) or "none", opts.workers, opts.max_queued_items)
+    log.info("scheduler listening on %s (port %d, %s), registered as %s in region %s; "
+             "allowed modules: %s; %d workers, queue of at most %d items", listen, port,
+             security, address, region, ", ".join(allowed) or "none", opts.workers,
+             opts.max_queued_items)
     if not allowed:
         log.warning("no module is allowed: every item will fail with 'module not allowed' "
                     "(start the scheduler with --allow-module PREFIX)")

@@ -27,11 +27,11 @@ class ChunkSizer:
         self.alpha = alpha
         self._per_item_s: dict[str, float] = {}
 
-    def size(self, binding: str) -> int:
-        """Items per chunk for ``binding``."""
+    def size(self, binding: str, cautious: bool = False) -> int:
+        """Items per chunk for ``binding``; ``cautious``: one while it is not measured."""
         per_item = self._per_item_s.get(binding)
         if per_item is None:
-            return self.first_items
+            return 1 if cautious else self.first_items
         if per_item <= 0:
             return self.max_items
         if per_item >= self.target_s:
@@ -49,13 +49,14 @@ class ChunkSizer:
         self._per_item_s[binding] = sample if old is None else old + self.alpha * (sample - old)
 
     def split(self, binding: str, items: list[T], spread: int = 1,
-              at_least: int = 1) -> list[list[T]]:
+              at_least: int = 1, cautious: bool = False) -> list[list[T]]:
         """``items`` cut into even chunks of at most :meth:`size` items, and into at least
         ``spread`` chunks when there are enough items and the whole would hold one worker
         longer than the target time (so idle workers share a long batch; a short one is
         not worth the thread hops); never smaller than ``at_least`` (up to ``max_items``)
-        items."""
-        size = self.size(binding)
+        items. ``cautious`` (long work): a binding not measured yet runs one item per chunk,
+        since its function may take minutes and an item must not wait behind another."""
+        size = self.size(binding, cautious)
         per_item = self._per_item_s.get(binding)
         if per_item is None or len(items) * per_item > self.target_s:
             size = min(size, math.ceil(len(items) / max(spread, 1)))

@@ -1,8 +1,9 @@
 """The scheduler's side of the run stream (:mod:`asynctier.platform.stream`).
 
 A :class:`RunSession` takes a stream's items at once (an ``alive`` message naming them all
-says so), runs them through :meth:`Scheduler.process` with a report callback (each item
-its own chunk), sends each outcome as its item ends, beats ``alive`` for the items it
+says so), runs them through :meth:`Scheduler.process` with a report callback (chunks
+sized from the binding's time per item: a long item runs alone), sends the outcomes as
+each chunk ends, beats ``alive`` for the items it
 still holds, and carries the functions' checkpoints to the tailer: ``ctx.checkpoint``
 returns once the tailer answered that the checkpoint is stored.
 """

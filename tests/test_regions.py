@@ -1,0 +1,77 @@
+"""Regions in the membership (real Redis): schedulers register region and capacity, the
+directory places calls home first, ``asynctier schedulers`` lists them by region."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from asynctier.cli import main
+from asynctier.platform.config import Settings
+from asynctier.platform.scheduler import SchedulerDirectory, live_members
+from asynctier.platform.scheduler.membership import Heartbeat, member_keys
+
+
+@pytest.fixture
+def settings(redis_url: str, prefix: str) -> Settings:
+    """The session's Redis under this test's prefix (no Kafka needed here)."""
+    return Settings(redis_url=redis_url, prefix=prefix)
+
+
+def register(settings: Settings, members: list[tuple[str, str, int, int]]) -> None:
+    """Beat once for each (address, region, load, capacity); the beats stay for 5 s."""
+    async def beat() -> None:
+        for address, region, load, capacity in members:
+            heartbeat = Heartbeat(settings.with_overrides(region=region), address,
+                                  lambda n=load: n, capacity=capacity)
+            await heartbeat.beat()
+            await heartbeat.stop(leave=False)
+
+    asyncio.run(beat())
+
+
+def test_schedulers_register_region_and_capacity(settings: Settings) -> None:
+    register(settings, [("10.0.0.1:1", "a", 3, 10), ("10.0.0.2:1", "b", 10, 10)])
+    got = {(m.address, m.region, m.load, m.capacity) for m in live_members(settings)}
+    assert got == {("10.0.0.1:1", "a", 3, 10), ("10.0.0.2:1", "b", 10, 10)}
+    assert len({k.split("}")[0] for k in member_keys(settings)}) == 1  # one hash tag
+
+
+def test_an_older_scheduler_without_a_place_is_in_the_default_region(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    register(settings, [("10.0.0.3:1", "a", 1, 10)])
+    redis_client.hdel(member_keys(settings)[2], "10.0.0.3:1")  # as an older version beats
+    [member] = live_members(settings)
+    assert (member.region, member.capacity, member.spot.full) == ("local", 0, False)
+
+
+def test_the_directory_places_home_first_then_spills_then_leaves(settings: Settings) -> None:
+    tailer = settings.with_overrides(region="a", spill_share=0.5, spill_window=4)
+    register(settings, [("10.0.0.1:1", "a", 0, 10), ("10.0.0.2:1", "b", 0, 10)])
+    directory = SchedulerDirectory(tailer, cache_s=0.0)
+    assert [directory.place() for _ in range(4)] == [["10.0.0.1:1"]] * 4
+    register(settings, [("10.0.0.1:1", "a", 10, 10)])  # home is full now
+    assert [directory.place() for _ in range(4)] == [["10.0.0.2:1"]] * 2 + [["10.0.0.1:1"]] * 2
+    assert directory.place(down={"10.0.0.1:1"}) == ["10.0.0.2:1"]  # home is down: away
+    assert sorted(directory.addresses()) == ["10.0.0.1:1", "10.0.0.2:1"]
+    directory.close()
+
+
+def test_schedulers_command_lists_by_region(settings: Settings) -> None:
+    register(settings, [("10.0.0.2:1", "b", 10, 10), ("10.0.0.1:1", "a", 3, 10)])
+    env = {"ASYNCTIER_REDIS_URL": settings.redis_url, "ASYNCTIER_PREFIX": settings.prefix}
+    runner = CliRunner()
+    done = runner.invoke(main, ["schedulers", "--json"], env=env)
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output) == [
+        {"region": "a", "address": "10.0.0.1:1", "load": 3, "capacity": 10, "free": 7,
+         "full": False},
+        {"region": "b", "address": "10.0.0.2:1", "load": 10, "capacity": 10, "free": 0,
+         "full": True}]
+    table = runner.invoke(main, ["schedulers"], env=env)
+    assert table.exit_code == 0, table.output
+    assert "full" in table.output and "region a: 1 scheduler(s), load 3 of 10" in table.output
