@@ -42,6 +42,15 @@ for i = 2, #ARGV, 2 do
 end
 return out
 """
+_VIEW = """
+if redis.call('ZCARD', KEYS[2]) > tonumber(ARGV[1]) then return false end
+local out = {}
+for _, k in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  out[#out + 1] = k
+  out[#out + 1] = redis.call('HGET', KEYS[1], k) or ''
+end
+return out
+"""
 _PUSH = """
 for i = 3, #ARGV, 2 do
   local k = ARGV[i]
@@ -88,6 +97,7 @@ for i = 3, #ARGV, 4 do
   if redis.call('LINDEX', list, 0) == blob then redis.call('LPOP', list) end
   if park == '1' and redis.call('HEXISTS', KEYS[1], k) == 0 then
     redis.call('HSET', KEYS[1], k, origin)
+    redis.call('ZADD', KEYS[2], 'NX', ARGV[2], k)
   end
   if redis.call('HEXISTS', KEYS[1], k) == 1 then redis.call('SREM', KEYS[3], k)
   elseif redis.call('EXISTS', list) == 0 then
@@ -157,6 +167,7 @@ class ParkingLot:
         self.head, self.ready, self.parked, self.wait = (
             base + "head", base + "ready", base + "parked", base + "w:")
         self._check = redis.register_script(_CHECK)
+        self._view = redis.register_script(_VIEW)
         self._push = redis.register_script(_PUSH)
         self._park = redis.register_script(_PARK)
         self._unpark = redis.register_script(_UNPARK)
@@ -186,6 +197,16 @@ class ParkingLot:
         for okey, origin in pairs:
             args += (okey, origin)
         return [int(c) for c in self._run(self._check, [self.head], args, "checking keys")]
+
+    def parked_view(self, limit: int) -> dict[str, str] | None:
+        """Every parked key -> its head's origin ("" when it has none, only records
+        waiting); None when more than ``limit`` keys are parked. One O(parked) call: with
+        nothing parked, a batch is checked without a word per record."""
+        got = self._run(self._view, [self.head, self.parked], [limit], "reading parked keys")
+        if got is None:
+            return None
+        texts = [x.decode() if isinstance(x, bytes) else str(x) for x in got]
+        return dict(zip(texts[::2], texts[1::2], strict=True))
 
     def push(self, waiting: Sequence[tuple[str, Waiting]]) -> None:
         """Append records behind their keys (a key without a head becomes ready)."""
