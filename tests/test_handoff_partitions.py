@@ -41,6 +41,9 @@ class _Read:
     def headers(self) -> None:
         return None
 
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1_700_000_000_000 + self._offset)  # TIMESTAMP_CREATE_TIME
+
 
 def test_each_cycle_of_keyed_records_goes_to_one_partition(settings: Settings) -> None:
     binding = Binding("orders", f"{settings.prefix}.src", "tests.funcs.basic:record",

@@ -190,7 +190,8 @@ def first_lease_after(standby_dsn: str, namespace: str, since: float, timeout_s:
 def run_failover(settings: Settings, folder: Path, pair: Pair, namespace: str, total: int,
                  batch: int, timeout_s: float, after: str) -> dict[str, float]:
     """Submit ``total`` items in batches while the platform drains; SIGKILL the primary
-    (its whole process group) once a third is acknowledged; assert that every
+    (its whole process group) once a third is acknowledged (each caller sends its last
+    third after the kill, so the stream goes on across it); assert that every
     acknowledged item ran; return the figures."""
     plat = SubmitterPlatform(settings, folder, [pair.dsn])
     try:
@@ -205,8 +206,11 @@ def run_failover(settings: Settings, folder: Path, pair: Pair, namespace: str, t
         kill_at = [0.0]
 
         def caller(ids: range) -> None:
+            last_third = ids.start + len(ids) * 2 // 3
             for at in range(ids.start, ids.stop, batch):
                 chunk = range(at, min(at + batch, ids.stop))
+                if at >= last_third:  # the kill comes mid-stream, however fast the rest
+                    killed.wait(timeout_s)
                 sent_after = killed.is_set()
                 results = client.submit_many("q", [Workload(doc(i), id=f"f{i}")
                                                    for i in chunk])

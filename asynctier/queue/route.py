@@ -15,16 +15,19 @@ fails at once with QueueUnavailable, and the hosts are asked again at most every
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import psycopg
 
 from asynctier.platform.errors import QueueUnavailable
 from asynctier.queue.dsn import choose_primary, probe, redact_dsn, shard_hosts
+from asynctier.queue.items import EnqueueResult, NewItem
 from asynctier.queue.store import QueueStore
 
 log = logging.getLogger(__name__)
@@ -87,6 +90,16 @@ class ShardRoute:
                         f"queue shard {self.name}: its host {redact_dsn(store.dsn)} is "
                         "read-only (fenced after a failover) and no other host is "
                         "primary") from exc
+
+    def enqueue(self, namespace: str, items: Sequence[NewItem]) -> list[EnqueueResult]:
+        """:meth:`QueueStore.enqueue` on the primary, each item's id chosen first: an
+        enqueue tried again after a failover (its commit may have landed) adds no item."""
+        items = [i if i.id else dataclasses.replace(i, id=uuid.uuid4().hex) for i in items]
+        return self.call(lambda store: store.enqueue(namespace, items))
+
+    def waiting(self, namespace: str, topic: str, cap: int) -> int:
+        """:meth:`QueueStore.waiting` on the primary."""
+        return self.call(lambda store: store.waiting(namespace, topic, cap))
 
     def _new_store(self, dsn: str) -> QueueStore:
         """A store on one host. With standbys, its wait for a connection is short

@@ -7,11 +7,8 @@ that now score highest on it, and removing one moves only its own topics.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import uuid
 from collections.abc import Sequence
-from functools import partial
 from typing import TYPE_CHECKING
 
 from asynctier.platform.errors import ConfigError
@@ -97,16 +94,13 @@ class ShardedQueue:
         """:meth:`QueueStore.enqueue`, one statement per shard the batch touches; results
         in the batch's order."""
         check_namespace(namespace)
-        # ids chosen here: an enqueue tried again after a failover must not add new ones
-        items = [i if i.id else dataclasses.replace(i, id=uuid.uuid4().hex) for i in items]
         by_shard: dict[int, list[int]] = {}
         for position, item in enumerate(items):
             index = rendezvous(namespace, item.topic, self._names)
             by_shard.setdefault(index, []).append(position)
         results: list[EnqueueResult | None] = [None] * len(items)
         for index, positions in by_shard.items():
-            done = self.routes[index].call(
-                partial(_enqueue_on, namespace=namespace, items=[items[p] for p in positions]))
+            done = self.routes[index].enqueue(namespace, [items[p] for p in positions])
             for position, result in zip(positions, done, strict=True):
                 results[position] = result
         return [r for r in results if r is not None]
@@ -190,8 +184,3 @@ class ShardedQueue:
                 held.setdefault(key, []).append(route.name)
         return [(ns, topic, self.shard_of(ns, topic).name, shards)
                 for (ns, topic), shards in sorted(held.items())]
-
-
-def _enqueue_on(store: QueueStore, namespace: str, items: list[NewItem]
-                ) -> list[EnqueueResult]:
-    return store.enqueue(namespace, items)

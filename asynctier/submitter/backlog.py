@@ -63,8 +63,8 @@ class Backlog:
         if binding.source_kind == "queue":
             if self.queue is None:
                 return 0
-            store = self.queue.shard_of(binding.tenant, binding.topic)
-            return int(store.waiting(binding.tenant, binding.topic, self.cap))
+            route = self.queue.route_of(binding.tenant, binding.topic)  # follows a failover
+            return int(route.waiting(binding.tenant, binding.topic, self.cap))
         if self._lag is None:
             self._lag = LagReader(self.settings, timeout_s=5.0)
         # offsets only (the admin client): no consumer, no record fetched

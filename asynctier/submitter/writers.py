@@ -117,8 +117,9 @@ class ShardWriter(Protocol):
 class QueueWriter(Protocol):
     """What the Submitter needs of the queue (a ShardedQueue)."""
 
-    def shard_of(self, namespace: str, topic: str) -> ShardWriter:
-        """The shard that holds ``topic`` of ``namespace``."""
+    def route_of(self, namespace: str, topic: str) -> ShardWriter:
+        """The shard that holds ``topic`` of ``namespace`` (its route: it follows a
+        failover)."""
         ...
 
 
@@ -165,7 +166,7 @@ class GroupCommit:
             return []
         future: asyncio.Future[list[EnqueueResult]] = (
             asyncio.get_running_loop().create_future())
-        store = self.queue.shard_of(namespace, topic)
+        store = self.queue.route_of(namespace, topic)
         key = (store.name, namespace)
         lane = self._lanes.get(key)
         if lane is None:
