@@ -103,7 +103,8 @@ def test_the_primary_is_the_writable_host_on_the_highest_timeline() -> None:
 
 
 def test_a_fenced_old_primary_is_left_and_acknowledged_items_survive(pair: Pair) -> None:
-    """Enqueued items are on the standby before the enqueue returns (synchronous);
+    """Enqueued items are on the standby (flushed before the enqueue returns, then
+    replayed);
     ``asynctier queue failover SHARD`` fences the primary that still answers (read-only)
     and promotes the standby; a ShardedQueue opened before moves to the new primary by
     itself, keeps the shard's name, and every item is still there. A second failover
@@ -111,9 +112,16 @@ def test_a_fenced_old_primary_is_left_and_acknowledged_items_survive(pair: Pair)
     queue = ShardedQueue([pair.dsn], timeout_s=3.0)
     try:
         queue.enqueue("ns", [NewItem("t", b"x", id=f"i{n}") for n in range(50)])
-        with psycopg.connect(pair.standby.dsn) as conn:
-            row = conn.execute("SELECT count(*) FROM asynctier_queue_items").fetchone()
-        assert row is not None and row[0] == 50
+        def on_standby() -> bool:  # flushed there on return (synchronous_commit=on),
+            # visible once replayed: a read can come a moment before the replay
+            with psycopg.connect(pair.standby.dsn) as conn:
+                try:
+                    row = conn.execute("SELECT count(*) FROM asynctier_queue_items").fetchone()
+                except psycopg.errors.UndefinedTable:
+                    return False
+            return row is not None and row[0] == 50
+
+        wait_until(on_standby, 10.0, "the 50 items replayed on the standby", interval=0.05)
         name = queue.routes[0].name
         done = subprocess.run([sys.executable, "-m", "asynctier", "queue", "failover", name],
                               env={**os.environ, "ASYNCTIER_QUEUE_SHARDS": pair.dsn},
