@@ -179,7 +179,7 @@ def _environment(kafka_bootstrap: str, redis_url: str, prefix: str) -> dict[str,
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("ASYNCTIER_") and k not in ("PYTHONPATH", "COLUMNS")}
     env["COLUMNS"] = "120"  # a terminal wide enough for `dlq list`'s whole table
-    scheduler = f"127.0.0.1:{free_port()}"
+    scheduler, submitter = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     env.update({
         "PATH": str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
         "ASYNCTIER_KAFKA_BOOTSTRAP": kafka_bootstrap,
@@ -187,6 +187,8 @@ def _environment(kafka_bootstrap: str, redis_url: str, prefix: str) -> dict[str,
         "ASYNCTIER_PREFIX": prefix,
         "ASYNCTIER_SCHEDULER_LISTEN": scheduler,
         "ASYNCTIER_SCHEDULERS": scheduler,
+        "ASYNCTIER_SUBMITTER_LISTEN": submitter,
+        "ASYNCTIER_SUBMITTERS": submitter,
     })
     return env
 
