@@ -54,6 +54,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--peer-records", type=int,
                    help="tasks each peer drains [20000; quick 2000]")
     p.add_argument("--latency-seconds", type=float, help="open-loop run length [15; quick 5]")
+    p.add_argument("--latency-rate", type=float, default=None,
+                   help="the latency runs' producer rate (records/s) [half the measured "
+                        "no-op drain rate]: to repeat them alone (`--only latency`)")
     p.add_argument("--latency-rounds", type=int, default=None,
                    help="rounds of the three latency runs (raw loop, asynctier, asynctier "
                         "--idempotent), every other one in reverse order; each p99 is the "
@@ -256,8 +259,11 @@ class Runner:
 
     def _latency(self) -> None:
         top = self.results.rate("asynctier")
+        if self.args.latency_rate is not None:
+            top = 2 * self.args.latency_rate
         if top is None:
-            raise RuntimeError("no asynctier throughput to take half of")
+            raise RuntimeError("no asynctier throughput to take half of (run the asynctier "
+                               "scenario too, or give --latency-rate)")
         s, f, seconds = self.svc, self.folder, self.args.latency_seconds
         steps: list[tuple[str, Callable[[], scenarios.Latency]]] = [
             ("raw", lambda: scenarios.raw_latency(s, f, top / 2, seconds)),
