@@ -680,3 +680,53 @@ def test_a_reply_the_writer_cannot_read_fails_its_chunk_instead_of_hanging_it(
 
     (end,) = asyncio.run(scenario())  # type: ignore[misc]
     assert isinstance(end, ValueError), end
+
+
+def test_a_chunk_that_succeeded_is_answered_before_its_marks_land_and_its_copy_waits(
+        settings: Settings) -> None:
+    """The write-down of a chunk does not hold its answer when every item succeeded: the
+    batch is answered while the marks are still on their way. A copy of it sent meanwhile
+    is refused a second run: it waits, and is answered ok once the marks land. A chunk
+    with a failure is answered only after its write landed."""
+    basic.reset()
+    refs = [f"orders/12/{n}" for n in range(6)]
+
+    async def scenario() -> tuple[bool, dict[int, Outcome], bool, Counter[str]]:
+        admission = RedisAdmission(settings)
+        once = admission._once
+        real, landed = once._finish, asyncio.Event()
+
+        async def held_finish(**kwargs: object) -> object:
+            await landed.wait()
+            return await real(**kwargs)
+
+        once._finish = held_finish  # type: ignore[assignment]
+        scheduler = local_scheduler([GUARDED], admission=admission)
+        scheduler.start()
+        try:
+            call = asyncio.create_task(scheduler.process(make_items(refs)))
+            await asyncio.wait({call}, timeout=5)
+            answered_early = call.done()
+            if not answered_early:  # the answer waits for the marks: let it end (and fail)
+                landed.set()
+            first = await call
+            answered_early = answered_early and all(o["status"] == "ok" for o in first)
+            copy = asyncio.create_task(scheduler.process(make_items(refs)))
+            failing = make_items(["orders/12/100"], {"fail": True})
+            failed = asyncio.create_task(scheduler.process(failing))
+            await asyncio.sleep(0.3)  # a copy that ran again would have ended by now
+            waiting = not copy.done() and not failed.done()
+            landed.set()
+            again = by_id(await asyncio.wait_for(copy, 10))
+            await asyncio.wait_for(failed, 10)
+            return answered_early and len(first) == 6, again, waiting, runs_by_ref()
+        finally:
+            landed.set()
+            await scheduler.stop()
+            await admission.close()
+
+    answered_early, again, waiting, runs = asyncio.run(scenario())
+    assert answered_early, "an all-ok chunk waited for its marks to land"
+    assert waiting, "the copy or the failed chunk was answered before the write landed"
+    assert [again[n]["status"] for n in range(6)] == ["ok"] * 6
+    assert {runs[r] for r in refs} == {1}, "a copy of a record that succeeded ran again"

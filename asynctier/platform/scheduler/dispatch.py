@@ -4,7 +4,10 @@ Per chunk (never per item), in this order:
 
 0. **Claim** (per batch, :meth:`Admission.claim`): a record that already succeeded is
    answered ``ok`` without running; one still running elsewhere waits for that run. After
-   a chunk ran, :meth:`Admission.finish` remembers its successes before it is answered.
+   a chunk ran, :meth:`Admission.finish` remembers its successes and frees the rest, in
+   the background (the worker takes the next chunk): a chunk that all succeeded is
+   answered at once (its claims hold until the marks land, so a copy read meanwhile
+   waits), any other once the write landed.
 1. **Intake** (:meth:`Dispatcher.submit`, in the caller's task, holding no worker):
    :meth:`Admission.over_quota` (those items get a ``retry`` that spends no attempt),
    then :meth:`Admission.take_tokens` (a rate-limited binding's call simply takes
@@ -63,6 +66,8 @@ log = logging.getLogger(__name__)
 #: A record running elsewhere is asked about again after this, doubling up to the max.
 BUSY_POLL_FIRST_S = 0.05
 BUSY_POLL_MAX_S = 1.0
+#: How long stopping waits for the write-downs of the chunks that ran.
+WRITE_DOWN_WAIT_S = 5.0
 
 
 #: Called with outcomes as they are known (a run stream sends them at once).
@@ -109,6 +114,7 @@ class Dispatcher:
         self._capped: dict[str, asyncio.Semaphore] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Future[None]] = set()
+        self._writes: set[asyncio.Future[None]] = set()  # chunks being written down
 
     def start(self) -> None:
         """Start the worker tasks on the running loop."""
@@ -118,9 +124,16 @@ class Dispatcher:
                                                name="scheduler-saturation"))
 
     async def stop(self) -> None:
-        """Stop the workers (chunks still queued are not run)."""
+        """Stop the workers (chunks still queued are not run), then wait (at most
+        ``WRITE_DOWN_WAIT_S``) for the write-downs of the chunks that ran."""
         await cancel_and_wait(*self._tasks)
         self._tasks = []
+        if self._writes:
+            _, late = await asyncio.wait(set(self._writes), timeout=WRITE_DOWN_WAIT_S)
+            if late:
+                log.warning("%d chunk(s) that ran were not written down within %gs of "
+                            "stopping; their records may run again if read again",
+                            len(late), WRITE_DOWN_WAIT_S)
 
     # -- intake ---------------------------------------------------------------------------
 
@@ -375,12 +388,31 @@ class Dispatcher:
                                 for i in chunk.items]
                 finally:
                     self.running_items -= chunk.cost
-            elsewhere = await self._finish(chunk.binding, chunk.items,
-                                           outcomes or [])  # before answering
-            if elsewhere and outcomes is not None:
-                outcomes = self._done_elsewhere(chunk.binding, outcomes, elsewhere)
-            if outcomes is not None and not chunk.future.done():
-                chunk.future.set_result(outcomes)
+            self._write_down(chunk, outcomes)
+
+    def _write_down(self, chunk: Chunk, outcomes: list[Outcome] | None) -> None:
+        """Write down how ``chunk`` ended (successes done, the rest freed) without holding
+        the worker for the round trip, and answer it: at once when every item succeeded
+        (its claims stay in Redis until the marks land, so a copy read meanwhile waits
+        for them), else once the write landed (a failure here may have succeeded in
+        another copy: see :meth:`_done_elsewhere`)."""
+        answered = False
+        if outcomes is not None and not chunk.future.done() and all(
+                o["status"] == "ok" for o in outcomes):
+            chunk.future.set_result(outcomes)
+            answered = True
+        task = asyncio.ensure_future(self._finish_chunk(chunk, outcomes, answered))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _finish_chunk(self, chunk: Chunk, outcomes: list[Outcome] | None,
+                            answered: bool) -> None:
+        elsewhere = await self._finish(chunk.binding, chunk.items, outcomes or [])
+        if answered or outcomes is None or chunk.future.done():
+            return
+        if elsewhere:
+            outcomes = self._done_elsewhere(chunk.binding, outcomes, elsewhere)
+        chunk.future.set_result(outcomes)
 
     @staticmethod
     def _done_elsewhere(binding: Binding, outcomes: list[Outcome],
