@@ -39,6 +39,7 @@ from asynctier.client import Client
 from asynctier.dev.process import free_port
 from asynctier.queue import NewItem, QueueStore
 from asynctier.submitter.protocol import Workload
+from bench import queue_report
 from bench import queue_scenarios as qs
 from bench.measure import Meter, single
 from bench.stack import Services, postgres, services
@@ -156,6 +157,7 @@ class Rounds:
     accepted: list[Side] = field(default_factory=list)
     raw: list[Side] = field(default_factory=list)
     drain: list[float] = field(default_factory=list)  # items/s, one per round (or none)
+    drain_cpu: list[str] = field(default_factory=list)  # its CPU-s per 1k, as text
 
 
 def main() -> None:
@@ -211,6 +213,8 @@ def run_rounds(args: argparse.Namespace, meter: Meter, port: int, ns: str, svc: 
             def drain() -> None:
                 row, _ = qs.queue_drain(svc, watch, folder, args.drain_items, 1000)
                 out.drain.append(row.rate)
+                out.drain_cpu.append(f"own {row.cpu_per_1k:.3f}"
+                                     + queue_report.service_cpu_text(row))
 
             sides = [submitter, straight] + ([drain] if args.drain_items else [])
             at = r % len(sides)
@@ -219,9 +223,9 @@ def run_rounds(args: argparse.Namespace, meter: Meter, port: int, ns: str, svc: 
             load = os.getloadavg()
             for side in sides[at:] + sides[:at]:
                 side()
-            drained = (f"\n  queue drain {out.drain[-1]:,.0f} items/s; accepted / drained "
-                       f"{out.accepted[-1].rate / out.drain[-1]:.2f}" if args.drain_items
-                       else "")
+            drained = (f"\n  queue drain {out.drain[-1]:,.0f} items/s ({out.drain_cpu[-1]});"
+                       f" accepted / drained {out.accepted[-1].rate / out.drain[-1]:.2f}"
+                       if args.drain_items else "")
             print(f"{'round' if counted else 'warm-up round (not counted)'} {r + 1} "
                   f"(load {load[0]:.1f} -> {os.getloadavg()[0]:.1f}):\n"
                   f"  Submitter  {out.accepted[-1].describe()}\n"
