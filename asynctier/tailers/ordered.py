@@ -171,9 +171,15 @@ class KeyGate:
                                                   list[tuple[Any, LaneKey, str]], set[str]]:
         """``msgs`` (given out, of owned partitions) as (run, parked, heads): (record,
         lane, origin) each; parked ones are appended behind their key in Redis (and
-        let go here); ``heads``: origins of keys' heads read again (they run)."""
+        let go here); ``heads``: origins of keys' heads read again (they run).
+
+        A record the gate forgot since it gave it out (its partition was revoked or lost
+        meanwhile, see :meth:`forget`) is left out: its key may have another record out
+        by now (the partition assigned again, read again from its commit), and that one,
+        not this, is the key's record under way."""
         rows = [(msg, lane_key(msg), f"{msg.topic()}/{msg.partition()}/{msg.offset()}")
                 for msg in msgs]
+        rows = [row for row in rows if self.gave_out(row[0], row[1])]
         view = self.lot.parked_view(PARKED_VIEW)
         if view is None:  # many keys parked: Redis checks each one
             codes = self.lot.check([(redis_key(lane), origin) for _, lane, origin in rows])
@@ -201,6 +207,10 @@ class KeyGate:
                 del self.unsent[row[1]]
                 self._release(row[1])
         return run, parked, heads
+
+    def gave_out(self, msg: Any, okey: LaneKey) -> bool:
+        """True when ``msg`` is its key's record given out and not forgotten since."""
+        return self.unsent.get(okey) is msg
 
     def sent(self, okeys: Sequence[LaneKey]) -> None:
         """These keys' records are in a call now (under way until handed off)."""
