@@ -4,7 +4,10 @@ binding bound ``--isolation process`` (:mod:`asynctier.platform.scheduler.proces
 a call past its timeout is stopped, its process killed and replaced).
 
 A sync chunk runs its items one after another in one worker thread (:class:`SyncRun`), so
-the per-item cost is a function call, not a thread hand-off. The event loop watches the
+the per-item cost is a function call, not a thread hand-off; once its binding is measured,
+a chunk holding at least :data:`SPREAD_PART_S` of work per part is cut into up to
+:data:`SYNC_SPREAD` parts, each such a run in a thread of its own (functions that wait on
+I/O overlap). The event loop watches the
 run: when the item in progress passes the binding's timeout, the loop stops waiting for
 it (an attempt failed with reason ``timeout``), and sends the rest of the chunk on another
 hop. Python cannot stop a thread, so **an overrunning sync call keeps its worker thread**
