@@ -1,17 +1,22 @@
-"""One Submitter's accept rate with batched calls, beside the raw enqueue loop.
+"""One Submitter's accept rate with batched calls, beside the raw enqueue loop and the
+end-to-end queue drain, in one run (issue 27's goal: accept rate >= 2x the drain).
 
-    python -m bench.submitter [--workloads 60000] [--batch 500] [--callers 4] [--rounds 3]
+    python -m bench.submitter [--workloads 40000] [--batch 1000] [--callers 4] [--rounds 3]
+                              [--drain-items 50000] [--warmup-rounds 1]
 
-Starts PostgreSQL, Kafka and Redis on free ports, binds a queue binding, runs one
-``asynctier run submitter`` process and, in each round, sends ``--workloads`` small JSON
-workloads (with ids) in calls of ``--batch`` from ``--callers`` threads of this process;
-beside it (same round, the order alternating) the raw enqueue loop writes as many items
-straight to the store (``QueueStore.enqueue`` from one writer in batches of
-``--raw-batch``, as ``bench/queue_drain.py`` fills its queue). Prints per round the
-accepted workloads per second, the raw loop's items per second, each side's per-call
-p50/p99, and the CPU seconds per 1,000 workloads of the Submitter, of PostgreSQL and of
-this process (the callers); then the medians and a final line. Nothing drains the queue
-(the backlog cap is raised past the run).
+Starts PostgreSQL, Kafka and Redis on free ports (``bench/stack.py``), binds a queue
+binding, runs one ``asynctier run submitter`` process and, in each round, sends
+``--workloads`` small JSON workloads (with ids) in calls of ``--batch`` from ``--callers``
+threads of this process; beside it in the same round (the order rotating) the raw enqueue
+loop writes as many items straight to the store (``QueueStore.enqueue`` from one writer in
+batches of ``--raw-batch``, as ``bench/queue_drain.py`` fills its queue), and the queue
+drain of ``bench/queue_drain.py --only queue`` (``--drain-items`` items enqueued, then
+drained by a default ``asynctier run``; 0: no drain) runs on the same services. Prints per
+round the accepted workloads per second, the raw loop's and the drain's items per second,
+each side's per-call p50/p99, the CPU seconds per 1,000 workloads of the Submitter, of
+PostgreSQL and of this process (the callers), and the ratio accepted / drained; then the
+medians (of the counted rounds: warm-ups are printed, not counted) and a final line.
+Nothing drains the Submitter's own queue (the backlog cap is raised past the run).
 """
 
 from __future__ import annotations
@@ -27,15 +32,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from asynctier.client import Client
 from asynctier.dev.process import free_port
-from asynctier.dev.testing import start_test_kafka, start_test_postgres, start_test_redis
 from asynctier.queue import NewItem, QueueStore
 from asynctier.submitter.protocol import Workload
-from bench.measure import Meter, single, tree
+from bench import queue_report
+from bench import queue_scenarios as qs
+from bench.measure import Meter, single
+from bench.stack import Services, postgres, services
 
 PAYLOAD = b'{"n": %d, "pad": "0123456789abcdef"}'
 
@@ -117,11 +124,15 @@ def raw_loop(store: QueueStore, ns: str, tag: str, n: int, batch: int) -> list[f
 def parse() -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--workloads", type=int, default=60_000)
-    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--workloads", type=int, default=40_000)
+    parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--callers", type=int, default=4)
     parser.add_argument("--raw-batch", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup-rounds", type=int, default=1,
+                        help="rounds first, printed, not counted [1]")
+    parser.add_argument("--drain-items", type=int, default=50_000,
+                        help="items of the queue drain in each round; 0: no drain [50000]")
     return parser.parse_args()
 
 
@@ -138,63 +149,96 @@ def wait_up(client: Client) -> None:
             time.sleep(0.5)
 
 
+@dataclass
+class Rounds:
+    """Every side's figures, round by round (warm-up rounds included, flagged)."""
+
+    counted: list[bool] = field(default_factory=list)
+    accepted: list[Side] = field(default_factory=list)
+    raw: list[Side] = field(default_factory=list)
+    drain: list[float] = field(default_factory=list)  # items/s, one per round (or none)
+    drain_cpu: list[str] = field(default_factory=list)  # its CPU-s per 1k, as text
+
+
 def main() -> None:
     """Run the benchmark and print its figures."""
     args = parse()
-    root = Path(tempfile.mkdtemp(prefix="asynctier-bench-submitter-"))
-    pg, kafka, redis = (start_test_postgres(root), start_test_kafka(root),
-                        start_test_redis(root))
+    folder = Path(tempfile.mkdtemp(prefix="asynctier-bench-submitter-"))
     ns = f"bench{uuid.uuid4().hex[:6]}"
     port = free_port()
-    env = {**os.environ, "ASYNCTIER_KAFKA_BOOTSTRAP": kafka.bootstrap,
-           "ASYNCTIER_REDIS_URL": redis.url, "ASYNCTIER_QUEUE_SHARDS": pg.dsn,
-           "ASYNCTIER_PREFIX": ns, "ASYNCTIER_SUBMITTER_LISTEN": f"127.0.0.1:{port}"}
-    proc = None
-    try:
+    with services() as svc, postgres() as pg:
+        env = {**os.environ, "ASYNCTIER_KAFKA_BOOTSTRAP": svc.kafka_bootstrap,
+               "ASYNCTIER_REDIS_URL": svc.redis_url, "ASYNCTIER_QUEUE_SHARDS": pg.dsn,
+               "ASYNCTIER_PREFIX": ns, "ASYNCTIER_SUBMITTER_LISTEN": f"127.0.0.1:{port}"}
         subprocess.run([sys.executable, "-m", "asynctier", "bind", "bench", "--queue",
                         "work", "--tenant", ns, "--function", "bench.noop:noop"],
                        env=env, check=True, capture_output=True)
         proc = subprocess.Popen([sys.executable, "-m", "asynctier", "run", "submitter"],
                                 env=env)
-        pg_pid = pg.daemon.pid()
-        assert pg_pid is not None
-        meter = Meter({"submitter": single(proc.pid), "postgres": tree(pg_pid),
-                       "callers": single(os.getpid())})
-        accepted: list[Side] = []
-        raw: list[Side] = []
-        print(f"{args.workloads:,} workloads a side, calls of {args.batch} from "
-              f"{args.callers} callers; raw loop: one writer, batches of {args.raw_batch}; "
-              f"{os.cpu_count()} cores", flush=True)
-        with Client([f"127.0.0.1:{port}"], deadline_s=60.0) as client, \
-                QueueStore(pg.dsn) as store:
-            wait_up(client)
-            store.migrate()
-            for r in range(args.rounds):
-                def submitter(tag: str = f"s{r}-") -> None:
-                    accepted.append(measured(meter, args.workloads, lambda: submit_all(
-                        client, tag, args.workloads, args.batch, args.callers)))
-
-                def straight(tag: str = f"r{r}-") -> None:
-                    raw.append(measured(meter, args.workloads, lambda: raw_loop(
-                        store, ns, tag, args.workloads, args.raw_batch)))
-
-                for side in (submitter, straight) if r % 2 == 0 else (straight, submitter):
-                    side()
-                print(f"round {r + 1} (load {os.getloadavg()[0]:.1f}):\n"
-                      f"  Submitter  {accepted[-1].describe()}\n"
-                      f"  raw loop   {raw[-1].describe()}", flush=True)
-        report(accepted, raw)
-    finally:
-        if proc is not None:
+        watch = qs.PgWatch(pg)
+        try:
+            rounds = run_rounds(args, Meter({"submitter": single(proc.pid),
+                                             "postgres": watch.server(),
+                                             "callers": single(os.getpid())}),
+                                port, ns, svc, watch, folder)
+        finally:
+            watch.close()
             proc.terminate()
             proc.wait(30)
-        for node in (kafka, redis, pg):
-            node.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    report(rounds)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
-def report(accepted: list[Side], raw: list[Side]) -> None:
-    """The medians over the rounds, and the final line."""
+def run_rounds(args: argparse.Namespace, meter: Meter, port: int, ns: str, svc: Services,
+               watch: qs.PgWatch, folder: Path) -> Rounds:
+    """Every round: the Submitter, the raw loop and the drain, the order rotating."""
+    out = Rounds()
+    print(f"{args.workloads:,} workloads a side, calls of {args.batch} from "
+          f"{args.callers} callers; raw loop: one writer, batches of {args.raw_batch}; "
+          f"drain: {args.drain_items:,} items; {os.cpu_count()} cores; logs in {folder}",
+          flush=True)
+    with Client([f"127.0.0.1:{port}"], deadline_s=60.0) as client, \
+            QueueStore(watch.pg.dsn) as store:
+        wait_up(client)
+        store.migrate()
+        for r in range(args.warmup_rounds + args.rounds):
+            def submitter(tag: str = f"s{r}-") -> None:
+                out.accepted.append(measured(meter, args.workloads, lambda: submit_all(
+                    client, tag, args.workloads, args.batch, args.callers)))
+
+            def straight(tag: str = f"r{r}-") -> None:
+                out.raw.append(measured(meter, args.workloads, lambda: raw_loop(
+                    store, ns, tag, args.workloads, args.raw_batch)))
+
+            def drain() -> None:
+                row, _ = qs.queue_drain(svc, watch, folder, args.drain_items, 1000)
+                out.drain.append(row.rate)
+                out.drain_cpu.append(f"own {row.cpu_per_1k:.3f}"
+                                     + queue_report.service_cpu_text(row))
+
+            sides = [submitter, straight] + ([drain] if args.drain_items else [])
+            at = r % len(sides)
+            counted = r >= args.warmup_rounds
+            out.counted.append(counted)
+            load = os.getloadavg()
+            for side in sides[at:] + sides[:at]:
+                side()
+            drained = (f"\n  queue drain {out.drain[-1]:,.0f} items/s ({out.drain_cpu[-1]});"
+                       f" accepted / drained {out.accepted[-1].rate / out.drain[-1]:.2f}"
+                       if args.drain_items else "")
+            print(f"{'round' if counted else 'warm-up round (not counted)'} {r + 1} "
+                  f"(load {load[0]:.1f} -> {os.getloadavg()[0]:.1f}):\n"
+                  f"  Submitter  {out.accepted[-1].describe()}\n"
+                  f"  raw loop   {out.raw[-1].describe()}{drained}", flush=True)
+    return out
+
+
+def report(rounds: Rounds) -> None:
+    """The medians over the counted rounds, and the final line."""
+    keep = [i for i, c in enumerate(rounds.counted) if c] or list(range(len(rounds.counted)))
+    accepted = [rounds.accepted[i] for i in keep]
+    raw = [rounds.raw[i] for i in keep]
+
     def med(sides: list[Side], f: Callable[[Side], float]) -> float:
         return statistics.median(f(s) for s in sides)
 
@@ -205,8 +249,16 @@ def report(accepted: list[Side], raw: list[Side]) -> None:
     print(f"median raw loop  {med(raw, lambda s: s.rate):,.0f} items/s, call p50 "
           f"{med(raw, lambda s: pct(s.calls, 0.5)):.1f} / p99 "
           f"{med(raw, lambda s: pct(s.calls, 0.99)):.1f} ms")
-    print(f"accept_per_s={med(accepted, lambda s: s.rate):.0f} "
-          f"raw_enqueue_per_s={med(raw, lambda s: s.rate):.0f} accept_vs_raw={ratio:.2f}")
+    line = (f"accept_per_s={med(accepted, lambda s: s.rate):.0f} "
+            f"raw_enqueue_per_s={med(raw, lambda s: s.rate):.0f} accept_vs_raw={ratio:.2f}")
+    if rounds.drain:
+        drain = [rounds.drain[i] for i in keep]
+        vs = statistics.median(a.rate / d for a, d in zip(accepted, drain, strict=True))
+        print(f"median queue drain {statistics.median(drain):,.0f} items/s; accepted / "
+              f"drained (median of the rounds' ratios) {vs:.2f}: goal >= 2, "
+              f"{'met' if vs >= 2 else 'missed'}")
+        line += f" drain_per_s={statistics.median(drain):.0f} accept_vs_drain={vs:.2f}"
+    print(line, flush=True)
 
 
 if __name__ == "__main__":

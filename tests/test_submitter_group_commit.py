@@ -9,10 +9,13 @@ from collections.abc import Iterator
 import pytest
 
 from asynctier.dev.process import free_port
+from asynctier.platform.binding import Binding
+from asynctier.platform.config import Settings
 from asynctier.platform.errors import QueueError, QueueUnavailable
 from asynctier.queue.items import NewItem
 from asynctier.queue.shards import ShardedQueue
 from asynctier.queue.store import QueueStore
+from asynctier.submitter.backlog import FAR_BELOW, MAX_REUSE_S, Backlog
 from asynctier.submitter.writers import GroupCommit
 
 
@@ -111,3 +114,30 @@ def test_the_backlog_reading_counts_ready_and_delayed_items_up_to_its_limit(
     assert queue_store.waiting(queue_namespace, "wt", 1000) == counts.ready + counts.delayed
     assert queue_store.waiting(queue_namespace, "wt", 1000) == 21
     assert queue_store.waiting(queue_namespace, "wt", 10) == 10
+
+
+def test_a_backlog_reading_far_under_the_cap_is_reused_longer(
+        queue: ShardedQueue, queue_store: QueueStore, queue_namespace: str) -> None:
+    """A reading is read again after ``recheck_s`` near the cap, but reused for 5 s when
+    the cap is FAR_BELOW items away (a long topic's count is PostgreSQL's work)."""
+    now = [100.0]
+    binding = Binding("b", "wb", "bench.noop:noop", tenant=queue_namespace,
+                      source_kind="queue")
+    near = Backlog(Settings(), queue, cap=30, recheck_s=1.0, clock=lambda: now[0])
+    far = Backlog(Settings(), queue, cap=FAR_BELOW + 10, recheck_s=1.0, clock=lambda: now[0])
+
+    async def over() -> tuple[int | None, int | None]:
+        return await near.over_cap(binding), await far.over_cap(binding)
+
+    try:
+        assert asyncio.run(over()) == (None, None)
+        queue_store.enqueue(queue_namespace, items("b", 40, "wb"))
+        now[0] += 1.5  # past recheck_s: the near cap reads again, the far one does not
+        assert asyncio.run(over()) == (30, None)  # counted up to the cap
+        assert far._seen["b"][1] == 0
+        now[0] += MAX_REUSE_S
+        asyncio.run(over())
+        assert far._seen["b"][1] == 40
+    finally:
+        near.close()
+        far.close()

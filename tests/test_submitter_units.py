@@ -3,6 +3,7 @@ SDK's payloads."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 
 import fastavro
@@ -107,3 +108,75 @@ def test_the_reply_is_written_byte_for_byte_as_fastavro_writes_it(
             for r in decode_results(data)] == [
         (r.status, r.id, r.topic, r.partition, r.offset, r.reason, r.retry_after_ms)
         for r in results]
+
+
+def fastavro_call(call: Call) -> bytes:
+    """What fastavro writes for ``call``: the reference of the hand-written codec."""
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, load_schema("workloads"), {
+        "binding": call.binding, "all_or_nothing": call.all_or_nothing,
+        "workloads": [{"payload": w.payload, "key": w.key,
+                       "headers": [{"name": n, "value": v} for n, v in w.headers],
+                       "priority": w.priority, "delay_ms": w.delay_ms, "id": w.id}
+                      for w in call.workloads]})
+    return buf.getvalue()
+
+
+_bytes = st.none() | st.binary(max_size=300)
+_long = st.none() | st.integers(-(2**63), 2**63 - 1)
+_workload = st.builds(
+    Workload, _bytes, _bytes,
+    st.lists(st.tuples(st.text(max_size=40), _bytes), max_size=3).map(tuple),
+    _long, _long, _text)
+_call = st.builds(Call, st.text(max_size=60), st.lists(_workload, max_size=30),
+                  st.booleans())
+
+
+@given(_call)
+@settings(max_examples=60, deadline=None)
+def test_the_call_is_written_and_read_byte_for_byte_as_fastavro_does(call: Call) -> None:
+    data = fastavro_call(call)
+    assert encode_call(call) == data
+    assert decode_call(data) == call
+    assert decode_call(data).workloads == list(call.workloads)
+
+
+@given(_call, st.data())
+@settings(max_examples=40, deadline=None)
+def test_a_cut_or_garbled_call_is_refused_with_a_value_error(call: Call,
+                                                            data: st.DataObject) -> None:
+    """Truncated, padded or garbled bytes never decode to a call quietly (or crash): a
+    ValueError, which the Submitter answers INVALID_ARGUMENT."""
+    good = encode_call(call)
+    cut = data.draw(st.integers(0, len(good) - 1))
+    with pytest.raises(ValueError, match="not a SubmitWorkloads call"):
+        decode_call(good[:cut])
+    with pytest.raises(ValueError, match="after the call's end"):
+        decode_call(good + b"\x00")
+    at = data.draw(st.integers(0, len(good) - 1))
+    garbled = good[:at] + bytes([good[at] ^ data.draw(st.integers(1, 255))]) + good[at + 1:]
+    with contextlib.suppress(ValueError):  # a call, or a ValueError: nothing else
+        assert isinstance(decode_call(garbled), Call)
+
+
+def test_a_call_in_blocks_of_negative_counts_is_read_too() -> None:
+    """Avro lets a writer give a block's count negative, followed by its size in bytes."""
+    one = Workload(b"p", id="a")
+    whole = encode_call(Call("b", [one, one]))
+    head = encode_call(Call("b", []))[:-1]  # the binding and the flag
+    body = whole[len(head) + 1:-1]  # the two workloads, after their count
+    size = len(body) // 2
+    blocks = head + b"\x01" + bytes([size * 2]) + body[:size] + b"\x01" + bytes(
+        [size * 2]) + body[size:] + b"\x00"
+    assert decode_call(blocks) == Call("b", [one, one])
+
+
+@given(st.lists(_result, max_size=40))
+@settings(max_examples=40, deadline=None)
+def test_the_reply_is_read_as_fastavro_reads_it(results: list[Result]) -> None:
+    data = fastavro_results(results)
+    expected = fastavro.schemaless_reader(io.BytesIO(data), load_schema("workload_results"),
+                                          None)["results"]  # type: ignore[call-overload,index]
+    assert [r._asdict() for r in decode_results(data)] == [
+        {"position": i, **r} for i, r in enumerate(expected)]
+    assert decode_results(data) == [r._replace(position=i) for i, r in enumerate(results)]

@@ -9,7 +9,8 @@ import sys
 import click
 
 from asynctier.cli import settings_of
-from asynctier.dev import DevStack, kafka_answers, postgres_answers
+from asynctier.dev import DevStack, free_port, kafka_answers, postgres_answers
+from asynctier.dev.process import HOST
 from asynctier.platform.config import Settings
 
 
@@ -44,6 +45,11 @@ def demo(ctx: click.Context, timeout_s: float) -> None:
         click.echo("no PostgreSQL configured or answering for the queue: starting the dev "
                    "stack's (asynctier dev up)")
         settings = _stack_settings(settings, ("postgres",))
+    # ports of its own, so the demo runs beside a platform (or another demo) on this host
+    scheduler, submitter = f"{HOST}:{free_port()}", f"{HOST}:{free_port()}"
+    settings = settings.from_env({
+        "ASYNCTIER_SCHEDULER_LISTEN": scheduler, "ASYNCTIER_SCHEDULERS": scheduler,
+        "ASYNCTIER_SUBMITTER_LISTEN": submitter, "ASYNCTIER_SUBMITTERS": submitter})
     sys.exit(run_demo(settings, timeout_s))
 
 

@@ -20,7 +20,6 @@ from rich.table import Table
 
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.demo import transcode
-from asynctier.dev.process import HOST, free_port
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.kafka import ConfirmingProducer, admin, ensure_topics, topic_replication
@@ -193,10 +192,10 @@ def _start_platform(settings: Settings, ledger: Path, log: Path) -> subprocess.P
                 "ASYNCTIER_REDIS_URL": settings.redis_url, "ASYNCTIER_PREFIX": settings.prefix,
                 "ASYNCTIER_QUEUE_SHARDS": ",".join(settings.queue_shards),
                 "ASYNCTIER_DEMO_LEDGER": str(ledger)})
-    # Ports of its own, so the demo runs beside a platform (or another demo) on this host.
-    scheduler, submitter = f"{HOST}:{free_port()}", f"{HOST}:{free_port()}"
-    env.update({"ASYNCTIER_SCHEDULER_LISTEN": scheduler, "ASYNCTIER_SCHEDULERS": scheduler,
-                "ASYNCTIER_SUBMITTER_LISTEN": submitter, "ASYNCTIER_SUBMITTERS": submitter})
+    env.update({"ASYNCTIER_SCHEDULER_LISTEN": settings.scheduler_listen,
+                "ASYNCTIER_SCHEDULERS": ",".join(settings.schedulers),
+                "ASYNCTIER_SUBMITTER_LISTEN": settings.submitter_listen,
+                "ASYNCTIER_SUBMITTERS": ",".join(settings.submitters)})
     out = log.open("ab")
     return subprocess.Popen([sys.executable, "-m", "asynctier", "run", "--allow-module",
                              MODULE], env=env, stdout=out, stderr=out,
