@@ -36,7 +36,8 @@ PARTITIONS = 4
 def preload(bootstrap: str, topic: str, n: int, keys: int) -> None:
     """``n`` records over ``keys`` keys, round robin over the partitions by key."""
     create_topic(bootstrap, topic, PARTITIONS)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50,
+                         "enable.idempotence": True})  # a key's records in order
     for i in range(n):
         while True:
             try:
