@@ -87,3 +87,18 @@ def out_of_order(path: Path, topic: str = "") -> list[tuple[str, list[int]]]:
     """The keys whose first successes are not in sequence order."""
     return [(k, seqs) for k, seqs in first_successes(path, topic).items()
             if seqs != sorted(seqs)]
+
+
+def out_of_offset_order(path: Path, topic: str = "") -> list[tuple[str, list[str]]]:
+    """The keys whose first successes are not in the order of their records' offsets
+    (what per-key order promises, whatever order a producer wrote them in)."""
+    seen: set[tuple[str, int]] = set()
+    runs: dict[str, list[str]] = {}
+    for s in read(path):
+        if (topic and not s.source.startswith(f"{topic}/")) or (s.key, s.seq) in seen:
+            continue
+        seen.add((s.key, s.seq))
+        runs.setdefault(s.key, []).append(s.source)
+    return [(k, sources) for k, sources in runs.items()
+            if [int(x.rsplit("/", 1)[1]) for x in sources]
+            != sorted(int(x.rsplit("/", 1)[1]) for x in sources)]

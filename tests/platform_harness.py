@@ -166,12 +166,17 @@ class Platform:
 
 def produce_json(settings: Settings, topic: str, docs: Sequence[dict[str, object]],
                  key_of: str | None = None) -> None:
-    """Produce JSON records and wait until every one is confirmed."""
+    """Produce JSON records and wait until every one is confirmed, each partition's in
+    the order given (tests read a key's order from it)."""
     import json
 
     from confluent_kafka import Producer
 
-    producer = Producer(settings.kafka_config(**{"linger.ms": 20}))  # TLS/SASL as set
+    # Idempotent: a produce request retried (a partition of a topic just made is not
+    # ready on its broker yet) is written in its place, not after the requests sent
+    # behind it; a plain producer reorders a partition's batches then.
+    producer = Producer(settings.kafka_config(**{"linger.ms": 20,  # TLS/SASL as set
+                                                 "enable.idempotence": True}))
     failures: list[str] = []
 
     def report(err: object, msg: object) -> None:

@@ -26,6 +26,7 @@ from asynctier.platform.names import Names
 from asynctier.platform.redis_client import async_client, is_cluster_url, sync_client
 from asynctier.platform.scheduler.membership import Heartbeat, live_members
 from asynctier.platform.wire import ok, retry
+from asynctier.tailers.parking import HELD, ParkingLot, Waiting
 from tests.conftest import service_unavailable
 from tests.test_limits_redis import make_items
 
@@ -157,6 +158,24 @@ def test_run_once_holds_on_the_cluster(csettings: Settings) -> None:
             await b.close()
 
     assert asyncio.run(scenario()) == [RUN * 3, BUSY * 3, DONE + RUN + BUSY, TAKEN_OVER]
+
+
+def test_parked_keys_hold_on_the_cluster(csettings: Settings) -> None:
+    lot = ParkingLot.of(csettings, "orders")
+    try:
+        assert len({redis.cluster.key_slot(k.encode()) for k in (
+            lot.head, lot.ready, lot.parked, lot.wait_key("ka"), lot.wait_key("kb"))}) == 1
+        lot.park([("ka", "orders/0/1")])
+        lot.push([("ka", Waiting("orders/0/2", b"a", b"v", [], 1)),
+                  ("kb", Waiting("orders/0/3", b"b", b"v", [], 1))])
+        assert lot.check([("ka", "orders/0/4")]) == [HELD]
+        lot.unpark([("ka", "orders/0/1")])
+        taken = sorted(lot.take(10))
+        assert [k for k, _ in taken] == ["ka", "kb"]
+        lot.done([(k, blob, False, "") for k, blob in taken])
+        assert lot.take(10) == [] and lot.stats().keys == 0
+    finally:
+        lot.redis.close()
 
 
 def test_membership_on_the_cluster(csettings: Settings) -> None:

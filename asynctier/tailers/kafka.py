@@ -36,7 +36,7 @@ from asynctier.platform.kafka import (
 )
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.tailers.options import TailerOptions
-from asynctier.tailers.ordered import KeyGate
+from asynctier.tailers.ordered import KeyGate, LaneKey
 from asynctier.tailers.parked_runner import ParkedRunner, start_runner
 from asynctier.tailers.parking import ParkingLot
 from asynctier.tailers.pipeline import Hook, Pipeline, no_hook
@@ -87,12 +87,19 @@ class KafkaSource:
         # --ordering key: which records run now, which wait behind their key
         self.gate: KeyGate | None = None
         if binding.ordering == "key":
-            self.gate = KeyGate(binding, ParkingLot.of(settings, binding.name))
+            self.gate = KeyGate(binding, ParkingLot.of(settings, binding.name),
+                                options.batch_size)
 
     # -- reading --------------------------------------------------------------------------
 
     def read(self, max_records: int, wait_s: float) -> list[Any]:
-        """``poll`` for the first record, then what the client holds already."""
+        """``poll`` for the first record, then what the client holds already
+        (``--ordering key``: only records whose key is idle, see :meth:`_read_ordered`)."""
+        if self.gate is not None:
+            return self._read_ordered(max_records, wait_s)
+        return self._consume(max_records, wait_s)
+
+    def _consume(self, max_records: int, wait_s: float) -> list[Any]:
         if wait_s <= 0:
             return list(self.consumer.consume(max_records, 0))
         first = self.consumer.poll(wait_s)
@@ -128,18 +135,49 @@ class KafkaSource:
                 high[tp] = offset
         return Prepared(good, call.encode() if good else None, high, (origins, call.size))
 
+    def _read_ordered(self, max_records: int, wait_s: float) -> list[Any]:
+        """``--ordering key``: the next records of keys let go, then records read whose key
+        is idle; the others wait in their key's lane (read no more while those are full)."""
+        gate = self.gate
+        assert gate is not None
+        out = gate.take(max_records)
+        self._pace(gate)
+        if gate.full():
+            if not out and wait_s > 0:
+                time.sleep(min(wait_s, 0.05))  # until a batch under way lets keys go
+            return out
+        got = self._consume(max(1, max_records - len(out)), 0 if out else wait_s)
+        return out + gate.admit(got) if got else out
+
+    def _pace(self, gate: KeyGate) -> None:
+        """Pause the partitions whose lanes are deep, resume those drained enough (from
+        the position reached: nothing is skipped)."""
+        stop, go = gate.pace()
+        for tps, act in ((stop, self.consumer.pause), (go, self.consumer.resume)):
+            if tps:
+                try:
+                    act([TopicPartition(t, p) for t, p in tps])
+                except KafkaException as exc:
+                    log.warning("%s: could not %s %d partition(s) (%s)", self.what,
+                                "pause" if act == self.consumer.pause else "resume",
+                                len(tps), exc.args[0].str())
+
     def _prepare_ordered(self, records: list[Any]) -> Prepared:
-        """``--ordering key``: one record per key at a time; a parked key's records go
-        behind it in Redis (resolved here: the batch's records past ``items``)."""
-        assert self.gate is not None
+        """``--ordering key``: ``records`` have one record per key at most (the gate gave
+        them out); a parked key's record goes behind it in Redis (resolved here: the
+        batch's records past ``items``)."""
+        gate = self.gate
+        assert gate is not None
         good = []
         for msg in records:
             if msg.error() is not None:
                 consume_error(msg.error(), self.what, self.topic)
             elif (msg.topic(), msg.partition()) in self.owned:
                 good.append(msg)
+            else:
+                gate.drop(msg)
         try:
-            run, parked, held, heads = self.gate.split(good)
+            run, parked, heads = gate.check(good)
         except HandoffError as exc:
             log.error("%s: %s; holding %d record(s) back, trying again in 1s", self.what,
                       exc, len(good))
@@ -147,27 +185,29 @@ class KafkaSource:
             return Prepared([], None, rest=good)
         name = self.binding.name
         call = CallBuilder()
+        add = call.add
         origins: list[str] = []
+        okeys: list[LaneKey] = []
         sent: list[Any] = []
-        for at, msg in enumerate(run):
-            origin = f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
-            if not call.add(name, msg.value(), msg.key(), msg.headers(), 1, origin,
-                            msg.timestamp()[1]):
-                # the call is full: the rest is held back (its keys are let go)
-                self.gate.let_go(run[at:])
-                held = run[at:] + held
+        rest: list[Any] = []
+        for at, (msg, okey, origin) in enumerate(run):
+            if not add(name, msg.value(), msg.key(), msg.headers(), 1, origin,
+                       msg.timestamp()[1]):
+                rest = [row[0] for row in run[at:]]  # the call is full: the next one
                 break
             sent.append(msg)
             origins.append(origin)
-        batch = sent + parked
+            okeys.append(okey)
+        gate.sent(okeys)
+        batch = sent + [row[0] for row in parked]
         high: dict[tuple[str, int], int] = {}
         for msg in batch:
             tp = (msg.topic(), msg.partition())
-            high[tp] = max(high.get(tp, -1), msg.offset())
-        held.sort(key=lambda m: (m.partition(), m.offset()))
+            if msg.offset() > high.get(tp, -1):
+                high[tp] = msg.offset()
         request = call.encode() if sent else None
-        return Prepared(batch, request, high, (origins, call.size, heads, False),
-                        held, len(sent))
+        return Prepared(batch, request, high, (origins, call.size, okeys, heads, False),
+                        rest, len(sent))
 
     def wait(self, batch: Batch, superseded: Callable[[], bool]) -> bool:
         """Wait for the answer while polling the consumer (its partitions paused).
@@ -186,11 +226,13 @@ class KafkaSource:
         try:
             while not answered.wait(slice_s):
                 if not paused:
-                    paused = consumer.assignment()
+                    paused = [tp for tp in consumer.assignment() if self.gate is None
+                              or (tp.topic, tp.partition) not in self.gate.paused]
                     consumer.pause(paused)  # resumed below, from the same position
                 msg = consumer.poll(0)  # keeps the membership; serves rebalances
                 if msg is not None and self.pipeline is not None:  # a partition assigned
-                    self.pipeline.pending.append(msg)  # meanwhile
+                    self.pipeline.pending += (  # meanwhile
+                        [msg] if self.gate is None else self.gate.admit([msg]))
                 if superseded():
                     return False
         finally:
@@ -204,10 +246,10 @@ class KafkaSource:
     def hand_off(self, batch: Batch) -> Counter[str]:
         """Delay or dead-letter records for every non-ok outcome."""
         if self.gate is not None:
-            origins, size, heads, released = batch.extra
+            origins, size, okeys, heads, released = batch.extra
             counts = self.gate.hand_off(self.handoff, batch.records, batch.items,
-                                        batch.outcomes, heads, released)
-            batch.extra = (origins, size, heads, True)
+                                        batch.outcomes, okeys, origins, heads, released)
+            batch.extra = (origins, size, okeys, heads, True)
             return counts
         origins, size = batch.extra
         return self.handoff.resolve_messages(self.binding, batch.records, batch.outcomes,
@@ -298,8 +340,7 @@ class KafkaSource:
         finally:
             self.in_revoke = False
             self.owned -= gone
-            if self.gate is not None:
-                self.gate.forget(gone)
+            self._forget_lanes(consumer, gone)
             take_over(consumer, partitions, assign=False)
 
     def on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
@@ -311,11 +352,21 @@ class KafkaSource:
         self.owned -= gone
         for tp in gone:
             self.committed.pop(tp, None)
-        if self.gate is not None:
-            self.gate.forget(gone)
+        self._forget_lanes(consumer, gone)
         if self.pipeline is not None:
             self.pipeline.forget(lambda m: (m.topic(), m.partition()) in gone)
         take_over(consumer, partitions, assign=False)
+
+    def _forget_lanes(self, consumer: Any, gone: set[tuple[str, int]]) -> None:
+        """``--ordering key``: the gate forgets the partitions gone; those it paused are
+        resumed first (a partition assigned again is read from the start)."""
+        if self.gate is None:
+            return
+        paused = [TopicPartition(t, p) for t, p in gone if (t, p) in self.gate.paused]
+        if paused:
+            with contextlib.suppress(KafkaException):
+                consumer.resume(paused)
+        self.gate.forget(gone)
 
 
 class KafkaTailer:

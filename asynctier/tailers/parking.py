@@ -11,7 +11,10 @@ records of it wait behind one. Per binding, under ``<prefix>:{order:<binding>}:`
 - ``parked``: sorted set, every parked key scored by the time (ms) it was parked.
 
 Every change is one Lua script, so a key's state moves atomically between tailers, delay
-tailers and runners.
+tailers and runners. A script touches only the keys it is given in ``KEYS`` (the caller
+names the wait lists of the records it passes, :meth:`ParkingLot.wait_key`) and refuses
+any other; taking ready keys picks them first (``SRANDMEMBER``), then runs the script on
+their lists.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,20 +35,44 @@ from asynctier.platform.redis_client import SyncRedis, sync_client
 #: Codes of :meth:`ParkingLot.check`: run it, it waits behind its key, it is the key's head.
 RUN, HELD, HEAD = 0, 1, 2
 
-_CHECK = """
+# Every script starts with this: each name it builds passes through key(), which refuses
+# (an error reply) a name not in KEYS, as Redis requires of scripts (Redis Cluster routes
+# a call by its KEYS). The caller names the wait lists of the records it passes
+# (ParkingLot.wait_key); Python and Lua disagreeing on a name fails loudly.
+_KEY_LIB = """
+local declared = {}
+for i = 1, #KEYS do declared[KEYS[i]] = true end
+local function key(name)
+  if not declared[name] then
+    error(redis.error_reply('ERR parked keys: key ' .. name .. ' is not in KEYS '
+                            .. '(parking.py and its scripts disagree on key names)'))
+  end
+  return name
+end
+"""
+_CHECK = _KEY_LIB + """
 local out = {}
 for i = 2, #ARGV, 2 do
   local head = redis.call('HGET', KEYS[1], ARGV[i])
   if head == ARGV[i + 1] then out[#out + 1] = 2
-  elseif head or redis.call('EXISTS', ARGV[1] .. ARGV[i]) == 1 then out[#out + 1] = 1
+  elseif head or redis.call('EXISTS', key(ARGV[1] .. ARGV[i])) == 1 then out[#out + 1] = 1
   else out[#out + 1] = 0 end
 end
 return out
 """
-_PUSH = """
+_VIEW = """
+if redis.call('ZCARD', KEYS[2]) > tonumber(ARGV[1]) then return false end
+local out = {}
+for _, k in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  out[#out + 1] = k
+  out[#out + 1] = redis.call('HGET', KEYS[1], k) or ''
+end
+return out
+"""
+_PUSH = _KEY_LIB + """
 for i = 3, #ARGV, 2 do
   local k = ARGV[i]
-  redis.call('RPUSH', ARGV[1] .. k, ARGV[i + 1])
+  redis.call('RPUSH', key(ARGV[1] .. k), ARGV[i + 1])
   redis.call('ZADD', KEYS[2], 'NX', ARGV[2], k)
   if redis.call('HEXISTS', KEYS[1], k) == 0 then redis.call('SADD', KEYS[3], k) end
 end
@@ -60,34 +87,39 @@ for i = 2, #ARGV, 2 do
 end
 return 1
 """
-_UNPARK = """
+_UNPARK = _KEY_LIB + """
 for i = 2, #ARGV, 2 do
   local k = ARGV[i]
   if redis.call('HGET', KEYS[1], k) == ARGV[i + 1] then
     redis.call('HDEL', KEYS[1], k)
-    if redis.call('EXISTS', ARGV[1] .. k) == 1 then redis.call('SADD', KEYS[3], k)
+    if redis.call('EXISTS', key(ARGV[1] .. k)) == 1 then redis.call('SADD', KEYS[3], k)
     else redis.call('ZREM', KEYS[2], k) end
   end
 end
 return 1
 """
-_TAKE = """
-local keys = redis.call('SRANDMEMBER', KEYS[1], ARGV[2])
+# The ready keys are picked by the client (SRANDMEMBER) so that this script is given
+# their wait lists as KEYS; a key no longer ready meanwhile is skipped.
+_TAKE = _KEY_LIB + """
 local out = {}
-for _, k in ipairs(keys) do
-  local first = redis.call('LINDEX', ARGV[1] .. k, 0)
-  if first then out[#out + 1] = k; out[#out + 1] = first
-  else redis.call('SREM', KEYS[1], k) end
+for i = 2, #ARGV do
+  local k = ARGV[i]
+  if redis.call('SISMEMBER', KEYS[1], k) == 1 then
+    local first = redis.call('LINDEX', key(ARGV[1] .. k), 0)
+    if first then out[#out + 1] = k; out[#out + 1] = first
+    else redis.call('SREM', KEYS[1], k) end
+  end
 end
 return out
 """
-_DONE = """
+_DONE = _KEY_LIB + """
 for i = 3, #ARGV, 4 do
   local k, blob, park, origin = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local list = ARGV[1] .. k
+  local list = key(ARGV[1] .. k)
   if redis.call('LINDEX', list, 0) == blob then redis.call('LPOP', list) end
   if park == '1' and redis.call('HEXISTS', KEYS[1], k) == 0 then
     redis.call('HSET', KEYS[1], k, origin)
+    redis.call('ZADD', KEYS[2], 'NX', ARGV[2], k)
   end
   if redis.call('HEXISTS', KEYS[1], k) == 1 then redis.call('SREM', KEYS[3], k)
   elseif redis.call('EXISTS', list) == 0 then
@@ -157,11 +189,22 @@ class ParkingLot:
         self.head, self.ready, self.parked, self.wait = (
             base + "head", base + "ready", base + "parked", base + "w:")
         self._check = redis.register_script(_CHECK)
+        self._view = redis.register_script(_VIEW)
         self._push = redis.register_script(_PUSH)
         self._park = redis.register_script(_PARK)
         self._unpark = redis.register_script(_UNPARK)
         self._take = redis.register_script(_TAKE)
         self._done = redis.register_script(_DONE)
+
+    def wait_key(self, okey: str) -> str:
+        """The list of records waiting behind order key ``okey`` (the scripts build the
+        same name and refuse it unless it is in their ``KEYS``)."""
+        return self.wait + okey
+
+    def _fixed_and_waits(self, okeys: Iterable[str]) -> list[str]:
+        """``KEYS`` of a script: head, parked, ready, then the wait lists of ``okeys``."""
+        return [self.head, self.parked, self.ready,
+                *dict.fromkeys(self.wait_key(k) for k in okeys)]
 
     @classmethod
     def of(cls, settings: Settings, binding: str) -> ParkingLot:
@@ -185,7 +228,18 @@ class ParkingLot:
         args: list[Any] = [self.wait]
         for okey, origin in pairs:
             args += (okey, origin)
-        return [int(c) for c in self._run(self._check, [self.head], args, "checking keys")]
+        keys = [self.head, *dict.fromkeys(self.wait_key(k) for k, _ in pairs)]
+        return [int(c) for c in self._run(self._check, keys, args, "checking keys")]
+
+    def parked_view(self, limit: int) -> dict[str, str] | None:
+        """Every parked key -> its head's origin ("" when it has none, only records
+        waiting); None when more than ``limit`` keys are parked. One O(parked) call: with
+        nothing parked, a batch is checked without a word per record."""
+        got = self._run(self._view, [self.head, self.parked], [limit], "reading parked keys")
+        if got is None:
+            return None
+        texts = [x.decode() if isinstance(x, bytes) else str(x) for x in got]
+        return dict(zip(texts[::2], texts[1::2], strict=True))
 
     def push(self, waiting: Sequence[tuple[str, Waiting]]) -> None:
         """Append records behind their keys (a key without a head becomes ready)."""
@@ -194,7 +248,8 @@ class ParkingLot:
         args: list[Any] = [self.wait, _now_ms()]
         for okey, record in waiting:
             args += (okey, record.encode())
-        self._run(self._push, [self.head, self.parked, self.ready], args, "parking records")
+        self._run(self._push, self._fixed_and_waits(k for k, _ in waiting), args,
+                  "parking records")
 
     def park(self, heads: Sequence[tuple[str, str]]) -> None:
         """(order key, origin): that record went to the delay path; its key waits for it."""
@@ -211,12 +266,21 @@ class ParkingLot:
             args: list[Any] = [self.wait]
             for okey, origin in heads:
                 args += (okey, origin)
-            self._run(self._unpark, [self.head, self.parked, self.ready], args,
+            self._run(self._unpark, self._fixed_and_waits(k for k, _ in heads), args,
                       "unparking keys")
 
     def take(self, count: int) -> list[tuple[str, str]]:
         """Up to ``count`` ready keys with their first waiting record (encoded)."""
-        got = self._run(self._take, [self.ready], [self.wait, count], "taking ready keys")
+        try:
+            picked = self.redis.srandmember(self.ready, count)
+        except RedisError as exc:
+            raise HandoffError(f"parked keys in Redis: picking ready keys failed ({exc}); "
+                               "check that Redis answers") from exc
+        okeys = [x.decode() if isinstance(x, bytes) else str(x) for x in picked or []]
+        if not okeys:
+            return []
+        keys = [self.ready, *(self.wait_key(k) for k in okeys)]
+        got = self._run(self._take, keys, [self.wait, *okeys], "taking ready keys")
         pairs = [x.decode() if isinstance(x, bytes) else str(x) for x in got]
         return list(zip(pairs[::2], pairs[1::2], strict=True))
 
@@ -227,15 +291,15 @@ class ParkingLot:
             args: list[Any] = [self.wait, _now_ms()]
             for okey, blob, parked, origin in results:
                 args += (okey, blob, "1" if parked else "0", origin)
-            self._run(self._done, [self.head, self.parked, self.ready], args,
+            self._run(self._done, self._fixed_and_waits(r[0] for r in results), args,
                       "finishing waiting records")
 
     def waiting_origins(self, okey: str, limit: int = 20) -> tuple[int, list[str]]:
         """How many records wait behind ``okey``, and the origins of the first ``limit``."""
         try:
             pipe = self.redis.pipeline()
-            pipe.llen(self.wait + okey)
-            pipe.lrange(self.wait + okey, 0, limit - 1)
+            pipe.llen(self.wait_key(okey))
+            pipe.lrange(self.wait_key(okey), 0, limit - 1)
             count, first = pipe.execute()
         except RedisError as exc:
             raise HandoffError(f"parked keys in Redis: reading waiting records failed "

@@ -143,3 +143,12 @@ async def hooked_boom(payload: Any, ctx: Context) -> None:
     if HOOK is not None:
         await HOOK(payload, ctx)
     raise RuntimeError("failed after the hook")
+
+
+async def async_stubborn(payload: Any, ctx: Context) -> None:
+    """Sleeps ``payload["sleep"]`` seconds on the loop; cancelled, it ignores the cancel and
+    returns after ``payload["after"]`` seconds more (as a careless function may)."""
+    try:
+        await asyncio.sleep(payload["sleep"])
+    except asyncio.CancelledError:
+        await asyncio.sleep(payload["after"])

@@ -4,7 +4,10 @@ binding bound ``--isolation process`` (:mod:`asynctier.platform.scheduler.proces
 a call past its timeout is stopped, its process killed and replaced).
 
 A sync chunk runs its items one after another in one worker thread (:class:`SyncRun`), so
-the per-item cost is a function call, not a thread hand-off. The event loop watches the
+the per-item cost is a function call, not a thread hand-off; once its binding is measured,
+a chunk holding at least :data:`SPREAD_PART_S` of work per part is cut into up to
+:data:`SYNC_SPREAD` parts, each such a run in a thread of its own (functions that wait on
+I/O overlap). The event loop watches the
 run: when the item in progress passes the binding's timeout, the loop stops waiting for
 it (an attempt failed with reason ``timeout``), and sends the rest of the chunk on another
 hop. Python cannot stop a thread, so **an overrunning sync call keeps its worker thread**
@@ -15,8 +18,9 @@ a concurrency cap, keeps its slot until it returns (:meth:`Runtime.run_one_held`
 call that returns late (past the timeout) is a ``timeout`` failure too.
 
 An async chunk runs its items concurrently on the loop in up to :data:`ASYNC_LANES` lanes
-(one task per lane, not per item), each item under ``asyncio.timeout`` (the equivalent of
-``asyncio.wait_for`` without its extra task).
+(one task per lane, the first lane in the caller's task) under one timer per chunk
+(:class:`AsyncRun`): an item past the binding's timeout is cancelled and fails with reason
+``timeout``; the others run on.
 """
 
 from __future__ import annotations
@@ -44,8 +48,16 @@ log = logging.getLogger(__name__)
 
 #: How long past an item's timeout the loop waits before giving up on its thread.
 WATCH_GRACE_S = 0.05
-#: Items of one async chunk running at once.
-ASYNC_LANES = 64
+#: Threads one sync chunk may spread over (its items then run that many at a time): the
+#: thread pool holds ``threads`` x this, so that functions that wait on I/O overlap.
+SYNC_SPREAD = 4
+#: A sync chunk is spread only in parts of at least this much measured work each (a
+#: thread hop costs tens of microseconds: fast items stay in one thread).
+SPREAD_PART_S = 0.004
+#: Items of one async chunk running at once (the default largest chunk: all of its items
+#: start together). An async function's chunks are this large once it is measured
+#: (:meth:`~asynctier.platform.scheduler.sizing.ChunkSizer.observe`, ``concurrent``).
+ASYNC_LANES = 256
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,7 @@ class SyncRun:
         self.items = items
         self.results: list[Outcome] = []
         self.started = 0.0
+        self.began = self.ended = 0.0  # when its thread took it up, and finished it
         self.abandoned = False
         self._lock = threading.Lock()
 
@@ -100,6 +113,7 @@ class SyncRun:
         timeout = binding.timeout_s
         monotonic, lock, results = time.monotonic, self._lock, self.results
         wall_offset = time.time() - monotonic()
+        self.began = monotonic()
         outcome: Outcome | None = None
         for item in self.items:
             with lock:
@@ -125,6 +139,7 @@ class SyncRun:
         with lock:
             if not self.abandoned and outcome is not None:
                 results.append(outcome)
+            self.ended = monotonic()
 
     def wait_s(self) -> float:
         """Seconds until the item in progress is overdue (a full timeout before any)."""
@@ -144,15 +159,22 @@ class SyncRun:
 
 
 class Runtime:
-    """Resolves functions and runs chunks; owns the bounded pool of sync worker threads."""
+    """Resolves functions and runs chunks; owns the bounded pool of sync worker threads.
+
+    ``threads`` sync chunks run at once (the scheduler's workers); a chunk whose items
+    take long enough (:data:`SPREAD_PART_S` of measured time per part) is cut into up to
+    ``spread`` parts run in as many threads at once, so the pool holds ``threads * spread``
+    threads: a function that waits 1 ms on I/O runs up to 32 at a time by default."""
 
     def __init__(self, resolver: FunctionResolver, threads: int = 8,
-                 processes: int | None = None) -> None:
+                 processes: int | None = None, spread: int = SYNC_SPREAD) -> None:
         self.resolver = resolver
-        self.threads = threads
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="asynctier-fn")
+        self.spread = max(1, spread)
+        self.threads = threads * self.spread
+        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="asynctier-fn")
         self.processes = ProcessPool(resolver.allow_modules, processes or threads)
         self._jobs: dict[str, Job] = {}
+        self._per_item_s: dict[str, float] = {}  # sync bindings: measured seconds per item
         self.hung_threads = 0
 
     def job(self, binding: Binding) -> Job:
@@ -190,8 +212,29 @@ class Runtime:
         results, late = await self.run_held(job, (item,))
         return results[0], late
 
+    def parts(self, binding: str, count: int) -> int:
+        """Threads a sync chunk of ``count`` items of ``binding`` is spread over: one
+        until measured, then as many parts of :data:`SPREAD_PART_S` as it holds (up to
+        ``spread``)."""
+        per_item = self._per_item_s.get(binding)
+        if per_item is None or self.spread == 1:
+            return 1
+        return max(1, min(self.spread, count, int(count * per_item / SPREAD_PART_S)))
+
     async def _run_sync(self, job: Job, items: Sequence[Item]
                         ) -> tuple[list[Outcome], list[asyncio.Future[None]]]:
+        parts = self.parts(job.binding.name, len(items))
+        if parts == 1:
+            return await self._run_sync_part(job, items)
+        step = -(-len(items) // parts)
+        runs = await asyncio.gather(*(self._run_sync_part(job, items[i:i + step])
+                                      for i in range(0, len(items), step)))
+        return ([o for outs, _ in runs for o in outs],
+                [f for _, late in runs for f in late])
+
+    async def _run_sync_part(self, job: Job, items: Sequence[Item]
+                             ) -> tuple[list[Outcome], list[asyncio.Future[None]]]:
+        """Run ``items`` in one thread (a hop more past an item that overran)."""
         loop = asyncio.get_running_loop()
         results: list[Outcome] = []
         late: list[asyncio.Future[None]] = []
@@ -201,12 +244,21 @@ class Runtime:
             await self._watch(run, future)
             results.extend(run.results)
             if not run.abandoned:
+                self._measure(job.binding.name, run)
                 break
             late.append(future)
             stuck = items[len(run.results)]
             results.append(outcomes.timed_out(stuck["id"], job.binding.timeout_s))
             items = items[len(run.results) + 1:]
         return results, late
+
+    def _measure(self, binding: str, run: SyncRun) -> None:
+        """Keep the binding's time per item (EWMA) from a run that ended."""
+        if not run.items or not run.ended:
+            return
+        sample = (run.ended - run.began) / len(run.items)
+        old = self._per_item_s.get(binding)
+        self._per_item_s[binding] = sample if old is None else old + 0.3 * (sample - old)
 
     async def _watch(self, run: SyncRun, future: asyncio.Future[None]) -> None:
         while True:
@@ -250,36 +302,118 @@ class Runtime:
 
 async def run_async_chunk(job: Job, items: Sequence[Item]) -> list[Outcome]:
     """Run a chunk of an async function in up to :data:`ASYNC_LANES` concurrent lanes."""
-    if len(items) == 1:
-        return [await run_async_item(job, items[0])]
-    results: list[Outcome] = []
-    pending = iter(items)
-
-    async def lane() -> None:
-        for item in pending:
-            results.append(await run_async_item(job, item))
-
-    await asyncio.gather(*(lane() for _ in range(min(ASYNC_LANES, len(items)))))
-    return results
+    return await AsyncRun(job, items).run()
 
 
-async def run_async_item(job: Job, item: Item) -> Outcome:
-    """Run one item of an async function on the loop under the binding's timeout."""
-    item_id = item["id"]
-    try:
-        payload = job.decode(item["payload"])
-    except DecodeError as exc:
-        return outcomes.undecodable(item_id, str(exc))
-    timeout = job.binding.timeout_s
-    ctx = context_of(job.binding, item, time.time() + timeout)
-    try:
-        async with asyncio.timeout(timeout):  # cheaper than wait_for: no extra task
-            await job.function.call(payload, ctx)
-    except TimeoutError:
-        metrics.count_timeout(job.binding.name, "cancelled")
-        return outcomes.timed_out(item_id, timeout)
-    except asyncio.CancelledError:
-        raise
-    except BaseException as exc:  # a function may raise anything
-        return outcomes.of_exception(item_id, exc)
-    return ok(item_id)
+class AsyncRun:
+    """One async chunk: its items in lanes on the loop, under ONE timer for the chunk.
+
+    A lane is a task that runs items one after another; the first lane is the calling
+    task itself. Lanes start on demand: when a lane starts an item and no other lane is
+    free to take the next, one more lane is started (up to :data:`ASYNC_LANES`), so items
+    that wait run at once, while items that never wait (a no-op) all run in the first lane
+    without a task each. Each lane notes when its item started; the chunk's one timer fires
+    when the earliest running item is due, cancels the lanes whose item is past the
+    binding's timeout (that item fails with reason ``timeout``, its lane goes on with the
+    next) and is set again for the next item due. Per item this costs a clock read, not
+    a timer handle as ``asyncio.timeout`` per item did."""
+
+    def __init__(self, job: Job, items: Sequence[Item]) -> None:
+        self.job = job
+        self.items = items
+        self.timeout = job.binding.timeout_s
+        self.results: list[Outcome] = []
+        self.next = 0  # index of the next item to start
+        self.free = 0  # lanes started and not inside an item
+        self.started: list[float] = []  # per lane: loop time its item started; 0.0: none
+        self.overdue: list[bool] = []  # per lane: being cancelled for a timeout
+        self.tasks: list[asyncio.Task[Any] | None] = []
+        self.loop = asyncio.get_running_loop()
+        self.timer: asyncio.TimerHandle | None = None
+
+    async def run(self) -> list[Outcome]:
+        """Every item's outcome (in the order they ended)."""
+        self.timer = self.loop.call_at(self.loop.time() + self.timeout, self._expire)
+        try:
+            await self._lane(self._add_lane(asyncio.current_task()))
+            others = [t for t in self.tasks[1:] if t is not None]
+            if others:
+                await asyncio.gather(*others)
+        finally:
+            self.timer.cancel()
+            for task in self.tasks[1:]:
+                if task is not None:
+                    task.cancel()
+        return self.results
+
+    def _add_lane(self, task: asyncio.Task[Any] | None) -> int:
+        self.started.append(0.0)
+        self.overdue.append(False)
+        self.tasks.append(task)
+        self.free += 1
+        return len(self.tasks) - 1
+
+    def _spawn(self) -> None:
+        """Start one more lane (its task is filled in before it first runs)."""
+        n = self._add_lane(None)
+        self.tasks[n] = self.loop.create_task(self._lane(n))
+
+    async def _lane(self, n: int) -> None:
+        job, timeout, started, results = self.job, self.timeout, self.started, self.results
+        binding, decode, call, items = job.binding, job.decode, job.function.call, self.items
+        clock = self.loop.time
+        wall_offset = time.time() - clock()
+        while self.next < len(items):
+            item = items[self.next]
+            self.next += 1
+            item_id = item["id"]
+            try:
+                payload = decode(item["payload"])
+            except DecodeError as exc:
+                results.append(outcomes.undecodable(item_id, str(exc)))
+                continue
+            self.free -= 1
+            if not self.free and self.next < len(items) and len(started) < ASYNC_LANES:
+                self._spawn()
+            started[n] = begun = clock()
+            outcome: Outcome | None = None
+            try:
+                await call(payload, context_of(binding, item, begun + wall_offset + timeout))
+            except asyncio.CancelledError:
+                if not self.overdue[n]:
+                    raise  # the chunk's caller went away
+            except BaseException as exc:  # a function may raise anything
+                outcome = outcomes.of_exception(item_id, exc)
+            finally:
+                self.free += 1
+            started[n] = 0.0
+            if self.overdue[n]:  # cancelled past its timeout (or it ignored the cancel)
+                if self._settle(n):
+                    raise asyncio.CancelledError  # the caller went away meanwhile too
+                outcome = outcomes.timed_out(item_id, timeout)
+            results.append(ok(item_id) if outcome is None else outcome)
+        self.free -= 1
+
+    def _settle(self, n: int) -> bool:
+        """Lane ``n``'s item was cancelled for its timeout: count it, take the cancel back;
+        True when the lane was cancelled by someone else as well."""
+        self.overdue[n] = False
+        metrics.count_timeout(self.job.binding.name, "cancelled")
+        task = self.tasks[n]
+        return task is not None and task.uncancel() > 0
+
+    def _expire(self) -> None:
+        """The timer: cancel the items past their timeout, set it for the next one due."""
+        now, timeout, started = self.loop.time(), self.timeout, self.started
+        due = 0.0
+        for n, begun in enumerate(started):
+            if not begun or self.overdue[n]:
+                continue
+            if now - begun >= timeout:
+                task = self.tasks[n]
+                if task is not None and not task.done():
+                    self.overdue[n] = True
+                    task.cancel()
+            elif not due or begun < due:
+                due = begun
+        self.timer = self.loop.call_at((due or now) + timeout, self._expire)

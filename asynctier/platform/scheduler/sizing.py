@@ -5,6 +5,12 @@ A binding not measured yet starts with small chunks (its function may be slow).
 Small chunks keep priorities and fairness sharp (a worker is never held long by one
 tenant); large chunks keep the per-chunk overhead low for fast functions. The sizer keeps
 an average time per item for each binding and sizes the next chunks from it.
+
+An async function's items run concurrently within a chunk (all of them start together, up
+to :data:`~asynctier.platform.scheduler.runtime.ASYNC_LANES`): a chunk takes about as long
+as its slowest item whatever its size, and its time per item says little (it grows with
+whatever else the event loop runs). Once measured (``observe(..., concurrent=True)``), such
+a binding gets chunks of ``max_items``, which keeps the per-chunk overhead low.
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ class ChunkSizer:
         self.first_items = max(1, min(first_items, self.max_items))
         self.alpha = alpha
         self._per_item_s: dict[str, float] = {}
+        self._concurrent: set[str] = set()
 
     def size(self, binding: str, cautious: bool = False) -> int:
         """Items per chunk for ``binding``; ``cautious``: one while it is not measured."""
         per_item = self._per_item_s.get(binding)
         if per_item is None:
             return 1 if cautious else self.first_items
-        if per_item <= 0:
+        if per_item <= 0 or binding in self._concurrent:
             return self.max_items
         if per_item >= self.target_s:
             # an item that alone fills the target runs alone: the items of a slow (long)
@@ -40,10 +47,16 @@ class ChunkSizer:
             return 1
         return max(self.min_items, min(self.max_items, int(self.target_s / per_item)))
 
-    def observe(self, binding: str, seconds: float, items: int) -> None:
-        """A chunk of ``items`` items of ``binding`` took ``seconds``."""
+    def observe(self, binding: str, seconds: float, items: int,
+                concurrent: bool = False) -> None:
+        """A chunk of ``items`` items of ``binding`` took ``seconds``; ``concurrent``: its
+        items ran at once (an async function)."""
         if items <= 0:
             return
+        if concurrent:
+            self._concurrent.add(binding)
+        else:
+            self._concurrent.discard(binding)
         sample = seconds / items
         old = self._per_item_s.get(binding)
         self._per_item_s[binding] = sample if old is None else old + self.alpha * (sample - old)
