@@ -318,11 +318,11 @@ def write_section(path: Path, section: str) -> None:
 
 def keep_section(old: str, new: str) -> str:
     """``new`` (a whole RESULTS.md written by ``bench/run.py``) with ``old``'s queue
-    section carried over."""
-    found = re.search(re.escape(START) + r".*?" + re.escape(END) + r"\n?", old, re.S)
-    if not found or START in new:
+    section, and every section after it (the other benchmarks' own), carried over."""
+    at = old.find(START)
+    if at < 0 or START in new:
         return new
-    return new.rstrip("\n") + "\n\n" + found.group(0)
+    return new.rstrip("\n") + "\n\n" + old[at:]
 
 
 def final_line(results: QueueResults) -> str:

@@ -62,3 +62,5 @@ def test_a_rewrite_by_run_py_carries_the_section_over() -> None:
     old = f"# old\n\n{START}\nqueue figures\n{END}\n"
     assert keep_section(old, "# new\n").endswith(f"{START}\nqueue figures\n{END}\n")
     assert keep_section("# old\n", "# new\n") == "# new\n"
+    later = f"{old}\n## Submitter\n\nits figures\n"
+    assert keep_section(later, "# new\n").endswith(f"{END}\n\n## Submitter\n\nits figures\n")
