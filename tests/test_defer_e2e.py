@@ -86,7 +86,9 @@ def _run(platform: Platform, settings: Settings, unique_topic: Callable[..., str
     made = time.time()
     produce_json(settings, cold, [{"id": i, "sleep": 0.005} for i in range(n_cold)])
     _produce_late(settings, cold, range(n_cold, n_cold + n_late))
-    produce_json(settings, hot, [{"id": i, "sleep": 0.01} for i in range(n_hot)])
+    # 40 ms each: the scheduler runs a measured sync binding's chunks over 32 threads,
+    # and the urgent backlog must still outlast them for a few seconds
+    produce_json(settings, hot, [{"id": i, "sleep": 0.04} for i in range(n_hot)])
     port = free_port()
     platform.start("scheduler", None, "--metrics-port", str(port))
     platform.start("tailers")
