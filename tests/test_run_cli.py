@@ -53,8 +53,13 @@ def test_sigusr1_prints_every_threads_stack_and_sigterm_still_stops() -> None:
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         proc.send_signal(signal.SIGUSR1)
+        assert proc.stderr is not None
+        dump = [proc.stderr.readline()]  # the operator reads the stacks, then stops it
+        while "stuck_where_it_waits" not in dump[-1] and dump[-1]:
+            dump.append(proc.stderr.readline())
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        _, rest = proc.communicate(timeout=30)
+        err = "".join(dump) + rest
     finally:
         if proc.poll() is None:
             proc.kill()
