@@ -122,6 +122,40 @@ def test_a_sync_chunk_that_waits_spreads_over_threads_and_a_fast_one_does_not(
     assert runtime.parts("noop", 64) == 1, runtime._per_item_s
 
 
+def test_a_sync_chunk_is_sized_by_its_threads_time_not_its_wait_for_a_thread() -> None:
+    rt = Runtime(FunctionResolver(ALLOW), 1, spread=1)  # one thread: the second chunk waits
+    waits = Binding("gauged", "t", "tests.funcs.basic:gauged")
+    job = rt.job(waits)
+
+    async def timed(batch: list[Item]) -> float:
+        started = time.monotonic()
+        await rt.run(job, batch)
+        return time.monotonic() - started
+
+    async def two_at_once() -> list[float]:
+        return list(await asyncio.gather(timed(_items("gauged", [0.005] * 4)),
+                                         timed(_items("gauged", [0.005] * 4))))
+
+    try:
+        walls = asyncio.run(two_at_once())
+        worked = rt.work_s(job, 4, max(walls))
+        assert max(walls) >= 0.04  # the second chunk waited for the first one's thread
+        assert 0.018 <= worked <= 0.03, (worked, walls, rt._per_item_s)
+        assert rt.work_s(job, 4, 1.0) == worked  # the wall time does not enter it
+    finally:
+        rt.close()
+
+
+def test_a_spread_sync_chunk_holds_its_worker_for_its_items_per_thread(
+        runtime: Runtime) -> None:
+    waits = Binding("gauged", "t", "tests.funcs.basic:gauged")
+    _run(runtime, waits, _items("gauged", [0.005] * 8))  # measured: about 5 ms per item
+    per_item = runtime._per_item_s["gauged"]
+    assert runtime.work_s(runtime.job(waits), 40, 9.0) == pytest.approx(per_item * 10)
+    anoop = Binding("anoop", "t", "tests.funcs.basic:async_noop")
+    assert runtime.work_s(runtime.job(anoop), 40, 9.0) == 9.0  # async: its wall time
+
+
 def test_a_measured_async_binding_gets_the_largest_chunks() -> None:
     sizer = ChunkSizer(target_s=0.02, min_items=8, max_items=256)
     sizer.observe("slow-sync", 1.0, 4)

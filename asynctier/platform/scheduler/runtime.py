@@ -221,6 +221,18 @@ class Runtime:
             return 1
         return max(1, min(self.spread, count, int(count * per_item / SPREAD_PART_S)))
 
+    def work_s(self, job: Job, count: int, took: float) -> float:
+        """How long a chunk of ``count`` items of ``job`` held its worker by its threads'
+        own clocks: a measured sync chunk's items per thread times their time per item,
+        without the waits for a free thread and for the busy loop to see the parts end
+        (``took``, the wall time, for any other chunk). Sizing chunks from the wall time
+        shrank them under load, and small chunks cost more per item: the loop then
+        lagged more (1 ms sync waits, 8-12 items a chunk, 4,200 items/s)."""
+        per_item = self._per_item_s.get(job.binding.name)
+        if job.function.is_async or job.in_process or per_item is None:
+            return took
+        return per_item * -(-count // self.parts(job.binding.name, count))
+
     async def _run_sync(self, job: Job, items: Sequence[Item]
                         ) -> tuple[list[Outcome], list[asyncio.Future[None]]]:
         parts = self.parts(job.binding.name, len(items))
