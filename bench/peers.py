@@ -249,8 +249,12 @@ def run_kafka_peer(services: Services, kind: str, topic: str, n: int, work: str,
 
     try:
         meter = Meter({"workers": find, "kafka": single(services.kafka_pid)})
-        return watch_drain(done, n, meter, timeout_s, check=check)
+        drain = watch_drain(done, n, meter, timeout_s, check=check)
     finally:
         progress.close()
         for proc in procs:
             _stop(proc)
+    if not drain.items:
+        raise BenchError(f"{kind} had drained all {n:,} records of {topic} when the window "
+                         "opened: nothing was measured (give it a larger topic)")
+    return drain
