@@ -70,8 +70,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="records asynctier drains with the 1 ms functions [50000; quick "
                         "5000]")
     p.add_argument("--peer-io-records", type=int,
-                   help="records each peer drains with the 1 ms functions (and faust with "
-                        "the no-op) [5000; quick 2000]")
+                   help="records Quix and faust drain with the 1 ms functions (faust's "
+                        "no-op: --io-records when io runs) [5000; quick 2000]")
     p.add_argument("--backlogs", help="memory backlogs, comma separated "
                                       "[10000,500000; quick 5000,50000]")
     p.add_argument("--limit-rate", type=float, default=1_000_000,
@@ -226,9 +226,11 @@ class Runner:
         if "quix" in a.only:
             steps.append(("quix.noop", lambda: scenarios.kafka_peer(
                 s, f, "quix", self.topic, a.records, "noop")))
-        if "faust" in a.only:
+        if "faust" in a.only:  # 5,000 no-ops drain before its group is seen stable
+            faust_topic, faust_n = ((io_topic, a.io_records) if "io" in a.only
+                                    else (small_topic, a.peer_io_records))
             steps.append(("faust.noop", lambda: scenarios.kafka_peer(
-                s, f, "faust", small_topic, a.peer_io_records, "noop")))
+                s, f, "faust", faust_topic, faust_n, "noop")))
         if "pc" in a.only:
             steps.append(("pc.noop", lambda: scenarios.kafka_peer(
                 s, f, "pc", self.topic, a.records, "noop")))
@@ -239,9 +241,9 @@ class Runner:
                 s, f, k, small_topic, a.peer_io_records, w))
                 for kind in ("quix", "faust") if kind in a.only]
             if "pc" in a.only and work == "sleep":  # the JVM: no async form
-                # 128 records at once drain the small topic before the group is stable
+                # 128 records at once drain 50,000 before its group is seen stable
                 steps.append(("pc.sleep", lambda: scenarios.kafka_peer(
-                    s, f, "pc", io_topic, a.io_records, "sleep")))
+                    s, f, "pc", self.topic, a.records, "sleep")))
         for round_ in range(a.peer_rounds):
             print(f"-- peers round {round_ + 1} of {a.peer_rounds}", flush=True)
             measured: dict[str, scenarios.Row] = {}
