@@ -600,14 +600,7 @@ def test_a_copy_read_while_a_success_is_being_written_waits_for_it(
 
     async def scenario() -> list[str]:
         admission = RedisAdmission(settings)
-        once = admission._once
-        real, landed = once._finish, asyncio.Event()
-
-        async def slow_finish(**kwargs: object) -> object:
-            await landed.wait()
-            return await real(**kwargs)
-
-        once._finish = slow_finish  # type: ignore[assignment]
+        landed = _hold_finish(admission)
         try:
             seen = [await admission.claim(GUARDED, batch)]
             writing = asyncio.create_task(admission.finish(GUARDED, batch, [ok(0)]))
@@ -622,6 +615,19 @@ def test_a_copy_read_while_a_success_is_being_written_waits_for_it(
             await admission.close()
 
     assert asyncio.run(scenario()) == [RUN, BUSY, DONE]
+
+
+def _hold_finish(admission: RedisAdmission) -> asyncio.Event:
+    """Hold ``admission``'s run-once write-downs (FINISH) until the returned event is set."""
+    once = admission._once
+    real, landed = once._finish, asyncio.Event()
+
+    async def held_finish(**kwargs: object) -> object:
+        await landed.wait()
+        return await real(**kwargs)
+
+    once._finish = held_finish  # type: ignore[assignment]
+    return landed
 
 
 def test_one_bindings_broken_keys_fail_only_its_own_write(
@@ -693,14 +699,7 @@ def test_a_chunk_that_succeeded_is_answered_before_its_marks_land_and_its_copy_w
 
     async def scenario() -> tuple[bool, dict[int, Outcome], bool, Counter[str]]:
         admission = RedisAdmission(settings)
-        once = admission._once
-        real, landed = once._finish, asyncio.Event()
-
-        async def held_finish(**kwargs: object) -> object:
-            await landed.wait()
-            return await real(**kwargs)
-
-        once._finish = held_finish  # type: ignore[assignment]
+        landed = _hold_finish(admission)
         scheduler = local_scheduler([GUARDED], admission=admission)
         scheduler.start()
         try:
