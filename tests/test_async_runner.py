@@ -151,9 +151,50 @@ def test_a_spread_sync_chunk_holds_its_worker_for_its_items_per_thread(
     waits = Binding("gauged", "t", "tests.funcs.basic:gauged")
     _run(runtime, waits, _items("gauged", [0.005] * 8))  # measured: about 5 ms per item
     per_item = runtime._per_item_s["gauged"]
-    assert runtime.work_s(runtime.job(waits), 40, 9.0) == pytest.approx(per_item * 10)
+    assert runtime.spread == 8
+    assert runtime.work_s(runtime.job(waits), 40, 9.0) == pytest.approx(per_item * 5)
     anoop = Binding("anoop", "t", "tests.funcs.basic:async_noop")
     assert runtime.work_s(runtime.job(anoop), 40, 9.0) == 9.0  # async: its wall time
+
+
+def test_a_spread_chunk_gives_up_on_the_overdue_item_alone(runtime: Runtime) -> None:
+    """One wake-up per chunk: the loop still gives up on an item past its timeout (its
+    thread keeps running), answers it ``timeout`` and runs the rest of its part in a new
+    part, while the other parts finish."""
+    binding = Binding("spreadslow", "t", "tests.funcs.basic:sleepy", timeout_s=0.3)
+    job = runtime.job(binding)
+    _run(runtime, binding, _items("spreadslow", [0.005] * 8))  # measured: it spreads
+    assert runtime.parts("spreadslow", 16) > 1
+    sleeps = [0.005] * 16
+    sleeps[1] = 1.0
+    batch = _items("spreadslow", sleeps)
+
+    async def go() -> tuple[list[Outcome], float, int]:
+        started = time.monotonic()
+        results, late = await runtime.run_held(job, batch)
+        took = time.monotonic() - started
+        assert runtime.hung_threads == 1
+        await asyncio.gather(*late)  # the overrunning call returns, its thread is free
+        return results, took, len(late)
+
+    results, took, late = asyncio.run(go())
+    assert took < 0.8, took  # the chunk did not wait for the overrunning call
+    assert late == 1 and runtime.hung_threads == 0
+    by_id = {o["id"]: o for o in results}
+    assert sorted(by_id) == [i["id"] for i in batch]
+    assert by_id[batch[1]["id"]]["reason"] == "timeout"
+    assert all(by_id[i["id"]]["status"] == "ok" for n, i in enumerate(batch) if n != 1)
+
+
+def test_a_binding_whose_chunks_spread_is_sized_for_the_spread_target() -> None:
+    sizer = ChunkSizer(target_s=0.02, min_items=8, max_items=256)
+    sizer.observe("waits", 0.04, 20)  # 2 ms per item, one thread
+    assert sizer.size("waits") == 10
+    sizer.observe("waits", 0.04, 20, spread=True)  # by one thread's clock, spread
+    assert sizer.spread_target_s == 0.04
+    assert sizer.size("waits") == 20
+    sizer.observe("waits", 0.04, 20)  # not spread any more
+    assert sizer.size("waits") == 10
 
 
 def test_a_measured_async_binding_gets_the_largest_chunks() -> None:

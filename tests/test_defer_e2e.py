@@ -86,9 +86,10 @@ def _run(platform: Platform, settings: Settings, unique_topic: Callable[..., str
     made = time.time()
     produce_json(settings, cold, [{"id": i, "sleep": 0.005} for i in range(n_cold)])
     _produce_late(settings, cold, range(n_cold, n_cold + n_late))
-    # 40 ms each: the scheduler runs a measured sync binding's chunks over 32 threads,
-    # and the urgent backlog must still outlast them for a few seconds
-    produce_json(settings, hot, [{"id": i, "sleep": 0.04} for i in range(n_hot)])
+    # 80 ms each: with 2 workers the scheduler runs a measured sync binding's chunks over
+    # 2 x SYNC_SPREAD = 16 threads, and the urgent backlog must still outlast them for a
+    # few seconds (800 x 80 ms / 16 = 4 s)
+    produce_json(settings, hot, [{"id": i, "sleep": 0.08} for i in range(n_hot)])
     port = free_port()
     platform.start("scheduler", None, "--metrics-port", str(port))
     platform.start("tailers")

@@ -148,7 +148,11 @@ def test_a_flooding_tenant_does_not_starve_a_trickle() -> None:
     print(f"\ntenant B (500 items, {ms:g} ms each, 8 workers): alone {alone * 1000:.0f} ms, "
           f"beside A's 20,000-item flood {shared * 1000:.0f} ms ({shared / alone:.2f}x); "
           f"the flood took {flood_s:.1f} s")
-    assert shared <= 3.0 * alone
+    # Starved, B would wait for the flood (3.5-5.7 s: 50x alone or more); shared fairly it
+    # takes 1.8-2.6x alone on a quiet machine, up to 3.7x beside other tests (the same
+    # before and after spread chunks held their workers 40 ms instead of 20).
+    assert shared <= 5.0 * alone, "tenant B waited for tenant A's flood"
+    assert shared < flood_s / 5
 
 
 async def _trickle(scheduler: Scheduler, ms: float) -> list[Outcome]:

@@ -459,7 +459,8 @@ class Dispatcher:
         took = time.monotonic() - started
         if not cap:
             self.sizer.observe(binding.name, self.runtime.work_s(job, len(items), took),
-                               len(items), job.function.is_async)
+                               len(items), job.function.is_async,
+                               self.runtime.parts(binding.name, len(items)) > 1)
         # Items of a chunk run one after another: each is counted at the chunk's mean.
         metrics.observe_durations(binding.name, [took / len(items)], repeat=len(items))
         self._report(binding, outcomes)

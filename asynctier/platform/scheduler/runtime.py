@@ -7,11 +7,12 @@ A sync chunk runs its items one after another in one worker thread (:class:`Sync
 the per-item cost is a function call, not a thread hand-off; once its binding is measured,
 a chunk holding at least :data:`SPREAD_PART_S` of work per part is cut into up to
 :data:`SYNC_SPREAD` parts, each such a run in a thread of its own (functions that wait on
-I/O overlap). The event loop watches the
-run: when the item in progress passes the binding's timeout, the loop stops waiting for
-it (an attempt failed with reason ``timeout``), and sends the rest of the chunk on another
-hop. Python cannot stop a thread, so **an overrunning sync call keeps its worker thread**
-until it returns: it is logged (binding and item), counted
+I/O overlap). The event loop wakes once per chunk, when its last part ends
+(:class:`SyncParts`), or on its timer: when an item in progress passes the binding's
+timeout, the loop stops waiting for it (an attempt failed with reason ``timeout``), and
+sends the rest of that part on another hop. Python cannot stop a thread, so **an
+overrunning sync call keeps its worker thread** until it returns: it is logged (binding
+and item), counted
 (``asynctier_function_timeouts_total{outcome="left_running"}``,
 ``asynctier_overrunning_calls``), counted in the scheduler's load, and, for a binding with
 a concurrency cap, keeps its slot until it returns (:meth:`Runtime.run_one_held`). A sync
@@ -29,8 +30,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 WATCH_GRACE_S = 0.05
 #: Threads one sync chunk may spread over (its items then run that many at a time): the
 #: thread pool holds ``threads`` x this, so that functions that wait on I/O overlap.
-SYNC_SPREAD = 4
+SYNC_SPREAD = 8
 #: A sync chunk is spread only in parts of at least this much measured work each (a
 #: thread hop costs tens of microseconds: fast items stay in one thread).
 SPREAD_PART_S = 0.004
@@ -96,13 +97,28 @@ class SyncRun:
         self.results: list[Outcome] = []
         self.started = 0.0
         self.began = self.ended = 0.0  # when its thread took it up, and finished it
+        self.finished = False  # ended without being abandoned
         self.abandoned = False
+        self.error: BaseException | None = None  # raised outside the function: a bug
+        self.on_end: Callable[[], None] = _nothing  # called in its thread when finished
         self._lock = threading.Lock()
 
     def __call__(self) -> None:
-        """Run in a worker thread.
+        """Run in a worker thread; :attr:`on_end` is called at the end unless the loop
+        gave up on this run meanwhile."""
+        try:
+            self._run()
+        except BaseException as exc:  # not the function's (that is an outcome): a bug
+            self.error = exc
+        with self._lock:
+            if self.abandoned:
+                return
+            self.ended = time.monotonic()
+            self.finished = True
+        self.on_end()
 
-        The hot loop of every sync function, so per item one lock: it hands the previous
+    def _run(self) -> None:
+        """The hot loop of every sync function, so per item one lock: it hands the previous
         item's outcome over and starts the clock of the next, or stops when the loop has
         given up on this run. An item whose outcome is not handed over yet counts as in
         progress for the loop's watch, which gives up on an item only once its timeout has
@@ -139,7 +155,11 @@ class SyncRun:
         with lock:
             if not self.abandoned and outcome is not None:
                 results.append(outcome)
-            self.ended = monotonic()
+
+    def raise_error(self) -> None:
+        """Raise what went wrong outside the function, if anything did."""
+        if self.error is not None:
+            raise self.error
 
     def wait_s(self) -> float:
         """Seconds until the item in progress is overdue (a full timeout before any)."""
@@ -152,10 +172,62 @@ class SyncRun:
     def abandon_if_overdue(self) -> bool:
         """Give up on the item in progress when it is past its timeout; True if so."""
         with self._lock:
-            in_progress = self.started and len(self.results) < len(self.items)
+            in_progress = (self.started and not self.finished
+                           and len(self.results) < len(self.items))
             if in_progress and time.monotonic() - self.started > self.job.binding.timeout_s:
                 self.abandoned = True
         return self.abandoned
+
+
+def _nothing() -> None:
+    """The end of a run nobody waits for."""
+
+
+class SyncParts:
+    """The parts of one sync chunk, each a :class:`SyncRun` in a pool thread. The loop is
+    woken once, by the last part to end (not once per part: a wake-up costs the loop
+    more than a part's items do), or by its timer when an item may be overdue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pending = 0  # runs started, not finished nor abandoned
+        self._lock = threading.Lock()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def start(self, pool: ThreadPoolExecutor, run: SyncRun) -> tuple[SyncRun, Future[None]]:
+        """Run ``run`` in ``pool``; the run and its thread's future."""
+        with self._lock:
+            self.pending += 1
+        run.on_end = self._ended
+        return run, pool.submit(run)
+
+    def abandon_if_overdue(self, run: SyncRun) -> bool:
+        """Give up on ``run`` when its item in progress is past its timeout; True if so."""
+        if not run.abandon_if_overdue():
+            return False
+        with self._lock:
+            self.pending -= 1
+        return True
+
+    async def wait(self, timeout: float) -> None:
+        """Until every run started has finished or been given up, or ``timeout`` passed."""
+        with self._lock:
+            if self.pending == 0:
+                return
+            self._waiter = waiter = self.loop.create_future()
+        await asyncio.wait((waiter,), timeout=timeout)
+
+    def _ended(self) -> None:  # in the run's thread
+        with self._lock:
+            self.pending -= 1
+            waiter = self._waiter if self.pending == 0 else None
+        if waiter is not None:
+            self.loop.call_soon_threadsafe(_wake, waiter)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class Runtime:
@@ -235,52 +307,48 @@ class Runtime:
 
     async def _run_sync(self, job: Job, items: Sequence[Item]
                         ) -> tuple[list[Outcome], list[asyncio.Future[None]]]:
-        parts = self.parts(job.binding.name, len(items))
-        if parts == 1:
-            return await self._run_sync_part(job, items)
-        step = -(-len(items) // parts)
-        runs = await asyncio.gather(*(self._run_sync_part(job, items[i:i + step])
-                                      for i in range(0, len(items), step)))
-        return ([o for outs, _ in runs for o in outs],
-                [f for _, late in runs for f in late])
-
-    async def _run_sync_part(self, job: Job, items: Sequence[Item]
-                             ) -> tuple[list[Outcome], list[asyncio.Future[None]]]:
-        """Run ``items`` in one thread (a hop more past an item that overran)."""
+        """Run ``items`` in :meth:`parts` threads at once; the loop wakes once, when the
+        last part ends, unless an item passes its timeout first (then that part is given
+        up and the rest of its items go on in a new part)."""
         loop = asyncio.get_running_loop()
+        count = self.parts(job.binding.name, len(items))
+        step = -(-len(items) // count)
+        parts = SyncParts(loop)
+        running = [parts.start(self.pool, SyncRun(job, items[i:i + step]))
+                   for i in range(0, len(items), step)]
         results: list[Outcome] = []
         late: list[asyncio.Future[None]] = []
-        while items:
-            run = SyncRun(job, items)
-            future = loop.run_in_executor(self.pool, run)
-            await self._watch(run, future)
-            results.extend(run.results)
-            if not run.abandoned:
-                self._measure(job.binding.name, run)
-                break
-            late.append(future)
-            stuck = items[len(run.results)]
-            results.append(outcomes.timed_out(stuck["id"], job.binding.timeout_s))
-            items = items[len(run.results) + 1:]
+        while running:
+            wait = min(run.wait_s() for run, _ in running)
+            await parts.wait(wait)
+            still = []
+            for run, future in running:
+                if run.finished:
+                    run.raise_error()
+                    results.extend(run.results)
+                    self._measure(job.binding.name, run)
+                elif not parts.abandon_if_overdue(run):
+                    still.append((run, future))
+                else:
+                    overrunning = asyncio.wrap_future(future)
+                    self._count_hung(run, overrunning)
+                    late.append(overrunning)
+                    results.extend(run.results)
+                    stuck = run.items[len(run.results)]
+                    results.append(outcomes.timed_out(stuck["id"], job.binding.timeout_s))
+                    rest = run.items[len(run.results) + 1:]
+                    if rest:
+                        still.append(parts.start(self.pool, SyncRun(job, rest)))
+            running = still
         return results, late
 
     def _measure(self, binding: str, run: SyncRun) -> None:
         """Keep the binding's time per item (EWMA) from a run that ended."""
-        if not run.items or not run.ended:
+        if not run.items or not run.finished:
             return
         sample = (run.ended - run.began) / len(run.items)
         old = self._per_item_s.get(binding)
         self._per_item_s[binding] = sample if old is None else old + 0.3 * (sample - old)
-
-    async def _watch(self, run: SyncRun, future: asyncio.Future[None]) -> None:
-        while True:
-            done, _ = await asyncio.wait((future,), timeout=run.wait_s())
-            if done:
-                future.result()
-                return
-            if run.abandon_if_overdue():
-                self._count_hung(run, future)
-                return
 
     def _count_hung(self, run: SyncRun, future: asyncio.Future[None]) -> None:
         self.hung_threads += 1
