@@ -1,5 +1,5 @@
-"""``python bench/ab.py BEFORE_CHECKOUT [--rounds 5] [--records 200000]``: this checkout
-against another, interleaved, on one stack.
+"""``python bench/ab.py BEFORE_CHECKOUT [--rounds 5] [--records 200000] [--work KIND]``:
+this checkout against another, interleaved, on one stack.
 
 Each round runs ``bench/flood.py --rounds 1`` (a success drain and a 100%-failure drain
 of the main topic, on a fresh platform) in the other checkout and in this one, one after
@@ -7,6 +7,12 @@ the other, every other round in reverse order, on the same Kafka and Redis (star
 unless ``ASYNCTIER_KAFKA_BOOTSTRAP`` / ``ASYNCTIER_REDIS_URL`` point at running ones). Each
 checkout runs with its own ``.venv``. Prints each round and the medians; the final line
 reads ``noop_ab=<after/before> flood_ab=<after/before>``.
+
+``--work noop|sleep|asleep`` instead drains a fresh topic of ``--records`` with that work
+(:mod:`bench.work`: the no-op, a 1 ms sync wait, a 1 ms async wait) by a default
+``asynctier run`` of each checkout in turn, driven from this one (the other checkout's
+code runs from its folder with this ``.venv``: its dependencies must match); the final line
+reads ``<work>_ab=<after/before>`` of the medians' records/s.
 """
 
 from __future__ import annotations
@@ -42,13 +48,45 @@ def one(checkout: Path, records: int, env: dict[str, str]) -> tuple[float, float
     return ok, fail
 
 
+def drains(before: Path, work: str, records: int, rounds: int) -> int:
+    """``--work``: each checkout drains ``records`` of ``work`` per round; the medians."""
+    import tempfile
+
+    from bench.records import preload
+    from bench.scenarios import asynctier_work
+
+    runs: dict[str, list[float]] = {"before": [], "after": []}
+    cpu: dict[str, list[float]] = {"before": [], "after": []}
+    with services() as svc, tempfile.TemporaryDirectory(prefix="asynctier-ab-") as folder:
+        for number in range(rounds):
+            order = [("before", before.resolve()), ("after", REPO)]
+            for name, checkout in order if number % 2 == 0 else order[::-1]:
+                topic = f"bench-ab-{work}-{name}-{number}-{os.getpid()}"
+                preload(svc.kafka_bootstrap, topic, records)
+                row = asynctier_work(svc, Path(folder), topic, records, work, checkout)
+                runs[name].append(row.items / row.seconds)
+                cpu[name].append(row.cpu_s / row.items * 1000)
+                print(f"round {number + 1} {name:6}: {runs[name][-1]:8,.0f}/s, "
+                      f"{cpu[name][-1]:.3f} CPU-s/1k", flush=True)
+    for name in runs:
+        print(f"{name:6}: {statistics.median(runs[name]):8,.0f}/s, "
+              f"{statistics.median(cpu[name]):.3f} CPU-s/1k (medians of {rounds} rounds)")
+    ratio = statistics.median(runs["after"]) / statistics.median(runs["before"])
+    print(f"{work}_ab={ratio:.2f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the interleaved rounds and print the medians."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("before", type=Path, help="the other checkout (with its .venv)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--work", choices=("noop", "sleep", "asleep"),
+                        help="drain this work in each checkout instead of flood.py")
     args = parser.parse_args(argv)
+    if args.work:
+        return drains(args.before, args.work, args.records, args.rounds)
     runs: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
     with services() as svc:
         env = {**os.environ, "ASYNCTIER_KAFKA_BOOTSTRAP": svc.kafka_bootstrap,

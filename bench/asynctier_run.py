@@ -36,10 +36,13 @@ def free_port() -> int:
 
 
 class AsynctierRun:
-    """One isolated asynctier platform (prefix, port, log folder)."""
+    """One isolated asynctier platform (prefix, port, log folder), run from ``checkout``
+    (this one by default; ``bench/ab.py`` passes another to compare two)."""
 
     def __init__(self, services: Services, folder: Path, label: str,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None,
+                 checkout: Path = REPO) -> None:
+        self.checkout = checkout
         self.services = services
         self.folder = folder
         self.label = label
@@ -60,7 +63,7 @@ class AsynctierRun:
             "ASYNCTIER_ALLOW_MODULES": "bench.noop",
             "ASYNCTIER_SCHEDULER_LISTEN": address,
             "ASYNCTIER_SCHEDULERS": address,
-            "PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+            "PYTHONPATH": str(self.checkout) + os.pathsep + env.get("PYTHONPATH", ""),
             **self.extra_env,
         })
         return env
@@ -74,7 +77,7 @@ class AsynctierRun:
         argv = [sys.executable, "-m", "asynctier", "bind", name, "--topic", topic,
                 "--function", f"bench.noop:{function}", *extra]
         done = subprocess.run(argv, env=self.env(), capture_output=True, text=True,
-                              timeout=120, cwd=REPO, check=False)
+                              timeout=120, cwd=self.checkout, check=False)
         if done.returncode != 0:
             raise BenchError(f"asynctier bind failed:\n{done.stdout}{done.stderr}")
 
@@ -84,7 +87,7 @@ class AsynctierRun:
         argv = [sys.executable, "-m", "asynctier", "bind", name, "--queue", topic,
                 "--function", f"bench.noop:{function}", *extra]
         done = subprocess.run(argv, env=self.env(), capture_output=True, text=True,
-                              timeout=120, cwd=REPO, check=False)
+                              timeout=120, cwd=self.checkout, check=False)
         if done.returncode != 0:
             raise BenchError(f"asynctier bind --queue failed:\n{done.stdout}{done.stderr}")
 
@@ -94,7 +97,8 @@ class AsynctierRun:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "asynctier", "run", "--allow-module", "bench.noop",
                  "--submitter-listen", f"127.0.0.1:{free_port()}", *RUN_ARGS],
-                env=self.env(), stdout=out, stderr=out, cwd=REPO, start_new_session=True)
+                env=self.env(), stdout=out, stderr=out, cwd=self.checkout,
+                start_new_session=True)
 
     def component(self, name: str) -> Finder:
         """A finder for the child process that runs ``name`` (scheduler, tailers, delay)."""

@@ -137,9 +137,10 @@ def kafka_loop(services: Services, topic: str, n: int, mode: str) -> Row:
 
 @contextmanager
 def platform(services: Services, folder: Path, label: str,
-             extra_env: dict[str, str] | None = None) -> Iterator[AsynctierRun]:
-    """An isolated asynctier run, stopped at the end whatever happens."""
-    run = AsynctierRun(services, folder, label, extra_env)
+             extra_env: dict[str, str] | None = None,
+             checkout: Path = REPO) -> Iterator[AsynctierRun]:
+    """An isolated asynctier run (of ``checkout``), stopped at the end whatever happens."""
+    run = AsynctierRun(services, folder, label, extra_env, checkout)
     try:
         yield run
     finally:
@@ -333,11 +334,12 @@ PEER_NAMES = {"quix": "Quix Streams", "faust": "faust-streaming",
               "pc": "Confluent Parallel Consumer (JVM)"}
 
 
-def asynctier_work(services: Services, folder: Path, topic: str, n: int, work: str) -> Row:
-    """The default ``asynctier run`` draining ``topic`` with one kind of work (the binding
-    as a user binds it: run-once guard on, default concurrency)."""
+def asynctier_work(services: Services, folder: Path, topic: str, n: int, work: str,
+                   checkout: Path = REPO) -> Row:
+    """The default ``asynctier run`` (of ``checkout``) draining ``topic`` with one kind of
+    work (the binding as a user binds it: run-once guard on, default concurrency)."""
     function = ASYNCTIER_WORK[work]
-    with platform(services, folder, function) as run:
+    with platform(services, folder, function, checkout=checkout) as run:
         run.bind(function, topic, function)
         drain = drain_asynctier(services, run, topic, n, function)
     return _row(f"asynctier, {KINDS[work]}", services, drain)
