@@ -591,6 +591,39 @@ def test_references_a_bit_cannot_hold_are_remembered_whole(
     assert _done_bits(redis_client, prefix) == set()
 
 
+def test_a_write_down_reuses_the_claims_bitmaps_and_works_them_out_for_the_rest(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bitmaps a batch touches are worked out once, at its claim; the write-down after
+    it runs takes them from there. Records it never claimed (run without the guard while
+    Redis was away) are worked out then, escaped references too."""
+    parsed: list[str] = []
+    each_block = once.each_block
+
+    def counted(joined: str) -> list[once.Block]:
+        parsed.append(joined)
+        return each_block(joined)
+
+    monkeypatch.setattr(once, "each_block", counted)
+    claimed = make_items(["orders/1/5", "orders/1/9000", "job-%-7"])
+    unclaimed = make_items(["orders/2/3", "odd\nref/2/4"])
+
+    async def scenario() -> list[str]:
+        admission = RedisAdmission(settings)
+        try:
+            assert await admission.claim(GUARDED, claimed) == RUN * 3
+            assert len(parsed) == 1
+            await admission.finish(GUARDED, claimed, [ok(0), ok(1), ok(2)])
+            assert len(parsed) == 1  # the claim's blocks served the write-down
+            await admission.finish(GUARDED, unclaimed, [ok(0), ok(1)])
+            assert len(parsed) == 2
+            return [await admission.claim(GUARDED, make_items(refs)) for refs in (
+                ["orders/1/5", "orders/1/9000", "job-%-7"], ["orders/2/3", "odd\nref/2/4"])]
+        finally:
+            await admission.close()
+
+    assert asyncio.run(scenario()) == [DONE * 3, DONE * 2]
+
+
 def test_a_copy_read_while_a_success_is_being_written_waits_for_it(
         settings: Settings) -> None:
     """Between a chunk's end and its marks landing in Redis, the records are still this

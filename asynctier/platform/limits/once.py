@@ -106,31 +106,48 @@ FINISH: Final = lua("once_lib", "once_finish", **_CONSTANTS)
 BEAT: Final = lua("once_lib", "once_beat", **_CONSTANTS)
 
 
-def blocks_of(*joined: str) -> set[tuple[str, int]]:
-    """The ``(topic/partition, block)`` pairs of the references whose success is a bit,
-    in references joined as a script gets them (:func:`~.quota.join_refs`): the rule of
-    ``by_block`` in ``lua/once_lib.lua`` (``^(.*)/(%d+)$``, at most 15 ASCII digits, no
-    leading zero; a property test holds the two together)."""
-    blocks = set()
-    for text in joined:
-        for ref in text.split("\n"):  # inline, no call per reference: this is per record
-            where, slash, offset = ref.rpartition("/")
-            if (slash and offset.isdigit() and offset.isascii() and len(offset) <= 15
-                    and (len(offset) == 1 or offset[0] != "0")):
-                blocks.add((where, int(offset) // BLOCK))
+#: A reference's bitmap block: ``(topic/partition, block)``, or None (no bit: a ``d``).
+Block = tuple[str, int] | None
+
+
+def each_block(joined: str) -> list[Block]:
+    """The bitmap block of each reference in references joined as a script gets them
+    (:func:`~.quota.join_refs`): the rule of ``by_block`` in ``lua/once_lib.lua``
+    (``^(.*)/(%d+)$``, at most 15 ASCII digits, no leading zero; a property test holds the
+    two together)."""
+    blocks: list[Block] = []
+    add = blocks.append
+    for ref in joined.split("\n"):  # inline, no call per reference: this is per record
+        where, slash, offset = ref.rpartition("/")
+        if (slash and offset.isdigit() and offset.isascii() and len(offset) <= 15
+                and (len(offset) == 1 or offset[0] != "0")):
+            add((where, int(offset) // BLOCK))
+        else:
+            add(None)
     return blocks
+
+
+def blocks_of(*joined: str) -> set[tuple[str, int]]:
+    """The distinct bitmap blocks of the references ``joined`` (see :func:`each_block`)."""
+    return {b for text in joined for b in each_block(text) if b is not None}
 
 
 def run_once_keys(holders: str, prefix: str, span: int, *joined: str) -> list[str]:
     """The KEYS of a claim or finish of the references ``joined`` (as in its ARGV) when
-    this scheduler's span is ``span``: the holders, the span hashes of spans
-    ``span - SPANS_KEPT`` to ``span + 1`` (Redis' span may be one off either way) and the
-    bitmaps of the references' blocks in those spans (the names the scripts build:
-    ``<prefix><span>`` and ``<prefix><span>:<topic/partition>:<block>``)."""
+    this scheduler's span is ``span`` (see :func:`keys_of`)."""
+    return keys_of(holders, prefix, span, blocks_of(*joined))
+
+
+def keys_of(holders: str, prefix: str, span: int,
+            blocks: set[tuple[str, int]]) -> list[str]:
+    """The KEYS of a claim or finish touching the bitmaps ``blocks`` when this scheduler's
+    span is ``span``: the holders, the span hashes of spans ``span - SPANS_KEPT`` to
+    ``span + 1`` (Redis' span may be one off either way) and the bitmaps of the blocks in
+    those spans (the names the scripts build: ``<prefix><span>`` and
+    ``<prefix><span>:<topic/partition>:<block>``)."""
     spans = range(span - SPANS_KEPT, span + 2)
     return [holders, *(f"{prefix}{s}" for s in spans),
-            *(f"{prefix}{s}:{where}:{block}" for where, block in blocks_of(*joined)
-              for s in spans)]
+            *(f"{prefix}{s}:{where}:{block}" for where, block in blocks for s in spans)]
 
 
 def _settle(waiters: list[asyncio.Future[set[str]]], result: set[str] | None = None,
@@ -162,7 +179,9 @@ class RunOnce:
         self._clock = clock
         self._skew = 0  # Redis' span minus this clock's, as last learned
         self._holder_ms = int(holder_ttl_s * 1000)
-        self._running: dict[str, set[str]] = {}  # per binding: refs claimed, not finished
+        # per binding: refs claimed and not finished, with their bitmap block (worked out
+        # once, at the claim: the write-down's KEYS need it again)
+        self._running: dict[str, dict[str, Block]] = {}
         self._heartbeat: asyncio.Task[None] | None = None
         # chunks ended and not yet written: per binding, the done and the free refs
         self._pending: dict[str, tuple[list[str], list[str]]] = {}
@@ -178,14 +197,15 @@ class RunOnce:
         """The key of ``binding``'s holders (sorted set: holder -> expiry, epoch ms)."""
         return self._names.once_key(binding, "holders")
 
-    async def _call(self, script: Any, binding: str, joined: Sequence[str],
+    async def _call(self, script: Any, binding: str, blocks: set[tuple[str, int]],
                     args: list[str | int]) -> str:
-        """Run a claim or finish with the keys of this clock's span; asked again once with
-        Redis' span when that is another (see :data:`SKEW`)."""
+        """Run a claim or finish touching the bitmaps ``blocks`` with the keys of this
+        clock's span; asked again once with Redis' span when that is another (see
+        :data:`SKEW`)."""
         mine = int(self._clock() * 1000) // self._span_ms
         span = mine + self._skew
         for _ in range(2):
-            keys = run_once_keys(self.holders(binding), self.prefix(binding), span, *joined)
+            keys = keys_of(self.holders(binding), self.prefix(binding), span, blocks)
             text = as_text(await script(keys=keys, args=args))
             if not text.startswith(SKEW):
                 return text
@@ -201,18 +221,19 @@ class RunOnce:
             return ""
         refs = [item["source_ref"] for item in items]
         joined = join_refs(refs)
-        text = await self._call(self._claim, binding, [joined], [
+        blocks = each_block(joined)
+        text = await self._call(self._claim, binding, {b for b in blocks if b is not None}, [
             self.holder, self._holder_ms, self._span_ms, self.prefix(binding), joined])
-        running = self._running.setdefault(binding, set())
+        running = self._running.setdefault(binding, {})
         if text.count(RUN) == len(text):
-            running.update(refs)
+            running.update(zip(refs, blocks, strict=True))
         else:
             out = []
-            for ref, code in zip(refs, text, strict=True):
+            for ref, block, code in zip(refs, blocks, text, strict=True):
                 if code == MINE:  # running here: wait for it; else a claim left behind
                     code = BUSY if ref in running else RUN
                 if code in (RUN, TAKEN_OVER):
-                    running.add(ref)
+                    running[ref] = block
                 out.append(code)
             text = "".join(out)
         self._ensure_heartbeat()
@@ -222,7 +243,8 @@ class RunOnce:
         """``items`` no longer run here (their claims, if still in Redis, are stale)."""
         running = self._running.get(binding)
         if running:
-            running.difference_update(i["source_ref"] for i in items)
+            for item in items:
+                running.pop(item["source_ref"], None)
 
     async def finish(self, binding: str, items: Sequence[Item],
                      outcomes: Sequence[Outcome]) -> set[int]:
@@ -272,8 +294,8 @@ class RunOnce:
                     free_text = join_refs(free) if free else ""
                     args: list[str | int] = [self._span_ms, self.prefix(binding), done_text,
                                              free_text, self.holder]
-                    text = await self._call(self._finish, binding, [done_text, free_text],
-                                            args)
+                    text = await self._call(self._finish, binding,
+                                            self._blocks(binding, done, free), args)
                     elsewhere = ({ref for ref, code in zip(free, text, strict=True)
                                   if code == "1"} if "1" in text else set())
                 except Exception as exc:
@@ -287,6 +309,22 @@ class RunOnce:
                         _settle(rest, exception=cancelled)
                     raise
                 _settle(mine, result=elsewhere)
+
+    def _blocks(self, binding: str, *refs: list[str]) -> set[tuple[str, int]]:
+        """The bitmap blocks of ``refs``: from their claims, or worked out for those not
+        claimed here (run unguarded while Redis was away)."""
+        running = self._running.get(binding, {})
+        blocks: set[tuple[str, int]] = set()
+        unknown: list[str] = []
+        for group in refs:
+            for ref in group:
+                if ref not in running:
+                    unknown.append(ref)
+                elif (block := running[ref]) is not None:
+                    blocks.add(block)
+        if unknown:
+            blocks |= blocks_of(join_refs(unknown))
+        return blocks
 
     async def close(self) -> None:
         """Stop the heartbeat and drop this holder: claims left here are free at once."""
