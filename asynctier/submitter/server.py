@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from asynctier.platform import eventloop
 from asynctier.platform.config import Settings
 from asynctier.platform.limits.capacity import EnqueueCapacity
 from asynctier.platform.redis_client import async_client
@@ -49,7 +50,7 @@ def run_submitter(settings: Settings, *, listen: str | None = None,
                   ready_callback: Callable[[str], None] | None = None,
                   stop_grace_s: float = 30.0) -> None:
     """Run a Submitter until ``stop`` is set; blocks."""
-    asyncio.run(serve_submitter(settings, listen=listen, stop=stop or threading.Event(),
+    eventloop.run(serve_submitter(settings, listen=listen, stop=stop or threading.Event(),
                                 options=options, ready_callback=ready_callback,
                                 stop_grace_s=stop_grace_s))
 

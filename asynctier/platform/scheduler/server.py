@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from asynctier.platform import eventloop
 from asynctier.platform.admission import Admission, OpenAdmission
 from asynctier.platform.config import Settings
 from asynctier.platform.limits.breaker import Breakers
@@ -76,7 +77,7 @@ def run_scheduler(settings: Settings, *, listen: str | None = None,
     closed on exit. ``tenants``: where tenants' weights are followed and their usage
     shared (none: the options' weights only).
     """
-    asyncio.run(serve_scheduler(
+    eventloop.run(serve_scheduler(
         settings, listen=listen, allow_modules=allow_modules, admission=admission,
         stop=stop, ready_callback=ready_callback, options=options, bindings=bindings,
         advertise=advertise, breakers=breakers, tenants=tenants))
@@ -164,9 +165,9 @@ def _log_start(address: str, listen: str, port: int, scheduler: Scheduler,
     allowed = scheduler.runtime.resolver.allow_modules
     opts = scheduler.options
     log.info("scheduler listening on %s (port %d, %s), registered as %s in region %s; "
-             "allowed modules: %s; %d workers, queue of at most %d items", listen, port,
-             security, address, region, ", ".join(allowed) or "none", opts.workers,
-             opts.max_queued_items)
+             "allowed modules: %s; %d workers, queue of at most %d items; event loop %s",
+             listen, port, security, address, region, ", ".join(allowed) or "none",
+             opts.workers, opts.max_queued_items, eventloop.name())
     if not allowed:
         log.warning("no module is allowed: every item will fail with 'module not allowed' "
                     "(start the scheduler with --allow-module PREFIX)")
