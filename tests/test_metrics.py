@@ -211,3 +211,32 @@ def test_observing_many_values_at_once_equals_observing_each() -> None:
     one_s, many_s = samples("one_seconds"), samples("many_seconds")
     assert one_s.pop("_sum") == pytest.approx(many_s.pop("_sum"))
     assert one_s == many_s
+
+
+@settings(max_examples=200, deadline=None)
+@given(ages_ms=st.lists(st.integers(-50, 4_000_000), min_size=1, max_size=40),
+       start_ms=st.integers(1_700_000_000_000, 1_800_000_000_000))
+def test_record_ages_of_a_chunk_land_as_if_observed_one_by_one(
+        ages_ms: list[int], start_ms: int) -> None:
+    """The one-bucket shortcut of observe_record_ages counts exactly what observing each
+    record's age on its own would (ages clamped at 0: a clock a little ahead)."""
+    from prometheus_client import CollectorRegistry
+
+    binding = f"ages-{uuid.uuid4().hex[:8]}"
+    start_s = start_ms / 1000.0
+    record_ms = [start_ms - a for a in ages_ms]
+    metrics.observe_record_ages(binding, record_ms, start_s)
+    one = Histogram("one_seconds", "d", buckets=metrics.RECORD_TO_START_BUCKETS_S,
+                    registry=CollectorRegistry())
+    for ms in record_ms:
+        one.observe(max(0.0, start_s - ms / 1000.0))
+    got = {s.labels["le"]: s.value for m in REGISTRY.collect()
+           if m.name == "asynctier_record_to_start_seconds"
+           for s in m.samples if s.labels.get("binding") == binding and "le" in s.labels}
+    want = {s.labels["le"]: s.value for m in one.collect() for s in m.samples
+            if "le" in s.labels}
+    assert got == want
+    total = REGISTRY.get_sample_value("asynctier_record_to_start_seconds_sum",
+                                      {"binding": binding})
+    assert total == pytest.approx(sum(max(0.0, start_s - ms / 1000.0) for ms in record_ms),
+                                  abs=1e-6)
