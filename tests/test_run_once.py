@@ -22,6 +22,7 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ConfigError
 from asynctier.platform.limits import AdmissionConfig, RedisAdmission, once
+from asynctier.platform.scheduler.options import SchedulerOptions
 from asynctier.platform.wire import Item, Outcome, ok, retry
 from tests.funcs import basic
 from tests.scheduler_harness import by_id, local_scheduler
@@ -719,6 +720,41 @@ def test_a_reply_the_writer_cannot_read_fails_its_chunk_instead_of_hanging_it(
 
     (end,) = asyncio.run(scenario())  # type: ignore[misc]
     assert isinstance(end, ValueError), end
+
+
+def test_a_chunk_spread_over_threads_writes_down_successes_while_it_still_runs(
+        settings: Settings) -> None:
+    """A sync chunk spread over threads ends its items over its parts' time: the successes
+    are written down as they end (every EARLY_WRITE_S), not when its slowest part ends, so
+    that a scheduler killed meanwhile does not run them again. Seen from another scheduler:
+    the records that ended are done while the chunk's slow record still runs (busy)."""
+    basic.reset()
+    slow = [{"sleep": 1.5}] + [{"sleep": 0.005}] * 7
+    refs = [f"orders/13/{n}" for n in range(8)]
+
+    async def scenario() -> str:
+        admission, other = RedisAdmission(settings), RedisAdmission(settings)
+        scheduler = local_scheduler([GUARDED], admission=admission,
+                                    options=SchedulerOptions(workers=1))
+        scheduler.start()
+        try:
+            for warm in range(2):  # measured: 5 ms an item, its chunks spread
+                await scheduler.process(make_items(
+                    [f"orders/14/{warm * 10 + n}" for n in range(8)], {"sleep": 0.005}))
+            batch = [item | {"payload": json.dumps(body).encode()}  # type: ignore[operator]
+                     for item, body in zip(make_items(refs), slow, strict=True)]
+            call = asyncio.create_task(scheduler.process(batch))
+            await asyncio.sleep(0.5)
+            assert not call.done(), "the slow record ended too soon to tell"
+            codes = await other.claim(GUARDED, make_items(refs))
+            await call
+            return codes
+        finally:
+            await scheduler.stop()
+            await admission.close()
+            await other.close()
+
+    assert asyncio.run(scenario()) == BUSY + DONE * 7
 
 
 def test_a_chunk_that_succeeded_is_answered_before_its_marks_land_and_its_copy_waits(

@@ -35,6 +35,8 @@ class Chunk:
     future: asyncio.Future[list[Outcome]]
     queued_at: float = field(default=0.0)
     deadline: float = math.inf  # epoch seconds: the fair queue orders a tenant's by it
+    # ids of the items whose success was written down while the chunk still ran
+    written: set[int] = field(default_factory=set)
 
     @property
     def cost(self) -> int:

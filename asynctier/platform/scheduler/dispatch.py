@@ -115,6 +115,9 @@ class Dispatcher:
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Future[None]] = set()
         self._writes: set[asyncio.Future[None]] = set()  # chunks being written down
+        # successes of chunks that still run, to write down together (binding name ->
+        # the binding, its items, their outcomes)
+        self._early: dict[str, tuple[Binding, list[Item], list[Outcome]]] = {}
 
     def start(self) -> None:
         """Start the worker tasks on the running loop."""
@@ -405,9 +408,35 @@ class Dispatcher:
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
+    def _write_early(self, binding: Binding, written: set[int], items: list[Item],
+                     oks: list[Outcome]) -> None:
+        """Write down successes of a chunk that still runs (:meth:`Runtime.run_held`):
+        those handed over together (by every chunk the runtime looked at) go in one
+        write-down per binding."""
+        written.update(o["id"] for o in oks)
+        if not self._early:
+            asyncio.get_running_loop().call_soon(self._flush_early)
+        _, pending_items, pending_oks = self._early.setdefault(binding.name, (binding, [], []))
+        pending_items += items
+        pending_oks += oks
+
+    def _flush_early(self) -> None:
+        early, self._early = self._early, {}
+        for binding, items, oks in early.values():
+            task = asyncio.ensure_future(self._write_down_early(binding, items, oks))
+            self._writes.add(task)
+            task.add_done_callback(self._writes.discard)
+
+    async def _write_down_early(self, binding: Binding, items: list[Item],
+                                oks: list[Outcome]) -> None:
+        await self._finish(binding, items, oks)
+
     async def _finish_chunk(self, chunk: Chunk, outcomes: list[Outcome] | None,
                             answered: bool) -> None:
-        elsewhere = await self._finish(chunk.binding, chunk.items, outcomes or [])
+        items = chunk.items
+        if chunk.written:
+            items = [i for i in items if i["id"] not in chunk.written]
+        elsewhere = await self._finish(chunk.binding, items, outcomes or [])
         if answered or outcomes is None or chunk.future.done():
             return
         if elsewhere:
@@ -438,12 +467,15 @@ class Dispatcher:
             items = [i for i in items if breakers.is_probe(i)]
         if not items:
             return expired
-        outcomes = await self._run_items(binding, items)
+        outcomes = await self._run_items(binding, items, chunk.written)
         if breakers is not None:
             outcomes = await breakers.report(binding, items, outcomes)
         return expired + outcomes
 
-    async def _run_items(self, binding: Binding, items: list[Item]) -> list[Outcome]:
+    async def _run_items(self, binding: Binding, items: list[Item],
+                         written: set[int] | None = None) -> list[Outcome]:
+        """Run ``items``; with ``written``, the successes of a chunk spread over threads
+        are written down while it runs, and their ids added to ``written``."""
         try:
             job = self.runtime.job(binding)
         except (ModuleNotAllowed, FunctionNotFound) as exc:
@@ -454,6 +486,9 @@ class Dispatcher:
         cap = self._cap(binding)
         if cap:
             outcomes = await self._run_capped(job, items, cap)
+        elif written is not None and not binding.idempotent:
+            outcomes = await self.runtime.run(
+                job, items, lambda done, oks: self._write_early(binding, written, done, oks))
         else:
             outcomes = await self.runtime.run(job, items)
         took = time.monotonic() - started

@@ -55,10 +55,17 @@ SYNC_SPREAD = 8
 #: A sync chunk is spread only in parts of at least this much measured work each (a
 #: thread hop costs tens of microseconds: fast items stay in one thread).
 SPREAD_PART_S = 0.004
+#: How often the successes of a sync chunk spread over threads are handed over while the
+#: chunk still runs (to be written down: a scheduler killed then runs them again).
+EARLY_WRITE_S = 0.01
 #: Items of one async chunk running at once (the default largest chunk: all of its items
 #: start together). An async function's chunks are this large once it is measured
 #: (:meth:`~asynctier.platform.scheduler.sizing.ChunkSizer.observe`, ``concurrent``).
 ASYNC_LANES = 256
+
+
+#: Takes the successes of some items of a chunk that still runs (:meth:`Runtime.run_held`).
+Early = Callable[[list[Item], list[Outcome]], None]
 
 
 @dataclass(frozen=True)
@@ -230,6 +237,27 @@ def _wake(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
+class _Harvest:
+    """The successes of a running sync chunk's parts not handed over yet."""
+
+    def __init__(self, items: Sequence[Item], early: Early) -> None:
+        self.by_id = {item["id"]: item for item in items}
+        self.early = early
+        self.runs: list[SyncRun] = []  # the chunk's parts (and those of items left over)
+        self.seen: dict[int, int] = {}  # id(run) -> its results handed over
+
+    def take(self) -> None:
+        """Hand over what ended in the chunk's parts since the last call."""
+        oks: list[Outcome] = []
+        for run in self.runs:
+            with run._lock:
+                new = run.results[self.seen.get(id(run), 0):]
+                self.seen[id(run)] = len(run.results)
+            oks += [o for o in new if o["status"] == "ok"]
+        if oks:
+            self.early([self.by_id[o["id"]] for o in oks], oks)
+
+
 class Runtime:
     """Resolves functions and runs chunks; owns the bounded pool of sync worker threads.
 
@@ -248,6 +276,8 @@ class Runtime:
         self._jobs: dict[str, Job] = {}
         self._per_item_s: dict[str, float] = {}  # sync bindings: measured seconds per item
         self.hung_threads = 0
+        self._harvests: set[_Harvest] = set()  # running spread chunks with ``early``
+        self._harvester: asyncio.Task[None] | None = None
 
     def job(self, binding: Binding) -> Job:
         """The job of ``binding``; ModuleNotAllowed / FunctionNotFound when refused."""
@@ -259,19 +289,23 @@ class Runtime:
             self._jobs[binding.name] = job
         return job
 
-    async def run(self, job: Job, items: Sequence[Item]) -> list[Outcome]:
+    async def run(self, job: Job, items: Sequence[Item],
+                  early: Early | None = None) -> list[Outcome]:
         """Run every item of one chunk; one outcome per item."""
-        return (await self.run_held(job, items))[0]
+        return (await self.run_held(job, items, early))[0]
 
-    async def run_held(self, job: Job, items: Sequence[Item]
+    async def run_held(self, job: Job, items: Sequence[Item], early: Early | None = None
                        ) -> tuple[list[Outcome], list[asyncio.Future[None]]]:
         """Run every item of one chunk: the outcomes, and the worker threads of calls
-        that overran their timeout and still run (their outcome is ``timeout`` already)."""
+        that overran their timeout and still run (their outcome is ``timeout`` already).
+        ``early(items, outcomes)`` is given, every :data:`EARLY_WRITE_S` while a sync
+        chunk spread over threads runs, the successes that ended since (they are in the
+        outcomes at the end all the same)."""
         if job.function.is_async:
             return await run_async_chunk(job, items), []
         if job.in_process:
             return await self.processes.run(job, items), []
-        return await self._run_sync(job, items)
+        return await self._run_sync(job, items, early)
 
     async def run_one(self, job: Job, item: Item) -> Outcome:
         """Run a single item."""
@@ -305,22 +339,49 @@ class Runtime:
             return took
         return per_item * -(-count // self.parts(job.binding.name, count))
 
-    async def _run_sync(self, job: Job, items: Sequence[Item]
+    async def _run_sync(self, job: Job, items: Sequence[Item], early: Early | None = None
                         ) -> tuple[list[Outcome], list[asyncio.Future[None]]]:
         """Run ``items`` in :meth:`parts` threads at once; the loop wakes once, when the
         last part ends, unless an item passes its timeout first (then that part is given
-        up and the rest of its items go on in a new part)."""
+        up and the rest of its items go on in a new part). With ``early``, a chunk in
+        several parts also wakes every :data:`EARLY_WRITE_S` to hand over the successes
+        so far: its items end over the 40 ms its parts run, and a scheduler killed before
+        they are written down runs them again."""
         loop = asyncio.get_running_loop()
         count = self.parts(job.binding.name, len(items))
         step = -(-len(items) // count)
         parts = SyncParts(loop)
         running = [parts.start(self.pool, SyncRun(job, items[i:i + step]))
                    for i in range(0, len(items), step)]
+        harvest = _Harvest(items, early) if early is not None and count > 1 else None
+        if harvest is not None:
+            harvest.runs = [run for run, _ in running]
+            self._harvests.add(harvest)
+            if self._harvester is None or self._harvester.done():
+                self._harvester = loop.create_task(self._harvest())
+        try:
+            return await self._watch_parts(job, parts, running, harvest)
+        finally:
+            if harvest is not None:
+                self._harvests.discard(harvest)
+
+    async def _harvest(self) -> None:
+        """Every :data:`EARLY_WRITE_S` while sync chunks spread over threads run, hand
+        over their successes so far (one wake-up for all of them)."""
+        while self._harvests:
+            await asyncio.sleep(EARLY_WRITE_S)
+            for harvest in list(self._harvests):
+                harvest.take()
+
+    async def _watch_parts(self, job: Job, parts: SyncParts,
+                           running: list[tuple[SyncRun, Future[None]]],
+                           harvest: _Harvest | None
+                           ) -> tuple[list[Outcome], list[asyncio.Future[None]]]:
+        """Wait for the parts of a sync chunk; give up on an item past its timeout."""
         results: list[Outcome] = []
         late: list[asyncio.Future[None]] = []
         while running:
-            wait = min(run.wait_s() for run, _ in running)
-            await parts.wait(wait)
+            await parts.wait(min(run.wait_s() for run, _ in running))
             still = []
             for run, future in running:
                 if run.finished:
@@ -340,6 +401,8 @@ class Runtime:
                     if rest:
                         still.append(parts.start(self.pool, SyncRun(job, rest)))
             running = still
+            if harvest is not None:
+                harvest.runs += [run for run, _ in still if run not in harvest.runs]
         return results, late
 
     def _measure(self, binding: str, run: SyncRun) -> None:
