@@ -144,14 +144,15 @@ def test_a_killed_process_loses_nothing(plat: QueuePlatform, queue_store: QueueS
                                         queue_namespace: str, victim: str) -> None:
     """SIGKILL mid-drain: every item ran; what the dead process held runs again once its
     lease ran out (tailer) or its call was sent again (scheduler)."""
-    n = 3000
+    n = 1500
     plat.bind_queue("q", "drain", queue_namespace, "--lease", "2s", "--idempotent")
     enqueue(queue_store, queue_namespace, "drain",
-            [{"id": i, "sleep": 0.002} for i in range(n)])
+            [{"id": i, "sleep": 0.05} for i in range(n)])  # 64 threads: over a second
     plat.start("scheduler")
     plat.supervise("scheduler")
     plat.start("tailers")
     wait_until(lambda: len(succeeded(plat.calls())) >= n // 3, 120, "a third done")
+    assert len(succeeded(plat.calls())) < n, "the drain ended before the kill: nothing to tell"
     killed_at = time.time()
     plat.kill(victim)
     if victim == "tailers":
@@ -163,7 +164,7 @@ def test_a_killed_process_loses_nothing(plat: QueuePlatform, queue_store: QueueS
              if len(calls) > 1 and calls[0].at < killed_at]
     assert again, "nothing the killed process held ran again"
     assert all(calls[1].at >= killed_at for calls in again)
-    assert duplicates <= 4 * 1000  # at most the batches the dead process held
+    assert duplicates <= 1000  # at most the batches the dead process held
 
 
 def test_postgresql_restarted_mid_drain_loses_nothing(
