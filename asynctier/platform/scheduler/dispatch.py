@@ -404,7 +404,11 @@ class Dispatcher:
                 o["status"] == "ok" for o in outcomes):
             chunk.future.set_result(outcomes)
             answered = True
-        task = asyncio.ensure_future(self._finish_chunk(chunk, outcomes, answered))
+        self._track_write(self._finish_chunk(chunk, outcomes, answered))
+
+    def _track_write(self, write: Coroutine[Any, Any, Any]) -> None:
+        """Run a write-down beside the workers (the scheduler's stop waits for it)."""
+        task = asyncio.ensure_future(write)
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
@@ -423,13 +427,7 @@ class Dispatcher:
     def _flush_early(self) -> None:
         early, self._early = self._early, {}
         for binding, items, oks in early.values():
-            task = asyncio.ensure_future(self._write_down_early(binding, items, oks))
-            self._writes.add(task)
-            task.add_done_callback(self._writes.discard)
-
-    async def _write_down_early(self, binding: Binding, items: list[Item],
-                                oks: list[Outcome]) -> None:
-        await self._finish(binding, items, oks)
+            self._track_write(self._finish(binding, items, oks))
 
     async def _finish_chunk(self, chunk: Chunk, outcomes: list[Outcome] | None,
                             answered: bool) -> None:

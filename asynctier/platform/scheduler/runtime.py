@@ -163,6 +163,11 @@ class SyncRun:
             if not self.abandoned and outcome is not None:
                 results.append(outcome)
 
+    def results_from(self, start: int) -> list[Outcome]:
+        """The outcomes handed over so far, from the ``start``-th on (while it runs)."""
+        with self._lock:
+            return self.results[start:]
+
     def raise_error(self) -> None:
         """Raise what went wrong outside the function, if anything did."""
         if self.error is not None:
@@ -250,9 +255,9 @@ class _Harvest:
         """Hand over what ended in the chunk's parts since the last call."""
         oks: list[Outcome] = []
         for run in self.runs:
-            with run._lock:
-                new = run.results[self.seen.get(id(run), 0):]
-                self.seen[id(run)] = len(run.results)
+            seen = self.seen.get(id(run), 0)
+            new = run.results_from(seen)
+            self.seen[id(run)] = seen + len(new)
             oks += [o for o in new if o["status"] == "ok"]
         if oks:
             self.early([self.by_id[o["id"]] for o in oks], oks)
@@ -400,9 +405,9 @@ class Runtime:
                     rest = run.items[len(run.results) + 1:]
                     if rest:
                         still.append(parts.start(self.pool, SyncRun(job, rest)))
+                        if harvest is not None:
+                            harvest.runs.append(still[-1][0])
             running = still
-            if harvest is not None:
-                harvest.runs += [run for run, _ in still if run not in harvest.runs]
         return results, late
 
     def _measure(self, binding: str, run: SyncRun) -> None:
