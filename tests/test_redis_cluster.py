@@ -8,14 +8,18 @@ hash tag. The cluster starts in about 3 s, once for the module.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis.cluster
 
+from asynctier.dev import redis_cluster
 from asynctier.dev.redis_cluster import RedisClusterNodes
+from asynctier.dev.testing import start_test_redis_cluster
 from asynctier.platform.admission import BUSY, DONE, RUN, TAKEN_OVER
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
@@ -35,11 +39,9 @@ BASE = Binding(name="orders", topic="orders", function="app.jobs:handle", tenant
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
-    nodes = RedisClusterNodes(tmp_path_factory.mktemp("rcluster"), replicas=1)
     try:
-        nodes.start()
+        nodes = start_test_redis_cluster(tmp_path_factory.mktemp("rcluster"), replicas=1)
     except ServiceError as exc:
-        nodes.stop(5.0)
         service_unavailable("a Redis Cluster", exc)
     yield nodes
     nodes.stop(5.0)
@@ -217,11 +219,9 @@ def test_run_once_comes_back_on_the_replica_that_took_over_a_killed_master(
     """A master killed mid-run: claims fall back (fail_open) while its slots have no
     master, then the replica that took over answers with the successes it had: records
     done before the kill are still done (any forgotten one would run again: counted)."""
-    nodes = RedisClusterNodes(tmp_path_factory.mktemp("rfailover"), replicas=1)
     try:
-        nodes.start()
+        nodes = start_test_redis_cluster(tmp_path_factory.mktemp("rfailover"), replicas=1)
     except ServiceError as exc:
-        nodes.stop(5.0)
         service_unavailable("a Redis Cluster", exc)
     settings = Settings(redis_url=nodes.url, prefix=f"t{uuid.uuid4().hex[:10]}")
     guarded = BASE.with_changes(idempotent=False)
@@ -258,3 +258,25 @@ def test_run_once_comes_back_on_the_replica_that_took_over_a_killed_master(
     assert first == RUN * 50 and again == DONE * 50  # the guard works on the new master
     print(f"\nsuccesses forgotten by the failover: {forgotten} of {len(before)}")
     assert forgotten == 0
+
+
+def test_a_port_taken_before_a_node_binds_it_gets_the_cluster_new_ports(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process takes a chosen port before its node starts: the test cluster is
+    made again on other free ports instead of failing the test (a CI run failed so)."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    choose = redis_cluster.free_port
+    first = iter([port])
+    monkeypatch.setattr(redis_cluster, "free_port", lambda: next(first, None) or choose())
+    try:
+        nodes = start_test_redis_cluster(tmp_path)
+        try:
+            assert port not in {n.port for n in nodes.nodes}
+            assert all(nodes._state_ok(n) for n in nodes.nodes)
+        finally:
+            nodes.stop(5.0)
+    finally:
+        taken.close()

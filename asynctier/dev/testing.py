@@ -13,6 +13,7 @@ from asynctier.dev.kafka import KafkaJars, KafkaNode
 from asynctier.dev.postgres import PostgresNode, check_reachable, server_user
 from asynctier.dev.process import TlsFiles, default_cache_dir, free_port
 from asynctier.dev.redis import RedisNode
+from asynctier.dev.redis_cluster import RedisClusterNodes
 from asynctier.dev.replica import StandbyNode, make_synchronous, primary_settings
 from asynctier.platform.errors import ServiceError
 
@@ -39,6 +40,14 @@ def start_test_redis(root: Path, password: str | None = None, tls: TlsFiles | No
     only with ``tls``; ACL users instead of the default user with ``acl_users``)."""
     return _started(lambda: RedisNode(root / "redis", free_port(), password, tls=tls,
                                       acl_users=acl_users))
+
+
+def start_test_redis_cluster(root: Path, replicas: int = 0) -> RedisClusterNodes:
+    """A Redis Cluster of 3 masters (and ``replicas`` replicas each) on free loopback
+    ports, started; each try in a folder of its own under ``root`` (a node's
+    ``nodes.conf`` names its port)."""
+    tries = iter(range(1, 100))
+    return _started(lambda: RedisClusterNodes(root / f"try-{next(tries)}", replicas=replicas))
 
 
 class _Node(Protocol):

@@ -17,6 +17,7 @@ from asynctier.dev.kafka import KafkaJars
 from asynctier.dev.kafka_cluster import KafkaCluster
 from asynctier.dev.process import default_cache_dir
 from asynctier.dev.redis_cluster import RedisClusterNodes
+from asynctier.dev.testing import start_test_redis_cluster
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
 from asynctier.platform.kafka import admin, ensure_topics, topic_replication
@@ -40,11 +41,9 @@ IN_FLIGHT = 2
 @pytest.fixture
 def redis_cluster(tmp_path: Path) -> Iterator[RedisClusterNodes]:
     """3 masters and 3 replicas of this test only."""
-    nodes = RedisClusterNodes(tmp_path / "rcluster", replicas=1)
     try:
-        nodes.start()
+        nodes = start_test_redis_cluster(tmp_path / "rcluster", replicas=1)
     except ServiceError as exc:
-        nodes.stop(5.0)
         pytest.fail(f"could not start a Redis Cluster: {exc}")
     yield nodes
     nodes.stop(5.0)
