@@ -45,6 +45,22 @@ def single(pid: int | None) -> Finder:
     return find
 
 
+def python_speed(loops: int = 2_000_000, tries: int = 3) -> float:
+    """Millions of iterations a second of one fixed pure-Python loop, the best of ``tries``.
+
+    The same checkout has drained at rates 2x apart on different days of this shared
+    machine; a results file that gives this figure at its start and end tells a slower
+    machine from a slower change. Only figures of one machine compare."""
+    best = float("inf")
+    for _ in range(max(1, tries)):
+        begun = time.perf_counter()
+        total = 0
+        for i in range(loops):
+            total += i * i
+        best = min(best, time.perf_counter() - begun)
+    return loops / best / 1e6
+
+
 def _vm_hwm(pid: int) -> int:
     """The kernel's peak RSS of ``pid`` (VmHWM) in bytes; 0 when unreadable."""
     with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/status") as fh:

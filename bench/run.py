@@ -34,6 +34,7 @@ import uuid  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
 from bench import asynctier_run, queue_report, report, scenarios, spy  # noqa: E402
+from bench.measure import python_speed  # noqa: E402
 from bench.records import preload  # noqa: E402
 from bench.report import Results  # noqa: E402
 from bench.stack import Services, machine, services  # noqa: E402
@@ -328,6 +329,8 @@ def _settings(args: argparse.Namespace, svc: Services) -> dict[str, str]:
         "services": ("Kafka and Redis started by this run" if svc.own else
                      f"Kafka {svc.kafka_bootstrap} and Redis from the environment (shared)"),
         "load average at start (1, 5, 15 min)": load,
+        "Python speed at start (a fixed loop, bench.measure.python_speed)":
+            f"{python_speed():.1f} M iterations/s",
     }
 
 
@@ -344,6 +347,7 @@ def main(argv: list[str]) -> int:
         Runner(args, svc, folder, results).all()
     results.settings["load average at end (1, 5, 15 min)"] = ", ".join(
         f"{x:.2f}" for x in os.getloadavg())
+    results.settings["Python speed at end"] = f"{python_speed():.1f} M iterations/s"
     results.settings["wall time"] = f"{time.monotonic() - started:.0f} s"
     text = report.render(results)
     if args.out is not None:

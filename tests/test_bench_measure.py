@@ -1,0 +1,24 @@
+"""The bench's machine-speed figure: the best of its tries, in millions of loops a second
+(pure logic: a fake clock, no services)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from bench import measure
+
+
+def test_python_speed_is_the_fastest_try(monkeypatch: pytest.MonkeyPatch) -> None:
+    # three tries of 1,000,000 loops taking 0.5 s, 0.25 s and 1.0 s: the machine at its
+    # least disturbed ran 4 M loops a second
+    ticks: Iterator[float] = iter([0.0, 0.5, 10.0, 10.25, 20.0, 21.0])
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(ticks))
+    assert measure.python_speed(loops=1_000_000, tries=3) == pytest.approx(4.0)
+
+
+def test_python_speed_makes_at_least_one_try(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks: Iterator[float] = iter([0.0, 2.0])
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(ticks))
+    assert measure.python_speed(loops=1_000_000, tries=0) == pytest.approx(0.5)
