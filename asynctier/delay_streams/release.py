@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from asynctier.delay_streams.handoff import Handoff, Parcel
 from asynctier.platform import wire
 from asynctier.platform.binding import Binding
-from asynctier.platform.calls import CallBuilder, complete
+from asynctier.platform.calls import CallBuilder
 from asynctier.platform.errors import HandoffError
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.wire import Item, Outcome
@@ -60,14 +60,13 @@ def submit(client: SchedulerClient, entries: Sequence[Entry],
            stop: threading.Event | None) -> list[Outcome]:
     """The outcome of every entry, in entry order (one call per :func:`calls` part).
 
-    An entry the scheduler said nothing about gets a ``retry`` outcome: unknown is never
-    taken as done. Raises SchedulerUnavailable when ``stop`` is set while no scheduler
-    answers.
+    An answer that does not name every entry of its call once is not taken (the call is
+    sent again: :mod:`asynctier.platform.replies`). Raises SchedulerUnavailable when
+    ``stop`` is set while no scheduler answers.
     """
     outcomes: list[Outcome] = []
     for start, end, call in calls(entries):
-        answer = complete(client.submit_encoded(call.encode(), end - start).result(stop),
-                          end - start)
+        answer = client.submit_encoded(call.encode(), end - start).result(stop)
         by_id = {o["id"]: o for o in answer}
         outcomes += [{**by_id[i - start], "id": i} for i in range(start, end)]
     return outcomes

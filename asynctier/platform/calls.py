@@ -1,16 +1,13 @@
-"""Building one submit call, and reading its answer: the same for every caller (the tailer
-pipeline, ``dlq replay``)."""
+"""Building one submit call: the same for every caller (the tailer pipeline, the delay
+tailers, the parked-key runner, ``dlq replay``). Its answer is read, and checked, by
+:mod:`asynctier.platform.replies`."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 from asynctier.platform import wire
 from asynctier.platform.rpc import MAX_CALL_BYTES, header_bytes
-from asynctier.platform.wire import Outcome
-
-log = logging.getLogger(__name__)
 
 
 class CallBuilder:
@@ -45,15 +42,3 @@ class CallBuilder:
         """The request's bytes."""
         return self.columns.encode()
 
-
-def complete(outcomes: list[Outcome], n: int) -> list[Outcome]:
-    """One outcome per item ``0..n-1``: an item the scheduler said nothing about is
-    unknown, so it is retried, never taken as done."""
-    if len(outcomes) == n and len({o["id"] for o in outcomes}) == n:
-        return outcomes
-    by_id = {o["id"]: o for o in outcomes if 0 <= o["id"] < n}
-    missing = [wire.retry(i, "the scheduler returned no outcome for this item")
-               for i in range(n) if i not in by_id]
-    log.error("a scheduler answered %d outcome(s) for %d item(s); retrying %d unknown",
-              len(outcomes), n, len(missing))
-    return list(by_id.values()) + missing

@@ -35,6 +35,13 @@ class SchedulerUnavailable(AsynctierError):
     """No scheduler answered a submit call."""
 
 
+class BadReply(AsynctierError):
+    """A scheduler's answer fails a check (it does not decode, or names an item it was not
+    sent, twice, or not at all, or holds a status, reason or delay the platform does not
+    know): nothing is done on its word; the caller treats it as a failure of that
+    scheduler. The message says what was wrong."""
+
+
 class ServiceError(AsynctierError):
     """A local service (Kafka, Redis, PostgreSQL) could not be started, reached or stopped."""
 

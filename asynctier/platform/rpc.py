@@ -36,7 +36,8 @@ from typing import Any
 
 import grpc
 
-from asynctier.platform.errors import SchedulerUnavailable
+from asynctier.platform.errors import BadReply, SchedulerUnavailable
+from asynctier.platform.replies import read_outcomes
 from asynctier.platform.rpcsecurity import RpcSecurity, failure_hint, open_channel
 from asynctier.platform.stream import RUN, STREAM_VERSION, Event, StreamCall
 from asynctier.platform.wire import (
@@ -44,7 +45,6 @@ from asynctier.platform.wire import (
     Item,
     Outcome,
     decode_items,
-    decode_outcomes,
     encode_items,
     encode_outcomes,
     failed,
@@ -211,6 +211,11 @@ class PendingCall:
             self.address, self.future = client._send(payload, spread)
 
     @property
+    def ids(self) -> Sequence[int]:
+        """The ids of the call's items: its answer must name each of them once."""
+        return range(self.count) if self._items is None else [i["id"] for i in self._items]
+
+    @property
     def items(self) -> list[Item]:
         """The batch's items (decoded from the request when it was sent pre-encoded)."""
         if self._items is None:
@@ -220,6 +225,8 @@ class PendingCall:
     def result(self, stop: threading.Event | None = None) -> list[Outcome]:
         """The outcomes; on a scheduler failure the batch is sent again elsewhere.
 
+        An answer that fails :func:`~asynctier.platform.replies.read_outcomes`'s checks is
+        a scheduler failure too: nothing is taken from it, and the batch is sent again.
         Raises SchedulerUnavailable only when ``stop`` is set before any scheduler answered,
         or, for a client that does not wait for schedulers, when none answered for
         :data:`GIVE_UP_S`.
@@ -228,7 +235,9 @@ class PendingCall:
         while True:
             try:
                 reply = self.future.result()
-                return decode_outcomes(reply)
+                return read_outcomes(reply, self.ids)
+            except BadReply as exc:
+                self.client.bad_reply(self.address, self.count, exc)
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
@@ -436,6 +445,15 @@ class SchedulerClient:
                           "Batches wait for a scheduler that takes them, no attempt spent.",
                           address, detail, WIRE_VERSION)
         self._mark_down(address, WRONG_WIRE_BACKOFF_S, close=False)
+
+    def bad_reply(self, address: str, count: int, exc: BadReply) -> None:
+        """``address`` answered a batch of ``count`` item(s) with a reply that fails the
+        checks: say so, and leave it alone for a while (as a failed call)."""
+        log.error("scheduler %s sent a bad answer to a batch of %d item(s): %s. Nothing is "
+                  "done on its word: the batch is sent again. Check that %s is an asynctier "
+                  "scheduler of this version (asynctier schedulers) and read its log.",
+                  address, count, exc, address)
+        self._mark_down(address, 2.0, close=False)
 
     def _mark_down(self, address: str, for_s: float = 2.0, close: bool = True) -> None:
         self._down[address] = max(self._down.get(address, 0.0), time.monotonic() + for_s)

@@ -30,8 +30,10 @@ from typing import Any, Literal
 import fastavro
 import grpc
 
+from asynctier.platform.errors import BadReply
+from asynctier.platform.replies import read_outcomes
 from asynctier.platform.schemas import load_schema, schema_json
-from asynctier.platform.wire import _pack, _unpack, fingerprint
+from asynctier.platform.wire import Outcome, _pack, _unpack, fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ class Message:
     state: bytes = b""
     error: str = ""
     code: grpc.StatusCode | None = None  # end: the gRPC status when the stream broke
+    outcomes: list[Outcome] = field(default_factory=list)  # outcomes: the body, checked
 
 
 def encode(message: Message) -> bytes:
@@ -93,13 +96,20 @@ Event = tuple["StreamCall", Message]
 class StreamCall:
     """The tailer's side of one run stream: a reader thread puts every message it gets on
     ``events`` as ``(call, message)``, then an ``end`` message (its ``error`` set when the
-    stream broke: the scheduler died, or could not be reached)."""
+    stream broke: the scheduler died, or could not be reached, or sent a bad message).
+
+    An ``outcomes`` message is read and checked here
+    (:func:`~asynctier.platform.replies.read_outcomes`: each item of the stream answered
+    once at most, known statuses, reasons and delays) into its ``outcomes``. A message
+    that does not decode or fails a check breaks the stream, like a scheduler that died:
+    nothing is resolved on its word, and its items run again once their leases run out."""
 
     def __init__(self, address: str, stub: Any, first: bytes,
                  events: queue.Queue[Event], items: Sequence[Any]) -> None:
         self.address = address
         self.items = list(items)  # the source's records; message ids are positions here
         self.accepted = False  # a message came back: the scheduler holds the items
+        self._waiting = set(range(len(self.items)))  # positions without an outcome yet
         self._events = events
         self._requests: queue.Queue[bytes | None] = queue.Queue()
         self._requests.put(first)
@@ -113,18 +123,34 @@ class StreamCall:
         try:
             for data in self._call:
                 self.accepted = True
-                self._events.put((self, decode(data)))
+                self._events.put((self, self._message(data)))
         except grpc.RpcError as exc:
             end.code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
             end.error = (exc.details() if hasattr(exc, "details") else None) or str(exc)
-        except Exception as exc:  # a message that does not decode: the stream is no good
-            log.exception("a run stream from scheduler %s sent what does not decode",
-                          self.address)
+        except Exception as exc:  # a bad message: the stream is no good
+            log.error("scheduler %s sent a bad message on a run stream of %d item(s): %s. "
+                      "Nothing is done on its word: the stream is dropped and its items run "
+                      "again once their leases run out. Check that %s is an asynctier "
+                      "scheduler of this version and read its log.", self.address,
+                      len(self.items), exc, self.address)
             self._call.cancel()
-            end.code, end.error = grpc.StatusCode.INTERNAL, f"undecodable message: {exc}"
+            end.code, end.error = grpc.StatusCode.INTERNAL, f"bad message: {exc}"
         finally:
             self._requests.put(None)  # ends the request side too
         self._events.put((self, end))
+
+    def _message(self, data: bytes) -> Message:
+        """One message from the scheduler, read and (``outcomes``) checked; BadReply or
+        a decoding error when it is no good."""
+        try:
+            message = decode(data)
+        except Exception as exc:
+            raise BadReply(f"a message does not decode ({type(exc).__name__}: "
+                           f"{str(exc)[:80]})") from None
+        if message.kind == "outcomes":
+            message.outcomes = read_outcomes(message.body, self._waiting, whole=False)
+            self._waiting.difference_update(o["id"] for o in message.outcomes)
+        return message
 
     def send(self, message: Message) -> None:
         """Send one message to the scheduler (a ``saved`` answer)."""

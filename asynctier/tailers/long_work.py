@@ -34,7 +34,7 @@ from asynctier.platform import metrics
 from asynctier.platform.errors import AsynctierError, HandoffError
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.stream import Event, Message, StreamCall, items_message
-from asynctier.platform.wire import Outcome, decode_outcomes, retry
+from asynctier.platform.wire import Outcome, retry
 from asynctier.queue.items import Leased
 from asynctier.tailers.options import TailerOptions
 from asynctier.tailers.pipeline import Hook
@@ -170,7 +170,7 @@ class LongWork:
         for call, message in events:
             kind = message.kind
             if kind == "outcomes":
-                done += self._ended(call, decode_outcomes(message.body))
+                done += self._ended(call, message.outcomes)
             elif kind == "alive":
                 alive += [run for i in message.ids if (run := self._run_of(call, i))]
             elif kind == "checkpoint":

@@ -17,7 +17,7 @@ import time
 from asynctier.delay_streams.handoff import Handoff, Parcel
 from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
-from asynctier.platform.calls import CallBuilder, complete
+from asynctier.platform.calls import CallBuilder
 from asynctier.platform.errors import HandoffError, SchedulerUnavailable
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.tailers.ordered import ran_after_header
@@ -70,8 +70,7 @@ class ParkedRunner:
                             record.record_time_ms):
                 break
             records.append((okey, blob, record))
-        outcomes = complete(self.client.submit_encoded(call.encode(), len(records))
-                            .result(stop), len(records))
+        outcomes = self.client.submit_encoded(call.encode(), len(records)).result(stop)
         results: list[tuple[str, str, bool, str]] = []
         for outcome in outcomes:
             okey, blob, record = records[outcome["id"]]

@@ -10,7 +10,9 @@ do) the earlier hand-offs are confirmed and only then the waiting batches are
 checkpointed, oldest first: the wait for durability overlaps with the next batch's work.
 A refused or unconfirmed hand-off means no checkpoint and another try.
 
-An item the scheduler said nothing about is unknown: it is retried, never taken as done.
+An answer that does not name every item of the batch exactly once (or fails another check
+of :mod:`asynctier.platform.replies`) is not taken: the batch is sent again, and nothing is
+resolved or checkpointed on its word.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from collections.abc import Callable
 from typing import Any
 
 from asynctier.platform import metrics
-from asynctier.platform.calls import complete
 from asynctier.platform.errors import HandoffError, SchedulerUnavailable
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.tailers.options import PipelineOptions
@@ -144,7 +145,7 @@ class Pipeline:
             if not self.draining and not batch.call.future.done() and not self.source.wait(
                     batch, lambda: not self.in_flight or self.in_flight[0] is not batch):
                 return  # a revoke served while waiting resolved and checkpointed it
-            batch.outcomes = complete(batch.call.result(self.stop), batch.items)
+            batch.outcomes = batch.call.result(self.stop)
         self.in_flight.popleft()
         metrics.add_in_flight(self.component, self.metric_name, -len(batch.records))
         self.answered.append(batch)
