@@ -17,6 +17,7 @@ from asynctier.platform.limits.outage import REDIS_DOWN
 from asynctier.platform.limits.quota import QuotaStore
 from asynctier.platform.limits.tenants import TenantStore
 from asynctier.platform.redis_client import AsyncRedis, async_client
+from asynctier.platform.scheduler.queues import MAX_WEIGHT, MIN_WEIGHT
 
 T = TypeVar("T")
 
@@ -39,16 +40,17 @@ async def tenant_rows(client: AsyncRedis, settings: Settings) -> list[dict[str, 
     schedulers this minute and the last, share of the last minute, quota and its use."""
     tenants = TenantStore(client, settings.names)
     quotas = QuotaStore(client, settings.names)
-    weights = await tenants.weights()
+    weights, refused = await tenants.weights()
     now, before = await tenants.usage()
     limits = await quotas.all()
     total_before = sum(before.values())
     rows = []
-    for name in sorted(set(weights) | set(now) | set(before) | set(limits)):
+    for name in sorted(set(weights) | set(refused) | set(now) | set(before) | set(limits)):
         quota = limits.get(name)
         used = await quotas.usage(name) if quota is not None else None
         rows.append({
             "tenant": name, "weight": weights.get(name, 1.0),
+            "weight_refused": refused.get(name),
             "started_this_minute": now.get(name, 0),
             "started_last_minute": before.get(name, 0),
             "share_last_minute": (before.get(name, 0) / total_before) if total_before else None,
@@ -67,7 +69,7 @@ def tenant() -> None:
 
 @tenant.command("set")
 @click.argument("name")
-@click.option("--weight", type=click.FloatRange(min=0.01, max=1000), required=True,
+@click.option("--weight", type=click.FloatRange(min=MIN_WEIGHT, max=MAX_WEIGHT), required=True,
               help="Its share against other tenants' (1 when never set): with weights 3 "
                    "and 1, a backlogged tenant gets 3 items run for every 1 of the other.")
 @click.pass_context
@@ -102,6 +104,11 @@ def show(ctx: click.Context, as_json: bool) -> None:
                    f"{r['started_last_minute']:>9} {share:>6} "
                    f"{_q(r['quota_per_minute'], r['quota_used_minute']):>10} "
                    f"{_q(r['quota_per_day'], r['quota_used_day']):>10}")
+    for r in rows:
+        if r["weight_refused"]:
+            click.echo(f"tenant {r['tenant']}: the weight in Redis is refused "
+                       f"({r['weight_refused']}); schedulers keep the one they had. Fix: "
+                       f"asynctier tenant set {r['tenant']} --weight N")
 
 
 def _q(limit: int | None, used: int | None) -> str:

@@ -5,22 +5,58 @@ scheduler reads it every second (:class:`~asynctier.platform.scheduler.tenants.
 TenantFollower`) and shares its workers by it within every tier. Each scheduler also adds
 the items it started per tenant to a per-minute counter here, so ``asynctier tenant
 show`` gives each tenant's usage and share over all schedulers.
+
+What is read from Redis is checked where it is read: anything may have written there. A
+weight that is not a number from :data:`MIN_WEIGHT` to :data:`MAX_WEIGHT` (the range
+``asynctier tenant set`` takes) is refused, with why; a usage count that is not a whole
+number counts as 0.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from asynctier.platform.config import Settings
 from asynctier.platform.names import Names
 from asynctier.platform.redis_client import AsyncRedis, async_client
+from asynctier.platform.scheduler.queues import MAX_WEIGHT, MIN_WEIGHT
 
 #: A per-minute usage counter lives this long (the current and the previous minute).
 USAGE_TTL_S = 180
 
 
 def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+
+
+def parse_weight(raw: bytes | str) -> float:
+    """A weight as read from Redis; ValueError, saying what is wrong, when it is not a
+    number from :data:`MIN_WEIGHT` to :data:`MAX_WEIGHT` (``abc``, 0, -1, NaN, inf...)."""
+    text = _text(raw)
+    try:
+        weight = float(text)
+    except ValueError:
+        raise ValueError(f"{text[:40]!r} is not a number") from None
+    if not (math.isfinite(weight) and MIN_WEIGHT <= weight <= MAX_WEIGHT):
+        raise ValueError(f"{text[:40]!r} is not from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}")
+    return weight
+
+
+def _count(raw: bytes | str) -> int:
+    """A usage count as read from Redis (0 when it is not a whole number)."""
+    try:
+        return max(0, int(_text(raw)))
+    except ValueError:
+        return 0
+
+
+class Weights(NamedTuple):
+    """The weights read: those that are good, and why each other one was refused."""
+
+    good: dict[str, float]
+    refused: dict[str, str]
 
 
 class TenantStore:
@@ -52,10 +88,16 @@ class TenantStore:
         """Set ``tenant``'s weight (a tenant without one weighs 1)."""
         await self.client.hset(self.weights_key, tenant, repr(float(weight)))
 
-    async def weights(self) -> dict[str, float]:
-        """Every weight set."""
-        raw = await self.client.hgetall(self.weights_key)
-        return {_text(k): float(_text(v)) for k, v in raw.items()}
+    async def weights(self) -> Weights:
+        """Every weight set, each checked (:func:`parse_weight`)."""
+        good: dict[str, float] = {}
+        refused: dict[str, str] = {}
+        for key, value in (await self.client.hgetall(self.weights_key)).items():
+            try:
+                good[_text(key)] = parse_weight(value)
+            except ValueError as exc:
+                refused[_text(key)] = str(exc)
+        return Weights(good, refused)
 
     async def add_usage(self, started: Mapping[str, int]) -> None:
         """Add items started per tenant to the current minute (by Redis ``TIME``)."""
@@ -75,8 +117,8 @@ class TenantStore:
         minute = int(seconds) // 60
         now, before = await self.client.hgetall(self.usage_key(minute)), \
             await self.client.hgetall(self.usage_key(minute - 1))
-        return ({_text(k): int(v) for k, v in now.items()},
-                {_text(k): int(v) for k, v in before.items()})
+        return ({_text(k): _count(v) for k, v in now.items()},
+                {_text(k): _count(v) for k, v in before.items()})
 
     async def close(self) -> None:
         """Close the Redis client when it was created here."""

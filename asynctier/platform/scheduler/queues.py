@@ -24,13 +24,23 @@ T = TypeVar("T")
 
 TIERS: tuple[str, ...] = ("urgent", "normal", "batch")
 DEFAULT_TIER_WEIGHTS: Mapping[str, float] = {"urgent": 8.0, "normal": 4.0, "batch": 1.0}
+#: The least and most tenant weight the queue honours (``asynctier tenant set``'s range).
+MIN_WEIGHT, MAX_WEIGHT = 0.01, 1000.0
+
+
+def _usable(weight: float) -> float:
+    """``weight``, or 1 when it is outside MIN_WEIGHT..MAX_WEIGHT (NaN included)."""
+    return weight if MIN_WEIGHT <= weight <= MAX_WEIGHT else 1.0
 
 
 class TenantDRR(Generic[T]):
     """Deficit round robin across tenants; earliest deadline first within a tenant.
 
     Each turn a tenant gets ``quantum * weight`` credit and is served while the head
-    entry's cost fits its credit. Weights default to 1.
+    entry's cost fits its credit. Weights default to 1; a weight that would give no credit
+    (0, negative, NaN) or take a turn for ever (below :data:`MIN_WEIGHT`, inf) counts as
+    1, so :meth:`pop` always ends. (Weights read from Redis are checked where read; this
+    is the queue's own guard.)
     """
 
     def __init__(self, quantum: int, weights: Mapping[str, float] | None = None) -> None:
@@ -68,7 +78,7 @@ class TenantDRR(Generic[T]):
             queue = self._queues[tenant]
             cost = queue[0][3]
             if not self._granted:
-                self._deficit[tenant] += self.quantum * self.weights.get(tenant, 1.0)
+                self._deficit[tenant] += self.quantum * _usable(self.weights.get(tenant, 1.0))
                 self._granted = True
             if self._deficit[tenant] >= cost:
                 return self._take(tenant, queue, cost)
