@@ -236,11 +236,19 @@ _NO_HEADERS: list[Header] = []
 
 
 def decode_items(data: bytes) -> list[Item]:
-    """The items of one submit request."""
+    """The items of one submit request; ValueError (or another decoding error) when the
+    bytes are not one. A request comes from outside the process: its count must be the
+    length of its columns (nothing is allocated by a count alone), its ids distinct, and
+    every index it holds (a header's item, an item's binding) in range."""
     doc: Any = fastavro.schemaless_reader(io.BytesIO(data), load_schema("submit"), None)
     count: int = doc["count"]
     names: list[str] = doc["bindings"]
+    if count != len(doc["payload_lens"]) // 4 or count < 0:
+        raise ValueError(f"count {count} is not the number of items the columns hold "
+                         f"({len(doc['payload_lens']) // 4})")
     ids = _unpack("q", doc["ids"]) if doc["ids"] else range(count)
+    if len(set(ids)) != len(ids):
+        raise ValueError("two items have the same id")
     attempts = _unpack("i", doc["attempts"]) if doc["attempts"] else [doc["attempt"]] * count
     payloads = _cut(doc["payloads"], _unpack("i", doc["payload_lens"]))
     keys = _cut(doc["keys"], _unpack("i", doc["key_lens"]))
@@ -252,11 +260,16 @@ def decode_items(data: bytes) -> list[Item]:
     headers: list[list[Header]] = [_NO_HEADERS] * count
     for h in doc["headers"]:
         i = h["item"]
+        if not 0 <= i < count:
+            raise ValueError(f"a header names item {i}, not one of the {count}")
         if headers[i] is _NO_HEADERS:
             headers[i] = []
         headers[i].append({"name": h["name"], "value": h["value"]})
     binding_of = (_unpack("i", doc["binding_of"]) if len(names) > 1 and doc["binding_of"]
                   else [0] * count)
+    if count and (not names or min(binding_of) < 0 or max(binding_of) >= len(names)):
+        raise ValueError(f"an item names binding {min(binding_of)} or {max(binding_of)}, not "
+                         f"one of the {len(names)}")
     return [
         {"id": ident, "binding": names[b], "payload": payload, "key": key, "headers": hs,
          "attempt": attempt, "source_ref": ref, "record_time_ms": at, "priority": priority,

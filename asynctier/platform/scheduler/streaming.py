@@ -18,6 +18,8 @@ import threading
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+import grpc
+
 from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.context import decode_checkpoint
 from asynctier.platform.errors import CheckpointError
@@ -84,17 +86,22 @@ class RunSession:
     async def serve(self, requests: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """The messages to send, until every item has its outcome."""
         try:
-            first = decode(await anext(requests))
+            data = await anext(requests)
         except StopAsyncIteration:
             return
-        items = self._accept(first)
+        try:
+            first = decode(data)
+            items = self._accept(first)
+        except Exception as exc:  # the bytes come from outside: anything may be wrong
+            raise BadStream(f"its first message is not a run request "
+                            f"({type(exc).__name__}: {str(exc)[:80]})") from None
         beat_s = min(MAX_BEAT_S, max(MIN_BEAT_S, first.heartbeat_ms / 1000.0))
         tasks = [asyncio.create_task(self._work(items)),
                  asyncio.create_task(self._beat(beat_s)),
                  asyncio.create_task(self._read(requests))]
         try:
-            while (data := await self.out.get()) is not None:
-                yield data
+            while (message := await self.out.get()) is not None:
+                yield message
         finally:
             await cancel_and_wait(*tasks)
 
@@ -156,15 +163,30 @@ class RunSession:
     async def _read(self, requests: AsyncIterator[bytes]) -> None:
         """The tailer's answers to checkpoints."""
         async for data in requests:
-            message = decode(data)
+            try:
+                message = decode(data)
+            except Exception as exc:
+                log.error("a run stream sent a message that does not decode (%s: %s); its "
+                          "later answers to checkpoints are not read (those wait and fail)",
+                          type(exc).__name__, str(exc)[:80])
+                return
             future = self._saves.get(message.seq) if message.kind == "saved" else None
             if future is not None and not future.done():
                 future.set_result(message.error)
 
 
+class BadStream(ValueError):
+    """A run stream's request is not one (it is answered INVALID_ARGUMENT)."""
+
+
 def run_handler(scheduler: Scheduler) -> Any:
-    """The gRPC method of the run stream for ``scheduler``."""
+    """The gRPC method of the run stream for ``scheduler``; a stream whose first message
+    is not a run request is refused (INVALID_ARGUMENT), saying why."""
     async def run(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
-        async for data in RunSession(scheduler).serve(requests):
-            yield data
+        try:
+            async for data in RunSession(scheduler).serve(requests):
+                yield data
+        except BadStream as exc:
+            log.error("a run stream from %s is refused: %s", context.peer(), exc)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"refused: {exc}")
     return run
