@@ -15,6 +15,7 @@ from typing import Any
 from asynctier.platform.admission import Admission, OpenAdmission
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
+from asynctier.platform.limits.tenants import TenantStore
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.scheduler import (
     FunctionResolver,
@@ -68,8 +69,10 @@ class Running:
 @contextlib.contextmanager
 def running_scheduler(settings: Settings, bindings: list[Binding] | BindingSource | None,
                       allow: tuple[str, ...] = ALLOW, options: SchedulerOptions | None = None,
-                      admission: Admission | None = None) -> Iterator[Running]:
-    """``run_scheduler`` on ``127.0.0.1:0`` in a thread; stopped (and joined) at the end."""
+                      admission: Admission | None = None,
+                      tenants: TenantStore | None = None) -> Iterator[Running]:
+    """``run_scheduler`` on ``127.0.0.1:0`` in a thread; stopped (and joined) at the end.
+    ``tenants``: where it follows tenants' weights (none: it does not)."""
     stop = threading.Event()
     ready: queue.Queue[str | BaseException] = queue.Queue()
     source = StaticBindings(bindings) if isinstance(bindings, list) else bindings
@@ -83,7 +86,7 @@ def running_scheduler(settings: Settings, bindings: list[Binding] | BindingSourc
         try:
             run_scheduler(settings, listen="127.0.0.1:0", allow_modules=allow,
                           admission=admission, stop=stop, ready_callback=on_ready,
-                          options=options, bindings=source)
+                          options=options, bindings=source, tenants=tenants)
         except BaseException as exc:
             ready.put(exc)
             raise
