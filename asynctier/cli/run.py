@@ -96,9 +96,7 @@ def run_tailers(settings: Settings, stop: threading.Event, options: TailerOption
 
 def _serve_metrics(port: int | None, health: Health) -> None:
     if port is not None:
-        real = serve_health(port, health)
-        log.info("metrics on http://127.0.0.1:%d/metrics, health on /healthz and /readyz",
-                 real)
+        serve_health(port, health)  # logs the port it bound
 
 
 def _on_serving(health: Health, settings: Settings) -> Callable[[str], None]:
