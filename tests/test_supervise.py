@@ -198,3 +198,17 @@ def test_the_fault_hook_raises_the_times_asked_then_lets_go() -> None:
     assert raised.value.args[0].fatal()
     fatal.reached("read")
     assert FaultHook.from_env({"ASYNCTIER_FAULT": "raise-read:after=x"}).point is None
+
+
+def test_the_demo_says_what_it_leaves_running_and_how_to_stop_it() -> None:
+    from asynctier.cli.demo import left_running
+    from asynctier.dev import ServiceStatus
+
+    left = [ServiceStatus("kafka", "127.0.0.1:9092", True, True, started_now=True),
+            ServiceStatus("redis", "127.0.0.1:6379", True, True)]
+    said = left_running(left, ".asynctier")
+    assert said.startswith("left running: kafka (127.0.0.1:9092, started now), redis "
+                           "(127.0.0.1:6379, already up)")
+    assert "`asynctier dev down`" in said
+    assert "`ASYNCTIER_DATA_DIR=/tmp/x asynctier dev down`" in left_running(left, "/tmp/x")
+    assert left_running([], ".asynctier") == ""
