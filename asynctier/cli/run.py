@@ -3,9 +3,13 @@
 With no component named, the four run as child processes of this one (the scheduler
 first, then the tailers, the delay tailers and the Submitter); SIGTERM or Ctrl-C stops the
 Submitter (it finishes the calls under way), the tailers (they finish and commit their
-in-flight batches), then the scheduler, and exits 0.
+in-flight batches), then the scheduler, and exits 0. A child that dies is reported (how it
+ended) and the others are stopped: it exits 1, for its own supervisor to restart (see
+docs/operations.md, Running). Inside each child, a tailer or loop that fails is restarted
+by :mod:`asynctier.platform.supervise`.
 
-Metrics: each process serves its own ``/metrics``. With ``--metrics-port P`` the scheduler
+Metrics and health: each process serves its own ``/metrics``, ``/healthz`` and
+``/readyz`` (:mod:`asynctier.platform.health`). With ``--metrics-port P`` the scheduler
 uses P, the tailers P+1, the delay tailers P+2 and the Submitter P+3; a single component
 uses P.
 """
@@ -212,8 +216,11 @@ def _run_all(allow: tuple[str, ...], listen: str | None, metrics_port: int | Non
     while not stop.is_set():
         for component, child in children.items():
             if child.poll() is not None:
-                log.error("the %s process exited with code %s; stopping the others",
-                          component, child.returncode)
+                log.error("the %s process (pid %d) %s; stopping the others and exiting 1, "
+                          "so that the supervisor running `asynctier run` (systemd, "
+                          "Kubernetes, docker restart policy) starts the platform again. "
+                          "Its log above says why; nothing it had not committed is lost.",
+                          component, child.pid, _how_it_ended(child.returncode))
                 code = 1
                 stop.set()
         stop.wait(0.5)
@@ -223,6 +230,16 @@ def _run_all(allow: tuple[str, ...], listen: str | None, metrics_port: int | Non
             child.send_signal(signal.SIGTERM)
             _wait(child, 60.0, component)
     sys.exit(code)
+
+
+def _how_it_ended(code: int) -> str:
+    """``exited with code 3``, or ``was killed by SIGKILL``."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 def _wait(child: subprocess.Popen[bytes], timeout_s: float, name: str) -> None:
