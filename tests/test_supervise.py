@@ -212,3 +212,25 @@ def test_the_demo_says_what_it_leaves_running_and_how_to_stop_it() -> None:
     assert "`asynctier dev down`" in said
     assert "`ASYNCTIER_DATA_DIR=/tmp/x asynctier dev down`" in left_running(left, "/tmp/x")
     assert left_running([], ".asynctier") == ""
+
+
+def test_health_says_dead_when_a_loop_stops_turning_and_not_ready_from_the_stop() -> None:
+    from asynctier.platform.health import Health
+
+    clock = Clock()
+    health = Health(clock)
+    stop = threading.Event()
+    health.stopping_on(stop)
+    beat = health.loop("main loop", max_age_s=30)
+    health.ready_check("redis", lambda: "Redis at x does not answer")
+    assert health.healthz() == (200, {"status": "ok", "why": {},
+                                      "not_ready": {"redis": "Redis at x does not answer"}})
+    clock.now += 31
+    code, body = health.healthz()
+    assert code == 503 and "has not turned for 31s" in body["why"]["main loop"]
+    beat()
+    stop.set()
+    code, body = health.readyz()
+    assert code == 503 and body["why"]["stopping"].startswith("stopping")
+    clock.now += 100  # a long drain is not death
+    assert health.healthz()[0] == 200

@@ -49,6 +49,7 @@ class Health:
         self._alive: dict[str, Check] = {}
         self._ready: dict[str, Check] = {}
         self._lock = threading.Lock()
+        self._stop: Any = None
 
     def ready_check(self, name: str, check: Check) -> None:
         """Add a readiness check (``check()`` returns None when fine, else why)."""
@@ -62,18 +63,22 @@ class Health:
 
     def stopping_on(self, stop: threading.Event | Any) -> None:
         """Not ready from the moment ``stop`` is set (SIGTERM): before the drain."""
+        self._stop = stop
         self.ready_check("stopping", lambda: "stopping: finishing the work under way"
                          if stop.is_set() else None)
 
     def loop(self, name: str, max_age_s: float = 30.0) -> Callable[[], None]:
         """A liveness check on loop ``name``: the function returned is called on each of
-        its turns; not alive once it has not been called for ``max_age_s``."""
+        its turns; not alive once it has not been called for ``max_age_s`` (not judged
+        while stopping: a drain may hold the loop, and killing it then loses the drain)."""
         last = [self.clock()]
 
         def beat() -> None:
             last[0] = self.clock()
 
         def check() -> str | None:
+            if self._stop is not None and self._stop.is_set():
+                return None
             age = self.clock() - last[0]
             return (f"has not turned for {age:.0f}s (more than {max_age_s:g}s): stuck"
                     if age > max_age_s else None)
