@@ -127,8 +127,10 @@ def test_a_failing_kafka_tailer_is_restarted_shown_failing_and_drains(
 
 def test_a_failing_queue_tailer_is_restarted_shown_failing_and_drains(
         plat: FaultPlatform, queue_store: QueueStore, queue_namespace: str) -> None:
+    # a short lease: the items the failed run had under way are leased again once it
+    # runs out (a tailer that failed does not give them back)
     plat.cli("bind", "jobs", "--queue", "work", "--tenant", queue_namespace, "--function",
-             FUNCTION)
+             FUNCTION, "--lease", "5s")
     enqueue(queue_store, queue_namespace, "work", [{"id": i} for i in range(300)])
     plat.start("scheduler")
     port = free_port()
