@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from asynctier.platform import metrics
 
 ALLOWED_LABELS = {"binding", "tenant", "outcome", "component", "tier", "step", "reason",
-                  "group", "topic", "partition", "state", "region"}
+                  "group", "topic", "partition", "state", "region", "task"}
 
 
 def _value(name: str, **labels: str) -> float:
@@ -79,6 +79,8 @@ def test_every_metric_of_the_issue_is_defined() -> None:
         "asynctier_deferred_total": ("binding",),
         "asynctier_scheduler_saturated": (),
         "asynctier_region_calls_total": ("region", "reason"),
+        "asynctier_tailer_restarts_total": ("binding", "reason"),
+        "asynctier_task_restarts_total": ("task", "reason"),
     }
     assert {n: tuple(m._labelnames) for n, m in metrics.ALL_METRICS.items()} == wanted
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from asynctier.cli import settings_of
+from asynctier.cli.lag import read_tailers
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.allowlist import check_function_allowed
 from asynctier.platform.binding import FORMATS, ISOLATIONS, PRIORITIES, Binding
@@ -226,25 +228,31 @@ def unbind(ctx: click.Context, name: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON array, for scripts.")
 @click.pass_context
 def bindings(ctx: click.Context, as_json: bool) -> None:
-    """List the bindings."""
+    """List the bindings, with their tailers' state: running, restarting: ERROR, failing:
+    ERROR (it keeps failing: 5 restarts in 5 minutes), not running (no tailer process
+    runs it), unknown (Redis does not answer)."""
     settings = settings_of(ctx)
     found = BindingRegistry(settings).load()
     states = breaker_states(settings, [b.name for b in found.values()
                                        if b.breaker_ratio is not None])
+    tailers = {row.name: row.status for row in read_tailers(settings, list(found.values()))}
     if as_json:
         click.echo(json.dumps([{**b.to_json(), "path": path_of(settings, b),
-                                "breaker_state": states.get(b.name)}
+                                "breaker_state": states.get(b.name),
+                                "tailer": tailers.get(b.name)}
                                for b in found.values()], indent=2))
         return
     table = Table("name", "source", "function", "tenant", "priority", "format", "rate",
                   "concurrency", "attempts", "timeout", "isolation", "ladder",
-                  "start/expire", "breaker")
+                  "start/expire", "breaker", "tailer")
     for b in sorted(found.values(), key=lambda b: b.name):
+        status = tailers.get(b.name, "")
         table.add_row(b.name, path_of(settings, b), b.function, b.tenant, b.priority,
                       b.format, f"{b.rate_per_s:g}/s" if b.rate_per_s else "-",
                       str(b.max_concurrency or "-"), str(b.max_attempts), f"{b.timeout_s:g}s",
                       b.isolation, ",".join(b.ladder_names), _deadlines(b),
-                      _breaker(b, states))
+                      _breaker(b, states),
+                      status if status == "running" else f"[red]{escape(status)}[/red]")
     Console().print(table)
 
 

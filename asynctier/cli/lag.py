@@ -26,6 +26,7 @@ from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError, BindingError
 from asynctier.platform.lag import LagCollector, LagReader, LagRow, read_lag
 from asynctier.platform.registry import BindingRegistry, RegistryFollower
+from asynctier.platform.status import binding_status, read_statuses
 from asynctier.queue.backlog import (
     BacklogRow,
     QueueDepthCollector,
@@ -171,18 +172,55 @@ class Readers:
 
 
 @dataclass(frozen=True)
+class TailerRow:
+    """The state of one binding's tailers (see :func:`binding_status`)."""
+
+    name: str
+    status: str
+
+    def as_dict(self) -> dict[str, object]:
+        """The row as JSON (``kind`` ``tailer``)."""
+        return {"kind": "tailer", "name": self.name, "status": self.status}
+
+
+def read_tailers(settings: Settings, bindings: Sequence[Binding]) -> list[TailerRow]:
+    """Each binding's tailer state, as the tailer processes publish it in Redis."""
+    if not bindings:
+        return []
+    statuses = read_statuses(settings)
+    return [TailerRow(b.name, binding_status(b.name, ladder_of(b), statuses))
+            for b in sorted(bindings, key=lambda b: b.name)]
+
+
+def ladder_of(binding: Binding) -> tuple[str, ...]:
+    """The delay intervals a binding's retries go through (none for a queue binding)."""
+    return binding.ladder_names if binding.source_kind == "kafka" else ()
+
+
+def tailer_table(rows: Sequence[TailerRow]) -> Table:
+    """The bindings' tailer states (red unless running)."""
+    table = Table("name", "tailer", title="tailers", title_justify="left")
+    for row in rows:
+        table.add_row(row.name, row.status,
+                      style=None if row.status == "running" else "red")
+    return table
+
+
+@dataclass(frozen=True)
 class Reading:
-    """One read: the Kafka lag rows and the queue backlog rows."""
+    """One read: the Kafka lag rows, the queue backlog rows, the parked keys and the
+    tailers' states."""
 
     lag: list[LagRow]
     backlog: list[BacklogRow]
     parked: list[ParkedRow]
+    tailers: list[TailerRow]
 
     def as_json(self) -> list[dict[str, object]]:
-        """Every row, Kafka's, the queue's, then the parked keys' (``kind`` tells them
-        apart)."""
+        """Every row, Kafka's, the queue's, the parked keys', then the tailers' (``kind``
+        tells them apart)."""
         return ([r.as_dict() for r in self.lag] + [r.as_dict() for r in self.backlog]
-                + [r.as_dict() for r in self.parked])
+                + [r.as_dict() for r in self.parked] + [r.as_dict() for r in self.tailers])
 
 
 def _rows(settings: Settings, binding: str | None, readers: Readers) -> Reading:
@@ -197,7 +235,8 @@ def _rows(settings: Settings, binding: str | None, readers: Readers) -> Reading:
         lag_rows: list[LagRow] = []  # a queue binding has no partitions nor delay topics
     else:
         lag_rows = read_lag(settings, bindings.values(), binding, readers.lag, parts)
-    return Reading(lag_rows, readers.backlog(chosen), read_parked(settings, chosen))
+    return Reading(lag_rows, readers.backlog(chosen), read_parked(settings, chosen),
+                   read_tailers(settings, chosen))
 
 
 def tables(reading: Reading) -> Group:
@@ -210,6 +249,8 @@ def tables(reading: Reading) -> Group:
         parts.append(backlog_table(reading.backlog))
     if reading.parked:
         parts.append(parked_table(reading.parked))
+    if reading.tailers:
+        parts.append(tailer_table(reading.tailers))
     return Group(*parts)
 
 

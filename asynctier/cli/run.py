@@ -3,15 +3,20 @@
 With no component named, the four run as child processes of this one (the scheduler
 first, then the tailers, the delay tailers and the Submitter); SIGTERM or Ctrl-C stops the
 Submitter (it finishes the calls under way), the tailers (they finish and commit their
-in-flight batches), then the scheduler, and exits 0.
+in-flight batches), then the scheduler, and exits 0. A child that dies is reported (how it
+ended) and the others are stopped: it exits 1, for its own supervisor to restart (see
+docs/operations.md, Running). Inside each child, a tailer or loop that fails is restarted
+by :mod:`asynctier.platform.supervise`.
 
-Metrics: each process serves its own ``/metrics``. With ``--metrics-port P`` the scheduler
+Metrics and health: each process serves its own ``/metrics``, ``/healthz`` and
+``/readyz`` (:mod:`asynctier.platform.health`). With ``--metrics-port P`` the scheduler
 uses P, the tailers P+1, the delay tailers P+2 and the Submitter P+3; a single component
 uses P.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import subprocess
@@ -23,11 +28,14 @@ from collections.abc import Callable, Sequence
 import click
 
 from asynctier.cli import settings_of
-from asynctier.platform import metrics
 from asynctier.platform.config import Settings
 from asynctier.platform.gcpolicy import quiet_gc
+from asynctier.platform.health import Health, beat_forever, redis_check
+from asynctier.platform.health import serve as serve_health
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.signals import stop_on_signals, wait_for_stop
+from asynctier.platform.status import StatusBoard
+from asynctier.platform.supervise import watch
 from asynctier.submitter.service import SubmitterOptions
 from asynctier.tailers.options import TailerOptions
 
@@ -52,20 +60,28 @@ def scheduler_client(settings: Settings) -> SchedulerClient:
 
 
 def run_tailers(settings: Settings, stop: threading.Event, options: TailerOptions,
-                export_lag: bool = False) -> None:
+                export_lag: bool = False, health: Health | None = None) -> None:
     """Run one tailer per binding until ``stop``; then finish, commit and return.
 
     With ``export_lag`` the process also exports its bindings' consumer lag, and its queue
-    bindings' depth."""
+    bindings' depth. ``health`` gets the process's liveness and readiness checks."""
     from asynctier.dev.faults import FaultHook
     from asynctier.platform.lag import LagCollector
     from asynctier.queue.backlog import QueueDepthCollector
     from asynctier.tailers.manager import TailerManager
 
     quiet_gc()
+    health = health or Health()
+    beat = health.loop("main loop")
+    started = threading.Event()
+    health.ready_check("bindings", lambda: None if started.is_set()
+                       else "starting: reading the bindings registry")
+    board = StatusBoard(settings, "tailers")
     client = scheduler_client(settings)
     manager = TailerManager(settings, client, options, hook=FaultHook.from_env().reached)
     manager.start()
+    started.set()
+    board.start()
     log.info("tailers running for %d binding(s): %s", len(manager.bindings),
              ", ".join(manager.bindings) or "none yet (waiting for `asynctier bind`)")
     lag = LagCollector(settings, lambda: manager.follower.bindings, interval_s=5.0)
@@ -73,18 +89,34 @@ def run_tailers(settings: Settings, stop: threading.Event, options: TailerOption
     if export_lag:
         lag.start()
         depth.start()
-    wait_for_stop(stop)
+    wait_for_stop(stop, beat)
     manager.stop()
+    board.stop()
     client.close()
     if export_lag:
         lag.stop()
         depth.stop()
 
 
-def _serve_metrics(port: int | None) -> None:
+def _serve_metrics(port: int | None, health: Health) -> None:
     if port is not None:
-        real = metrics.serve(port)
-        log.info("metrics on http://127.0.0.1:%d/metrics", real)
+        serve_health(port, health)  # logs the port it bound
+
+
+def _on_serving(health: Health, settings: Settings) -> Callable[[str], None]:
+    """The ``ready_callback`` of a server (scheduler, Submitter): called on its event loop
+    once it serves; from then on the loop's turns are its liveness, and it is ready while
+    Redis answers."""
+    serving = threading.Event()
+    health.ready_check("serving", lambda: None if serving.is_set() else "starting")
+
+    def ready(address: str) -> None:
+        health.ready_check("redis", redis_check(settings))
+        beat = health.loop("event loop")
+        watch(asyncio.get_running_loop().create_task(beat_forever(beat)), "the health beat")
+        serving.set()
+
+    return ready
 
 
 def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen: str | None,
@@ -93,7 +125,9 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
              submitter_options: SubmitterOptions | None = None) -> None:
     stop = threading.Event()
     stop_on_signals(stop)
-    _serve_metrics(metrics_port)
+    health = Health()
+    health.stopping_on(stop)  # not ready from the SIGTERM on, before the drain
+    _serve_metrics(metrics_port, health)
     if component == "scheduler":
         from asynctier.platform.limits import AdmissionConfig, RedisAdmission
         from asynctier.platform.limits.breaker import Breakers
@@ -108,29 +142,42 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
                       allow_modules=allow or settings.allow_modules, stop=stop,
                       admission=admission, options=options_from_settings(settings),
                       breakers=Breakers.from_settings(settings),
-                      tenants=TenantStore.from_settings(settings))
+                      tenants=TenantStore.from_settings(settings),
+                      ready_callback=_on_serving(health, settings))
     elif component == "submitter":
         from asynctier.submitter.server import run_submitter
 
         run_submitter(settings, listen=submitter_listen or settings.submitter_listen, stop=stop,
-                      options=submitter_options)
+                      options=submitter_options, ready_callback=_on_serving(health, settings))
     elif component == "tailers":
-        run_tailers(settings, stop, options, export_lag=metrics_port is not None)
+        run_tailers(settings, stop, options, export_lag=metrics_port is not None,
+                    health=health)
     else:
-        run_delay(settings, stop, export_lag=metrics_port is not None)
+        run_delay(settings, stop, export_lag=metrics_port is not None, health=health)
 
 
-def run_delay(settings: Settings, stop: threading.Event, export_lag: bool = False) -> None:
+def run_delay(settings: Settings, stop: threading.Event, export_lag: bool = False,
+              health: Health | None = None) -> None:
     """Run the delay tailers until ``stop`` (and export the delay topics' lag)."""
+    from asynctier.dev.faults import FaultHook
     from asynctier.platform.lag import LagCollector
     from asynctier.tailers.delay import run_delay_tailers
 
     quiet_gc()
+    health = health or Health()
+    beat = health.loop("main loop")
+    assigned = threading.Event()
+    health.ready_check("delay tailers", lambda: None if assigned.is_set()
+                       else "starting: waiting for the delay topics' first assignment")
+    board = StatusBoard(settings, "delay")
+    board.start()
     lag = LagCollector(settings, dict, include_bindings=False, delay=True, interval_s=5.0)
     if export_lag:
         lag.start()
     client = scheduler_client(settings)
-    run_delay_tailers(settings, stop, client=client)
+    run_delay_tailers(settings, stop, client=client, ready=assigned.set,
+                      hook=FaultHook.from_env().reached, beat=beat)
+    board.stop()
     client.close()
     if export_lag:
         lag.stop()
@@ -169,8 +216,11 @@ def _run_all(allow: tuple[str, ...], listen: str | None, metrics_port: int | Non
     while not stop.is_set():
         for component, child in children.items():
             if child.poll() is not None:
-                log.error("the %s process exited with code %s; stopping the others",
-                          component, child.returncode)
+                log.error("the %s process (pid %d) %s; stopping the others and exiting 1, "
+                          "so that the supervisor running `asynctier run` (systemd, "
+                          "Kubernetes, docker restart policy) starts the platform again. "
+                          "Its log above says why; nothing it had not committed is lost.",
+                          component, child.pid, _how_it_ended(child.returncode))
                 code = 1
                 stop.set()
         stop.wait(0.5)
@@ -180,6 +230,16 @@ def _run_all(allow: tuple[str, ...], listen: str | None, metrics_port: int | Non
             child.send_signal(signal.SIGTERM)
             _wait(child, 60.0, component)
     sys.exit(code)
+
+
+def _how_it_ended(code: int) -> str:
+    """``exited with code 3``, or ``was killed by SIGKILL``."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 def _wait(child: subprocess.Popen[bytes], timeout_s: float, name: str) -> None:

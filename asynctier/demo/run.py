@@ -218,8 +218,9 @@ def run_demo(settings: Settings, timeout_s: float = 120.0, console: Console | No
                                        allow_modules=(MODULE,))
     shards = ", ".join(redact_dsn(dsn) for dsn in settings.queue_shards)
     console.print(f"[bold]asynctier demo[/] on Kafka {settings.kafka_bootstrap}, "
-                  f"Redis {settings.redis_display}, PostgreSQL {shards}, prefix "
-                  f"{settings.prefix}")
+                  f"Redis {settings.redis_display}, PostgreSQL {shards}", soft_wrap=True)
+    console.print(f"its prefix: {settings.prefix} (topics, groups, Redis keys; set "
+                  f"ASYNCTIER_PREFIX={settings.prefix} to look at them)", soft_wrap=True)
     bind_all(settings, console.print)
     folder = Path(tempfile.mkdtemp(prefix="asynctier-demo-"))
     ledger, log = folder / "ledger.txt", folder / "platform.log"
@@ -264,11 +265,11 @@ def run_demo(settings: Settings, timeout_s: float = 120.0, console: Console | No
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    return _summary(console, tally, total, letters, log, queue_dead)
+    return _summary(console, tally, total, letters, log, queue_dead, settings.prefix)
 
 
 def _summary(console: Console, tally: Tally, total: int, letters: int, log: Path,
-             queue_dead: int) -> int:
+             queue_dead: int, prefix: str) -> int:
     resolved = tally.resolved(queue=False)
     span = max(tally.last - tally.first, 1e-6)
     table = Table("", "value", title="asynctier demo: summary")
@@ -293,10 +294,11 @@ def _summary(console: Console, tally: Tally, total: int, letters: int, log: Path
         console.print(f"[red]only {queue_ran} of {transcode.COUNT} queue items resolved in "
                       f"time; the platform's log is {log}[/]")
         return 1
-    console.print("every record ran or is a dead letter (see `asynctier dlq list upload` "
-                  "with ASYNCTIER_PREFIX set to the demo's prefix); every queue item ran or "
-                  f"is a dead item (`asynctier queue dead <prefix>.{transcode.NAME} "
-                  f"--namespace {transcode.TENANT}`)")
+    console.print("every record ran or is a dead letter (see `ASYNCTIER_PREFIX="
+                  f"{prefix} asynctier dlq list upload`); every queue item ran or is a dead "
+                  f"item (`ASYNCTIER_PREFIX={prefix} asynctier queue dead "
+                  f"{prefix}.{transcode.NAME} --namespace {transcode.TENANT}`)",
+                  soft_wrap=True)
     return 0
 
 

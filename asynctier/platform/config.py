@@ -21,6 +21,7 @@ The file::
     spill_share = 0.5                    # at most this share of calls leaves a full region
     spill_window = 100                   # ... over the last this many calls
     spill_order = ["eu-west", "us-east"] # regions to spill to first (others after, by name)
+    restarts = "first_s=1,max_s=60"      # a failed loop's restarts (supervise.py)
 
     [kafka]                              # passed to librdkafka as is
     "bootstrap.servers" = "127.0.0.1:9092"
@@ -48,7 +49,8 @@ Environment overrides: ``ASYNCTIER_KAFKA_BOOTSTRAP``, ``ASYNCTIER_REDIS_URL``,
 ``ASYNCTIER_PREFIX``, ``ASYNCTIER_ALLOW_MODULES`` (comma separated),
 ``ASYNCTIER_SCHEDULERS`` (comma separated), ``ASYNCTIER_DATA_DIR``,
 ``ASYNCTIER_TOPIC_REPLICATION_FACTOR``, ``ASYNCTIER_TOPIC_MIN_INSYNC_REPLICAS``,
-``ASYNCTIER_REGION``, ``ASYNCTIER_SPILL_SHARE``, ``ASYNCTIER_SPILL_ORDER`` (comma separated), and
+``ASYNCTIER_REGION``, ``ASYNCTIER_SPILL_SHARE``, ``ASYNCTIER_SPILL_ORDER`` (comma separated),
+``ASYNCTIER_RESTARTS`` (as ``restarts``), and
 ``ASYNCTIER_RPC_CA``, ``_CERT``, ``_KEY``, ``_TOKEN``, ``_INSECURE`` for ``[rpc]``.
 """
 
@@ -68,6 +70,7 @@ from asynctier.platform.names import DEFAULT_PREFIX, Names
 from asynctier.platform.rpcsecurity import RpcSecurity
 from asynctier.platform.rpcsecurity import from_mapping as rpc_from_mapping
 from asynctier.platform.rpcsecurity import with_env as rpc_with_env
+from asynctier.platform.supervise import RestartPolicy
 
 DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -242,6 +245,9 @@ class Settings:
     spill_window: int = DEFAULT_SPILL_WINDOW
     #: The regions a tailer spills to first, in this order (the others after, by name).
     spill_order: tuple[str, ...] = ()
+    #: How a failed tailer or background loop is restarted, and when it is failing
+    #: (``restarts``, :class:`~asynctier.platform.supervise.RestartPolicy`).
+    restarts: RestartPolicy = field(default_factory=RestartPolicy)
 
     @property
     def names(self) -> Names:
@@ -311,7 +317,7 @@ class Settings:
         known = {"prefix", "data_dir", "allow_modules", "schedulers", "scheduler_listen",
                  "submitter_listen", "submitters", "metrics_port", "run_once_window",
                  "topic_replication_factor", "topic_min_insync_replicas", "region",
-                 "spill_share", "spill_window", "spill_order"}
+                 "spill_share", "spill_window", "spill_order", "restarts"}
         bad = set(main) - known
         if bad:
             raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [asynctier]; "
@@ -341,6 +347,7 @@ class Settings:
                 spill_share=check_spill_share(main.get("spill_share", DEFAULT_SPILL_SHARE)),
                 spill_window=_spill_window(main.get("spill_window", DEFAULT_SPILL_WINDOW)),
                 spill_order=_spill_order(main.get("spill_order", [])),
+                restarts=RestartPolicy.parse(str(main.get("restarts", ""))),
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {exc}") from exc
@@ -380,6 +387,11 @@ class Settings:
                     raise ConfigError(f"ASYNCTIER_{name.upper()}={value!r} is not a whole "
                                       "number") from exc
         changes.update(_region_env(env))
+        if env.get("ASYNCTIER_RESTARTS"):
+            try:
+                changes["restarts"] = RestartPolicy.parse(env["ASYNCTIER_RESTARTS"])
+            except ValueError as exc:
+                raise ConfigError(f"ASYNCTIER_RESTARTS: {exc}") from exc
         rpc = rpc_with_env(self.rpc, env)
         if rpc is not self.rpc:
             changes["rpc"] = rpc

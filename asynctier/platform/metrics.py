@@ -7,8 +7,9 @@ them opens no socket and starts no thread. A process exposes them with :func:`se
 Names follow Prometheus conventions (``asynctier_`` prefix, ``_total`` for counters,
 ``_seconds`` for durations) and carry few, fixed labels: ``binding``, ``tenant``,
 ``outcome``, ``component``, ``tier``, ``step``, ``reason``, for lag ``group``,
-``topic``, ``partition``, for the queue's depth ``topic`` and ``state``, and for the
-calls' placement ``region`` (where a call went).
+``topic``, ``partition``, for the queue's depth ``topic`` and ``state``, for the
+calls' placement ``region`` (where a call went), and for a process's background loops
+``task``.
 
 The hot path records a whole batch with one call per label set, never one call per item::
 
@@ -230,6 +231,19 @@ LEASES_LOST = Counter(
     "reporting it), stream_broke (its scheduler went away), not_held (leased elsewhere).",
     ["binding", "reason"],
 )
+TAILER_RESTARTS = Counter(
+    "asynctier_tailer_restarts_total",
+    "Tailers restarted after they failed (binding: the binding, delay:<interval> for a "
+    "delay tailer, <binding>:parked or <binding>:queue for a binding's second loop; "
+    "reason: the exception's class, or returned).",
+    ["binding", "reason"],
+)
+TASK_RESTARTS = Counter(
+    "asynctier_task_restarts_total",
+    "Background loops of a process (registry and tenant followers, membership heartbeat) "
+    "restarted after they failed (reason: the exception's class, or returned).",
+    ["task", "reason"],
+)
 
 #: Every metric above, by the name it is exported under (counters without ``_total``
 #: in prometheus-client's ``_name``; the keys here are the exported family names).
@@ -267,6 +281,8 @@ ALL_METRICS: Final = {
     "asynctier_checkpoints_total": CHECKPOINTS,
     "asynctier_queue_leases_lost_total": LEASES_LOST,
     "asynctier_region_calls_total": REGION_CALLS,
+    "asynctier_tailer_restarts_total": TAILER_RESTARTS,
+    "asynctier_task_restarts_total": TASK_RESTARTS,
 }
 
 
@@ -521,6 +537,16 @@ def count_run_once(binding: str, outcome: str, n: int = 1) -> None:
 def count_handoff_failure(topic: str, n: int = 1) -> None:
     """Count ``n`` hand-offs to ``topic`` whose delivery was not confirmed."""
     HANDOFF_FAILURES.labels(topic).inc(n)
+
+
+def count_tailer_restart(binding: str, reason: str) -> None:
+    """A tailer (or a binding's second loop, or a delay tailer) restarted after a failure."""
+    TAILER_RESTARTS.labels(binding, reason).inc()
+
+
+def count_task_restart(task: str, reason: str) -> None:
+    """A background loop of the process restarted after a failure."""
+    TASK_RESTARTS.labels(task, reason).inc()
 
 
 def set_live_schedulers(n: int) -> None:

@@ -14,8 +14,9 @@ import time
 import uuid
 from collections.abc import Callable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError, BindingError
@@ -25,6 +26,7 @@ from asynctier.platform.kafka import (
     ensure_topics,
     topic_replication,
 )
+from asynctier.platform.supervise import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +135,9 @@ class RegistryFollower:
     """Follows the bindings topic in a thread and calls ``on_change(bindings)`` on changes.
 
     :meth:`start` returns after the topic has been read whole once (the first
-    ``on_change`` call has been made).
+    ``on_change`` call has been made). The thread runs under a supervisor: a consumer that
+    fails is replaced by a new one, which reads the topic whole again (after a bounded
+    backoff), so a process never goes on with bindings it stopped hearing about.
     """
 
     def __init__(self, settings: Settings, on_change: OnChange) -> None:
@@ -142,17 +146,32 @@ class RegistryFollower:
         self.on_change = on_change
         self.bindings: dict[str, Binding] = {}
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._supervisor: Supervisor | None = None
+        self._consumer: Consumer | None = None
 
     def start(self) -> None:
         """Read everything once, report it, then follow changes in the background."""
         self.registry.ensure_topic()
+        self._consumer = self._read_whole()
+        self._supervisor = Supervisor(
+            "registry-follower", self._follow, self._stop,
+            what="the bindings registry follower", policy=self.settings.restarts,
+            hint=f"Binding changes are not seen meanwhile (the bindings known go on); "
+                 f"check the broker and the topic {self.registry.topic}.",
+            on_restart=metrics.count_task_restart).start()
+
+    def _read_whole(self) -> Consumer:
+        """A new reader that has read the topic to its end; the bindings reported."""
         consumer = _reader(self.settings)
-        _read_to_end(consumer, self.registry.topic, self.bindings, 30.0)
+        try:
+            state: dict[str, Binding] = {}
+            _read_to_end(consumer, self.registry.topic, state, 30.0)
+        except BaseException:
+            consumer.close()
+            raise
+        self.bindings = state
         self._notify()
-        self._thread = threading.Thread(target=self._follow, args=(consumer,),
-                                        name="registry-follower", daemon=True)
-        self._thread.start()
+        return consumer
 
     def _notify(self) -> None:
         try:
@@ -160,14 +179,20 @@ class RegistryFollower:
         except Exception:
             log.exception("a binding change could not be applied; will apply the next one")
 
-    def _follow(self, consumer: Consumer) -> None:
+    def _follow(self, stop: threading.Event) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is None:  # a restart: read it all again
+            consumer = self._read_whole()
         try:
-            while not self._stop.is_set():
+            while not stop.is_set():
                 changed = False
                 for msg in consumer.consume(100, 0.5):
-                    if msg.error() is None:
+                    err = msg.error()
+                    if err is None:
                         changed |= _apply(self.bindings, msg.key(), msg.value(),
                                           f"at offset {msg.offset()}")
+                    elif err.fatal():
+                        raise KafkaException(err)
                 if changed:
                     self._notify()
         finally:
@@ -176,5 +201,5 @@ class RegistryFollower:
     def stop(self) -> None:
         """Stop following."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if self._supervisor is not None:
+            self._supervisor.join(5)

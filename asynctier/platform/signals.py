@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 log = logging.getLogger("asynctier.run")
@@ -37,7 +38,9 @@ def stop_on_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def wait_for_stop(stop: threading.Event) -> None:
-    """Block the main thread until ``stop`` is set, waking every :data:`MAIN_WAKE_S`."""
-    while not stop.wait(MAIN_WAKE_S):
-        pass  # see MAIN_WAKE_S
+def wait_for_stop(stop: threading.Event, turn: Callable[[], None] | None = None) -> None:
+    """Block the main thread until ``stop`` is set, waking every :data:`MAIN_WAKE_S` (and
+    calling ``turn`` then: the process's liveness, see :mod:`asynctier.platform.health`)."""
+    while not stop.wait(MAIN_WAKE_S):  # see MAIN_WAKE_S
+        if turn is not None:
+            turn()

@@ -61,10 +61,11 @@ from asynctier.platform.registry import RegistryFollower
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.scheduler.membership import default_client
 from asynctier.platform.signals import wait_for_stop
+from asynctier.platform.supervise import Supervisor
 from asynctier.tailers.options import PipelineOptions
 from asynctier.tailers.ordered import ran_after_header
 from asynctier.tailers.parking import ParkingLot, order_key
-from asynctier.tailers.pipeline import Pipeline
+from asynctier.tailers.pipeline import Hook, Pipeline, no_hook
 from asynctier.tailers.source import Batch, Prepared
 
 log = logging.getLogger(__name__)
@@ -250,8 +251,9 @@ class DelayTailer:
     def __init__(self, settings: Settings, interval_s: float, bindings: BindingBook,
                  client: SchedulerClient, options: DelayOptions | None = None, *,
                  consumer_factory: Callable[[dict[str, Any]], Any] = Consumer,
-                 handoff: Handoff | None = None) -> None:
+                 handoff: Handoff | None = None, hook: Hook = no_hook) -> None:
         self.settings = settings
+        self.hook = hook
         self.interval = format_duration(interval_s)
         self.interval_ms = round(interval_s * 1000)
         self.topic = settings.names.delay_topic(self.interval)
@@ -281,18 +283,16 @@ class DelayTailer:
     # -- the loop -------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Tail until ``stop`` is set; the batches under way are finished and committed."""
-        while not stop.is_set():
-            try:
-                self._session(stop)
-            except (SchedulerUnavailable, HandoffError) as exc:
-                log.warning("delay %s: stopping with a batch unresolved (%s); its records "
-                            "will be read again (not committed)", self.interval, exc)
-                return
-            except Exception:
-                log.exception("delay %s: the tailer failed; starting it again from the last "
-                              "committed offsets", self.interval)
-                stop.wait(1.0)
+        """Tail until ``stop`` is set; the batches under way are finished and committed.
+        A failure raises: its supervisor (:class:`DelayService`) starts a new session,
+        from the last committed offsets."""
+        try:
+            self._session(stop)
+        except (SchedulerUnavailable, HandoffError) as exc:
+            if not stop.is_set():
+                raise
+            log.warning("delay %s: stopping with a batch unresolved (%s); its records "
+                        "will be read again (not committed)", self.interval, exc)
 
     def open(self) -> Pipeline:
         """A new session: its consumer, source and pipeline (not subscribed yet)."""
@@ -302,7 +302,7 @@ class DelayTailer:
         self.owned = set()
         self._consumer = consumer
         self.pipeline = Pipeline(DelaySource(self, consumer), self.client, COMPONENT,
-                                 self.interval, self.options)
+                                 self.interval, self.options, self.hook)
         return self.pipeline
 
     def _session(self, stop: threading.Event) -> None:
@@ -447,8 +447,9 @@ class DelayService:
     delay topic that already exists), and creates the delay topics as bindings change."""
 
     def __init__(self, settings: Settings, client: SchedulerClient, stop: threading.Event,
-                 options: DelayOptions | None = None) -> None:
+                 options: DelayOptions | None = None, hook: Hook = no_hook) -> None:
         self.settings = settings
+        self.hook = hook
         self.client = client
         self.stop = stop
         self.options = options or DelayOptions()
@@ -479,12 +480,15 @@ class DelayService:
                 if name in self.tailers or self.stop.is_set():
                     continue
                 tailer = DelayTailer(self.settings, interval_s, self.bindings, self.client,
-                                     self.options)
+                                     self.options, hook=self.hook)
                 self.tailers[name] = tailer
-                thread = threading.Thread(target=tailer.run, args=(self.stop,),
-                                          name=f"delay-{name}", daemon=True)
-                self._threads.append(thread)
-                thread.start()
+                supervisor = Supervisor(
+                    f"delay:{name}", tailer.run, self.stop, what=f"delay tailer {name}",
+                    hint=f"The records of {tailer.topic} wait, nothing is lost: a new "
+                         "session reads them again from the last commit. Check the broker "
+                         "and the error above.",
+                    policy=self.settings.restarts, on_restart=metrics.count_tailer_restart)
+                self._threads.append(supervisor.start().thread)
 
     def wait_assigned(self, timeout_s: float) -> bool:
         """Wait until every tailer started so far had its first assignment."""
@@ -504,7 +508,8 @@ class DelayService:
 def run_delay_tailers(settings: Settings, stop: threading.Event,
                       client: SchedulerClient | None = None,
                       ready: Callable[[], object] | None = None,
-                      options: DelayOptions | None = None) -> None:
+                      options: DelayOptions | None = None, hook: Hook = no_hook,
+                      beat: Callable[[], None] | None = None) -> None:
     """Run the delay tailers until ``stop`` is set (``asynctier run delay``).
 
     - ``settings``: the process's Settings (prefix, Kafka; Redis is not needed).
@@ -516,17 +521,22 @@ def run_delay_tailers(settings: Settings, stop: threading.Event,
       topics created and every tailer had its first partition assignment (or after
       ``options.ready_timeout_s``). ``threading.Event().set`` fits.
     - ``options``: :class:`DelayOptions` (batch size, waits).
+    - ``hook``: called at the pipeline's named points (:mod:`asynctier.dev.faults`).
+    - ``beat``: called every half second while this waits (the process's liveness).
+
+    Each tailer runs under a supervisor: one that fails is started again, a new session
+    from the last committed offsets, after a bounded backoff (``settings.restarts``).
     """
     own = client is None
     client = client or default_client(settings)
-    service = DelayService(settings, client, stop, options)
+    service = DelayService(settings, client, stop, options, hook)
     try:
         service.start()
         service.wait_assigned(service.options.ready_timeout_s)
         log.info("delay tailers running for %s", ", ".join(service.tailers) or "no interval yet")
         if ready is not None:
             ready()
-        wait_for_stop(stop)  # not an untimed wait: see MAIN_WAKE_S
+        wait_for_stop(stop, beat)  # not an untimed wait: see MAIN_WAKE_S
     finally:
         stop.set()
         service.join()

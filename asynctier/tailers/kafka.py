@@ -425,10 +425,12 @@ class KafkaTailer:
                  self.binding.name, self.binding.topic, self.group,
                  ", ordered by key" if source.gate is not None else "")
         runner = None
+        runner_stop = threading.Event()  # ends with this run, whatever ends it
         if source.gate is not None:
             runner = start_runner(ParkedRunner(self.binding, self.client, source.gate.lot,
                                                Handoff(self.settings),
-                                               self.options.batch_size), stop)
+                                               self.options.batch_size), runner_stop,
+                                  self.settings.restarts)
         try:
             pipeline.run(stop)
         except SchedulerUnavailable:
@@ -438,6 +440,7 @@ class KafkaTailer:
             what = f"tailer for binding {self.binding.name}"
             leave_group(source.consumer, lambda: bool(source.owned), what)
             close_consumer(self._close, what)
+            runner_stop.set()
             if runner is not None:
                 runner.join(60.0)
             metrics.set_in_flight(COMPONENT, self.binding.name, 0)

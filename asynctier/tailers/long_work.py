@@ -123,6 +123,7 @@ class LongWork:
         if room <= 0:
             return
         wait_s = 0.0 if self.running else self.options.idle_poll_s
+        self.hook("read")
         leased = self.source.read(min(room, self.options.batch_size), wait_s)
         while leased:
             leased = self._send(leased)

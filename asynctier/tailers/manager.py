@@ -2,6 +2,11 @@
 
 A new binding gets its tailer within seconds; a removed binding's tailer is told to stop
 and finishes its in-flight batch first; a changed binding's tailer is restarted.
+
+Each tailer runs under a :class:`~asynctier.platform.supervise.Supervisor`: a tailer that
+raises (a fatal consume error, a bug) or a binding whose topics cannot be prepared is
+started again, a fresh tailer after a bounded backoff, whatever the other bindings do.
+Its state is one of the process's supervised loops (``asynctier bindings``, ``/readyz``).
 """
 
 from __future__ import annotations
@@ -13,31 +18,37 @@ import time
 import traceback
 from collections.abc import Callable
 
+from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.registry import RegistryFollower
 from asynctier.platform.rpc import SchedulerClient
+from asynctier.platform.supervise import RestartPolicy, Supervisor
 from asynctier.tailers import registry
-from asynctier.tailers.base import Tailer
 from asynctier.tailers.options import TailerOptions
 from asynctier.tailers.pipeline import Hook, no_hook
 
 log = logging.getLogger(__name__)
 
 
-class _Running:
-    def __init__(self, tailer: Tailer) -> None:
-        self.tailer = tailer
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name=f"tailer-{tailer.binding.name}",
-                                       daemon=True)
+#: What the operator reads when a tailer failed.
+HINT = ("Its records wait, nothing is lost: what it had not committed is read again. Check "
+        "the error above (the broker, the queue's database, the topic; a fatal consume "
+        "error is often credentials or a fenced consumer); `asynctier bindings` shows "
+        "'failing' once it keeps failing.")
 
-    def _run(self) -> None:
-        try:
-            self.tailer.run(self.stop)
-        except Exception:
-            log.exception("tailer for binding %s died; it will be restarted on the next "
-                          "binding change or process restart", self.tailer.binding.name)
+
+class _Running:
+    """One binding's tailer under its supervisor: a fresh tailer each run."""
+
+    def __init__(self, binding: Binding, run: Callable[[threading.Event], None],
+                 policy: RestartPolicy) -> None:
+        self.binding = binding
+        self.stop = threading.Event()
+        self.supervisor = Supervisor(binding.name, run, self.stop,
+                                     what=f"tailer for binding {binding.name}", hint=HINT,
+                                     policy=policy, on_restart=metrics.count_tailer_restart)
+        self.thread = self.supervisor.thread
 
 
 #: How long stopping waits for the tailers in all (``asynctier run`` kills a component that
@@ -75,24 +86,28 @@ class TailerManager:
         with self._lock:
             for name in list(self._running):
                 current = self._running[name]
-                if name not in wanted or wanted[name] != current.tailer.binding:
+                if name not in wanted or wanted[name] != current.binding:
                     log.info("binding %s removed or changed: stopping its tailer after its "
                              "in-flight batch", name)
                     current.stop.set()
                     current.thread.join()
                     del self._running[name]
-            new = [b for name, b in wanted.items() if name not in self._running]
-            if new:
-                registry.prepare(self.settings, new)
-            for binding in new:
-                self._start(binding)
+            for name, binding in wanted.items():
+                if name not in self._running:
+                    self._start(binding)
 
     def _start(self, binding: Binding) -> None:
-        tailer = registry.kind_of(binding).tailer(self.settings, binding, self.client,
-                                                  self.options, self.hook)
-        running = _Running(tailer)
+        running = _Running(binding, lambda stop: self._run(binding, stop),
+                           self.settings.restarts)
         self._running[binding.name] = running
-        running.thread.start()
+        running.supervisor.start()
+
+    def _run(self, binding: Binding, stop: threading.Event) -> None:
+        """One run of a binding's tailer: what it needs made first (one binding's topics
+        failing never holds the others back), then a fresh tailer until ``stop``."""
+        registry.prepare(self.settings, [binding])
+        kind = registry.kind_of(binding)
+        kind.tailer(self.settings, binding, self.client, self.options, self.hook).run(stop)
 
     @property
     def bindings(self) -> list[str]:

@@ -25,13 +25,14 @@ import threading
 from collections import Counter
 from typing import Any
 
-from asynctier.platform import names
+from asynctier.platform import metrics, names
 from asynctier.platform.binding import Binding
 from asynctier.platform.calls import CallBuilder
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError, HandoffError
 from asynctier.platform.kafka import consume_error
 from asynctier.platform.rpc import SchedulerClient
+from asynctier.platform.supervise import Supervisor
 from asynctier.platform.wire import TOO_LARGE, Outcome, failed, ok
 from asynctier.queue.items import MAX_PAYLOAD_BYTES, Leased, NewItem
 from asynctier.queue.shards import ShardedQueue
@@ -183,21 +184,22 @@ class MovedTailer:
         log.info("binding %s: timeout %gs is above --queue-after %gs: records of %s move "
                  "into queue topic %s/%s and run from there", b.name, b.timeout_s,
                  b.queue_after_s, b.topic, b.tenant, self.queue_topic)
-        runner = threading.Thread(target=self._run_queue, args=(self.runner, stop),
-                                  daemon=True, name=f"tailer-{b.name}-queue")
-        runner.start()
+        # The queue tailer runs under its own supervisor (loop ``<binding>:queue``) until
+        # this run of the mover ends, whatever ends it: the binding's supervisor then
+        # starts both again.
+        done = threading.Event()
+        runner = Supervisor(f"{b.name}:queue", self.runner.run, done,
+                            what=f"binding {b.name}: the tailer of queue topic "
+                                 f"{self.queue_topic}",
+                            hint="Its items wait in the queue, nothing is lost: items "
+                                 "running are leased again once their leases run out. "
+                                 "Check the queue's database and the error above.",
+                            policy=self.settings.restarts,
+                            on_restart=metrics.count_tailer_restart).start()
         try:
             self.mover.run(stop)
         finally:
-            stop.set()  # the mover ending for good ends its binding's queue tailer too
+            done.set()
             runner.join()
             if self._queue is None:
                 queue.close()
-
-    def _run_queue(self, runner: MovedQueueTailer, stop: threading.Event) -> None:
-        try:
-            runner.run(stop)
-        except Exception:
-            log.exception("binding %s: the tailer of queue topic %s died; its items are "
-                          "leased again once their leases run out, after a restart",
-                          self.binding.name, self.queue_topic)

@@ -20,6 +20,7 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.calls import CallBuilder
 from asynctier.platform.errors import HandoffError, SchedulerUnavailable
 from asynctier.platform.rpc import SchedulerClient
+from asynctier.platform.supervise import RestartPolicy, Supervisor
 from asynctier.tailers.ordered import ran_after_header
 from asynctier.tailers.parking import ParkingLot, Waiting
 
@@ -101,9 +102,13 @@ class ParkedRunner:
         metrics.set_parked(self.binding.name, stats.keys, stats.oldest_age_s)
 
 
-def start_runner(runner: ParkedRunner, stop: threading.Event) -> threading.Thread:
-    """Run ``runner`` in a thread of its own until ``stop``."""
-    thread = threading.Thread(target=runner.run, args=(stop,), daemon=True,
-                              name=f"parked-{runner.binding.name}")
-    thread.start()
-    return thread
+def start_runner(runner: ParkedRunner, stop: threading.Event,
+                 policy: RestartPolicy | None = None) -> Supervisor:
+    """Run ``runner`` in a thread of its own until ``stop``, restarted when it fails (its
+    state is the loop ``<binding>:parked``)."""
+    name = runner.binding.name
+    return Supervisor(f"{name}:parked", runner.run, stop,
+                      what=f"binding {name}: the parked-key runner", policy=policy,
+                      hint="The parked keys wait in Redis, nothing is lost; check Redis and "
+                           "the error above.",
+                      on_restart=metrics.count_tailer_restart).start()

@@ -32,7 +32,7 @@ from asynctier.tailers.source import Batch, Source
 
 log = logging.getLogger(__name__)
 
-#: A point of the pipeline a test may act at (``before-rpc``, ``mid-batch``,
+#: A point of the pipeline a test may act at (``read``, ``before-rpc``, ``mid-batch``,
 #: ``before-commit``): see :mod:`asynctier.dev.faults`.
 Hook = Callable[[str], None]
 
@@ -90,7 +90,7 @@ class Pipeline:
             self._pending_since = now
         if len(self.pending) < size and (in_flight or self.pending):
             wait = max(0.0, opts.linger_s - (now - self._pending_since)) if in_flight else 0
-            got = self.source.read(size - len(self.pending), wait)
+            got = self.read(size - len(self.pending), wait)
             # read() may serve a revoke, which replaces self.pending by a list without the
             # records of the partitions gone: the list is taken again here
             self.pending += got
@@ -105,10 +105,15 @@ class Pipeline:
             if self.handed:  # nothing else to do: confirm and checkpoint what was handed off
                 self.settle()
                 return
-            got = self.source.read(size, opts.idle_poll_s)
+            got = self.read(size, opts.idle_poll_s)
             if got:
                 self._pending_since = time.monotonic()
                 self.pending += got
+
+    def read(self, max_records: int, wait_s: float) -> list[Any]:
+        """The source's next records (the ``read`` point of the fault hook first)."""
+        self.hook("read")
+        return self.source.read(max_records, wait_s)
 
     def submit(self, records: list[Any]) -> None:
         """Send ``records`` as one call (what does not fit waits for the next)."""

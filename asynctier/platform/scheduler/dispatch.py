@@ -59,6 +59,7 @@ from asynctier.platform.scheduler.deferral import Saturation, defer, may_wait, p
 from asynctier.platform.scheduler.outcomes import error_text
 from asynctier.platform.scheduler.runtime import Job, Runtime
 from asynctier.platform.scheduler.sizing import ChunkSizer
+from asynctier.platform.supervise import watch
 from asynctier.platform.wire import FUNCTION_ERROR, UNDECODABLE, Item, Outcome, failed, ok, retry
 
 log = logging.getLogger(__name__)
@@ -294,7 +295,7 @@ class Dispatcher:
 
     def _later(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` to its end even though the caller is being cancelled."""
-        task = asyncio.ensure_future(coro)
+        task = watch(asyncio.ensure_future(coro), "a scheduler background task")
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -408,7 +409,7 @@ class Dispatcher:
 
     def _track_write(self, write: Coroutine[Any, Any, Any]) -> None:
         """Run a write-down beside the workers (the scheduler's stop waits for it)."""
-        task = asyncio.ensure_future(write)
+        task = watch(asyncio.ensure_future(write), "a run-once write-down")
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 

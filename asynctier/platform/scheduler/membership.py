@@ -35,6 +35,7 @@ from asynctier.platform.limits.scripts import lua
 from asynctier.platform.placement import NO_HOME, SPILL, Choice, Placement, Spot
 from asynctier.platform.redis_client import async_client, sync_client
 from asynctier.platform.rpc import SchedulerClient
+from asynctier.platform.supervise import supervise_task
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +229,9 @@ class Heartbeat:
         self._script = self._client.register_script(HEARTBEAT)
         self._failing = False
         self._task: asyncio.Task[None] | None = None
+        self.redis_display = settings.redis_display
+        #: Why the last beat failed ("" when it got through): the scheduler's readiness.
+        self.error = ""
 
     async def beat(self) -> bool:
         """Register once now; False (logged once per outage) when Redis fails."""
@@ -235,6 +239,7 @@ class Heartbeat:
             await self._script(keys=list(self.keys),
                                args=[self.address, self.ttl_ms, self.load(), self.place])
         except redis.RedisError as exc:
+            self.error = f"Redis at {self.redis_display} did not answer: {exc}"
             if not self._failing:
                 hint = (f"; {REDIS_AUTH_HINT}" if isinstance(exc, redis.AuthenticationError)
                         else "")
@@ -245,11 +250,16 @@ class Heartbeat:
         if self._failing:
             log.info("scheduler %s: membership heartbeat is back", self.address)
             self._failing = False
+        self.error = ""
         return True
 
     def start(self) -> None:
         """Beat in the background on the running loop."""
-        self._task = asyncio.create_task(self._run(), name="scheduler-heartbeat")
+        self._task = supervise_task(
+            "scheduler-heartbeat", self._run, what=f"scheduler {self.address}: the "
+            "membership heartbeat", hint="Tailers stop finding this scheduler once its "
+            "registration expires; check Redis and the error above.",
+            on_restart=metrics.count_task_restart)
 
     async def _run(self) -> None:
         while True:

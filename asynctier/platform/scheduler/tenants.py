@@ -20,9 +20,11 @@ import asyncio
 import logging
 from typing import Any
 
+from asynctier.platform import metrics
 from asynctier.platform.limits.outage import REDIS_DOWN
 from asynctier.platform.limits.tenants import TenantStore
 from asynctier.platform.scheduler.queues import MAX_WEIGHT, MIN_WEIGHT, FairQueue
+from asynctier.platform.supervise import supervise_task
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,10 @@ class TenantFollower:
 
     def start(self) -> None:
         """Follow on the running loop."""
-        self._task = asyncio.create_task(self._loop(), name="tenant-weights")
+        self._task = supervise_task(
+            "tenant-weights", self._loop, what="the tenant weights follower",
+            hint="The weights in force stay; check the tenant-weights hash in Redis.",
+            on_restart=metrics.count_task_restart)
 
     async def stop(self) -> None:
         """Stop following (what was started since the last turn is written first)."""
