@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from asynctier.cli import main
 from asynctier.dev.certs import CertFiles, write_certs
-from asynctier.platform import rpc
+from asynctier.platform import rpc, wire
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ConfigError, SchedulerUnavailable
@@ -78,7 +78,7 @@ def test_a_client_with_a_certificate_of_the_ca_runs_its_batch(mtls: str,
                                                               certs: CertFiles) -> None:
     reply = call(mtls, client_side(certs), count=5)
     assert isinstance(reply, bytes), reply
-    outcomes = rpc.decode_outcomes(reply)
+    outcomes = wire.decode_outcomes(reply)
     assert sorted(o["id"] for o in outcomes) == list(range(5))
     assert len(basic.SEEN) == 5
 
