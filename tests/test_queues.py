@@ -134,9 +134,14 @@ def test_unknown_tier_is_refused() -> None:
 
 
 def test_pick_waiter_prefers_the_tenant_with_least_queued() -> None:
-    assert pick_waiter([(1, "flood"), (2, "flood"), (3, "trickle")],
+    assert pick_waiter([(1, 0, "flood"), (2, 0, "flood"), (3, 0, "trickle")],
                        {"flood": 5000, "trickle": 0}) == 3
-    assert pick_waiter([(4, "a"), (2, "b")], {}) == 2
+    assert pick_waiter([(4, 1, "a"), (2, 1, "b")], {}) == 2
+
+
+def test_pick_waiter_prefers_the_most_urgent_tier() -> None:
+    assert pick_waiter([(1, 2, "trickle"), (2, 0, "flood"), (3, 1, "trickle")],
+                       {"flood": 5000, "trickle": 0}) == 2
 
 
 def test_chunk_sizer_targets_a_duration() -> None:
@@ -170,11 +175,12 @@ def chunk(tenant: str, size: int, priority: str = "normal") -> Chunk:
 
 
 def test_put_waits_when_full_and_the_cap_holds() -> None:
+    """Urgent work may fill the whole room (a tier below leaves some to it)."""
     async def scenario() -> None:
         queue = BoundedQueue(FairQueue(QUANTUM), max_items=100)
-        await queue.put(chunk("a", 60))
-        await queue.put(chunk("a", 40))
-        waiting = asyncio.create_task(queue.put(chunk("a", 30)))
+        await queue.put(chunk("a", 60, "urgent"))
+        await queue.put(chunk("a", 40, "urgent"))
+        waiting = asyncio.create_task(queue.put(chunk("a", 30, "urgent")))
         await until(lambda: queue.waiting_puts == 1, message="the third put waits")
         assert not waiting.done() and queue.items == 100
         await queue.get()  # 60 out: room for 30
@@ -189,11 +195,11 @@ def test_room_goes_to_the_tenant_with_fewest_items_queued() -> None:
     wait, flood first: trickle's goes in, flood's waits on."""
     async def scenario() -> None:
         queue = BoundedQueue(FairQueue(QUANTUM), max_items=50)
-        await queue.put(chunk("flood", 25))
-        await queue.put(chunk("flood", 25))
-        first = asyncio.create_task(queue.put(chunk("flood", 20)))
+        await queue.put(chunk("flood", 25, "urgent"))
+        await queue.put(chunk("flood", 25, "urgent"))
+        first = asyncio.create_task(queue.put(chunk("flood", 20, "urgent")))
         await until(lambda: queue.waiting_puts == 1, message="flood's put waits")
-        second = asyncio.create_task(queue.put(chunk("trickle", 20)))
+        second = asyncio.create_task(queue.put(chunk("trickle", 20, "urgent")))
         await until(lambda: queue.waiting_puts == 2, message="trickle's put waits")
         await queue.get()  # 25 out: room for one of the two
         await until(lambda: second.done(), message="trickle's put went in")
@@ -201,6 +207,27 @@ def test_room_goes_to_the_tenant_with_fewest_items_queued() -> None:
         await queue.get()  # flood's other 25: now flood's 20 fits
         await asyncio.wait_for(first, 1)
         assert queue.items == 40
+
+    asyncio.run(scenario())
+
+
+def test_batch_leaves_room_for_urgent_work() -> None:
+    """Batch fills 80% of the room and waits; normal fits up to 90%, urgent up to all of
+    it, at once, though batch's put came first."""
+    async def scenario() -> None:
+        queue = BoundedQueue(FairQueue(QUANTUM), max_items=100)
+        await queue.put(chunk("flood", 80, "batch"))
+        batch = asyncio.create_task(queue.put(chunk("flood", 5, "batch")))
+        await until(lambda: queue.waiting_puts == 1, message="batch's put waits")
+        await asyncio.wait_for(queue.put(chunk("other", 10, "normal")), 1)
+        await asyncio.wait_for(queue.put(chunk("flood", 10, "urgent")), 1)
+        assert queue.items == 100 and not batch.done()
+        urgent = asyncio.create_task(queue.put(chunk("flood", 5, "urgent")))
+        await until(lambda: queue.waiting_puts == 2, message="urgent waits: the room is full")
+        first = await queue.get()  # the urgent chunk leaves first: room for the waiting one
+        assert first.binding.priority == "urgent"
+        await asyncio.wait_for(urgent, 1)
+        assert not batch.done(), "room freed goes to the more urgent waiter"
 
     asyncio.run(scenario())
 

@@ -1,10 +1,14 @@
 """The scheduler's bounded queue: the fair queue of :mod:`queues`, on asyncio, with room.
 
 At most ``max_items`` items wait in it. A :meth:`BoundedQueue.put` that does not fit
-waits (backpressure: the tailer's submit call takes longer and memory stays flat). When
-room frees, the waiting chunk whose tenant has the fewest items queued goes first, so a
-flooding tenant cannot hold the door shut on a trickling one. A chunk larger than the
-whole room is let in when the queue is empty.
+waits (backpressure: the tailer's submit call takes longer and memory stays flat). The
+room is not all everyone's: each tier below the most urgent leaves
+:data:`RESERVED_SHARE` of it to the tiers above (normal may fill 90%, batch 80%), so
+a flood of batch work can never hold the door shut on urgent work. When room frees, the
+waiting chunk of the most urgent tier goes first, and within a tier the one whose tenant
+has the fewest items queued, so a flooding tenant cannot hold the door shut on a
+trickling one either. A chunk larger than the whole room is let in when the queue is
+empty.
 
 It also keeps count of the items queued of bindings that do not defer (*firm* work, not
 ``--defer-when-busy``) and since when some have been waiting: :mod:`.deferral` reads
@@ -24,6 +28,9 @@ from dataclasses import dataclass, field
 from asynctier.platform.binding import Binding
 from asynctier.platform.scheduler.queues import FairQueue, pick_waiter
 from asynctier.platform.wire import Item, Outcome
+
+#: The share of the room each tier leaves to every tier more urgent than itself.
+RESERVED_SHARE = 0.1
 
 
 @dataclass(eq=False)
@@ -73,12 +80,13 @@ class BoundedQueue:
 
     async def put(self, chunk: Chunk) -> None:
         """Queue ``chunk``, waiting for room when the queue is full."""
-        if not self._waiting and self._fits(chunk.cost):
+        if not self._waiting and self._fits(chunk):
             self._push(chunk)
             return
         seq = next(self._seq)
         admitted = asyncio.get_running_loop().create_future()
         self._waiting[seq] = (chunk, admitted)
+        self._admit_waiting()  # it may go before those waiting (a more urgent tier)
         try:
             await admitted
         finally:
@@ -119,8 +127,10 @@ class BoundedQueue:
             self.firm_last_wait_s = now - (self.firm_since or now)
             self.firm_items, self.firm_since, self.firm_emptied_at = 0, None, now
 
-    def _fits(self, cost: int) -> bool:
-        return self.fair.items == 0 or self.fair.items + cost <= self.max_items
+    def _fits(self, chunk: Chunk) -> bool:
+        """True when ``chunk`` fits in the room its tier may fill."""
+        room = self.max_items * (1.0 - RESERVED_SHARE * self.fair.rank(chunk.binding.priority))
+        return self.fair.items == 0 or self.fair.items + chunk.cost <= room
 
     def _push(self, chunk: Chunk) -> None:
         self.fair.push(chunk.binding.priority, chunk.binding.tenant, chunk, chunk.cost,
@@ -140,10 +150,11 @@ class BoundedQueue:
         while self._waiting:
             tenants = {chunk.binding.tenant for chunk, _ in self._waiting.values()}
             queued = {t: self.fair.items_of_tenant(t) for t in tenants}
-            seq = pick_waiter(((s, c.binding.tenant) for s, (c, _) in self._waiting.items()),
-                              queued)
+            rank = self.fair.rank
+            seq = pick_waiter(((s, rank(c.binding.priority), c.binding.tenant)
+                               for s, (c, _) in self._waiting.items()), queued)
             chunk, admitted = self._waiting[seq]
-            if not self._fits(chunk.cost):
+            if not self._fits(chunk):
                 return
             del self._waiting[seq]
             if not admitted.done():  # a cancelled put leaves its chunk out

@@ -143,6 +143,7 @@ class FairQueue(Generic[T]):
         self._tiers: dict[str, _Tier[T]] = {
             name: _Tier(name, weights[name], TenantDRR(quantum, tenant_weights))
             for name in _ordered(weights)}
+        self._ranks = {name: n for n, name in enumerate(self._tiers)}
         self._vtime = 0.0
         self.items = 0
         self.entries = 0
@@ -215,6 +216,10 @@ class FairQueue(Generic[T]):
                 removed.append(entry)
         return removed
 
+    def rank(self, tier: str) -> int:
+        """The place of ``tier`` from the most urgent (0); KeyError when unknown."""
+        return self._ranks[tier]
+
     def items_of_tenant(self, tenant: str) -> int:
         """Queued items of ``tenant`` over every tier."""
         return self._by_tenant.get(tenant, 0)
@@ -229,8 +234,9 @@ def _ordered(weights: Mapping[str, float]) -> Iterable[str]:
     return known + sorted(set(weights) - set(TIERS))
 
 
-def pick_waiter(waiting: Iterable[tuple[int, str]], queued: Mapping[str, int]) -> int:
-    """Which caller waiting for room goes next: the one whose tenant has the fewest items
-    queued, the earliest first among equals. ``waiting`` is ``(sequence, tenant)`` pairs;
-    the sequence of the chosen one is returned."""
-    return min(waiting, key=lambda w: (queued.get(w[1], 0), w[0]))[0]
+def pick_waiter(waiting: Iterable[tuple[int, int, str]], queued: Mapping[str, int]) -> int:
+    """Which caller waiting for room goes next: the most urgent tier's, then the one whose
+    tenant has the fewest items queued, the earliest first among equals. ``waiting`` is
+    ``(sequence, tier rank, tenant)`` triples (rank 0 the most urgent); the sequence of
+    the chosen one is returned."""
+    return min(waiting, key=lambda w: (w[1], queued.get(w[2], 0), w[0]))[0]
