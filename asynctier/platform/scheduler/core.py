@@ -41,7 +41,10 @@ class Scheduler:
         self.bindings = bindings
         self.runtime = runtime
         self.admission = admission
-        fair: FairQueue[Any] = FairQueue(options.max_chunk_items, options.tier_weights,
+        # A tenant's turn is the smallest chunk's worth of items: a trickling tenant then
+        # waits behind a few chunks of a flooding one, not behind a largest chunk's worth
+        # of its small chunks of slow items (the shares by weight are the same).
+        fair: FairQueue[Any] = FairQueue(options.min_chunk_items, options.tier_weights,
                                          options.tenant_weights)
         self.queue = BoundedQueue(fair, options.max_queued_items)
         sizer = ChunkSizer(options.chunk_target_s, options.min_chunk_items,
