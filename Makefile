@@ -26,6 +26,7 @@ bench:
 	ASYNCTIER_EXTRAS=dev,bench scripts/setup.sh
 	ASYNCTIER_VENV=.venv-peers ASYNCTIER_EXTRAS=kafka-peers scripts/setup.sh
 	$(VENV)/bin/python bench/run.py $(ARGS)
+	$(VENV)/bin/python -m bench.urgency --out bench/RESULTS.md
 
 bench-queue:
 	ASYNCTIER_EXTRAS=dev,bench scripts/setup.sh

@@ -80,3 +80,20 @@ def sleep1ms(payload: Any, ctx: Any) -> None:
 async def asleep1ms(payload: Any, ctx: Any) -> None:
     """Wait 1 ms on (simulated) I/O, asynchronously: runs on the scheduler's event loop."""
     await asleep_1ms(payload)
+
+
+async def atimed(payload: Any, ctx: Any) -> None:
+    """:func:`timed` as an ``async def`` (runs on the scheduler's event loop)."""
+    timed(payload, ctx)
+
+
+def sleep2ms(payload: Any, ctx: Any) -> None:
+    """Wait 2 ms on (simulated) I/O, synchronously: the urgency bench's batch backlog."""
+    time.sleep(0.002)
+
+
+def burn(payload: Any, ctx: Any) -> None:
+    """Keep the CPU busy for 0.2 ms (holds the GIL): the CPU-bound batch backlog."""
+    end = time.perf_counter() + 0.0002
+    while time.perf_counter() < end:
+        pass

@@ -1,0 +1,280 @@
+"""Urgent work, a small tenant and near deadlines behind a flood (issue 50).
+
+    python -m bench.urgency [--cases all|same,tenant,...] [--backlog 300000]
+                            [--rate 30] [--seconds 10] [--start-after 8] [--out FILE]
+
+One ``asynctier run`` per measurement. A *bulk* binding drains a backlog whose function
+waits 2 ms (``time.sleep``), or keeps the CPU busy 0.2 ms (the ``cpu`` case). Once it is
+under way (its group has committed, and the *probe* binding's warm-up records are done)
+and ``--settle`` seconds more, the probe binding's own topic (4 partitions) receives
+``--rate`` records a second for ``--seconds``, each carrying its due time; the probe
+function notes start minus due time. Each case is measured alone (no bulk binding) and
+under the backlog; the ratio is p99 under the backlog over p99 alone.
+
+The final line is for scripts::
+
+    urgent_p99_ratio=1.4 urgent_p99_ratio_cpu=2.1 tenant_p99_ratio=1.2 deadline_met=1.000 \
+        drain_ratio=0.97
+
+``urgent_p99_ratio``: the worst of the I/O cases where the probe is urgent (same tenant,
+other tenant, async, deferring bulk); ``tenant_p99_ratio``: the small tenant's case;
+``deadline_met``: the share of the ``--start-within 2s`` probe's records that started
+within 2 s; ``drain_ratio``: the bulk binding's drain rate during the probe window of the
+``same`` case over its rate in the same window with no probe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.measure import BenchError, python_speed
+from bench.records import GroupProgress, create_topic, open_loop, preload, warm_producer
+from bench.scenarios import Latency, _read_latency, platform
+from bench.stack import Services, services
+
+REPO = Path(__file__).resolve().parent.parent
+WARM = 20  # probe records sent before the window (not measured): the probe tailer is up
+DEADLINE_S = 2.0
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row: how the bulk and the probe bindings are bound."""
+
+    key: str
+    title: str
+    probe_function: str = "timed"
+    probe_args: tuple[str, ...] = ("--priority", "urgent")
+    bulk_function: str = "sleep2ms"
+    bulk_args: tuple[str, ...] = ("--priority", "batch")
+
+
+CASES: tuple[Case, ...] = (
+    Case("same", "both in tenant default, sync urgent function"),
+    Case("tenant", "urgent in tenant live, batch in growth",
+         probe_args=("--priority", "urgent", "--tenant", "live"),
+         bulk_args=("--priority", "batch", "--tenant", "growth")),
+    Case("async", "urgent function async def", probe_function="atimed"),
+    Case("defer", "batch bound --defer-when-busy --start-within 2h",
+         bulk_args=("--priority", "batch", "--defer-when-busy", "--start-within", "2h")),
+    Case("cpu", "batch function CPU-bound (0.2 ms busy loop)", bulk_function="burn"),
+    Case("small", "both normal: tenant small at the rate behind tenant big's backlog",
+         probe_args=("--priority", "normal", "--tenant", "small"),
+         bulk_args=("--priority", "normal", "--tenant", "big")),
+    Case("deadline", "the same, the small binding bound --start-within 2s",
+         probe_args=("--priority", "normal", "--tenant", "small", "--start-within", "2s"),
+         bulk_args=("--priority", "normal", "--tenant", "big")),
+)
+IO_URGENT = ("same", "tenant", "async", "defer")
+
+
+@dataclass
+class Measured:
+    """One run: the probe's latencies, and the bulk's drain during the window."""
+
+    latency: Latency
+    bulk_rate: float | None = None  # records/s committed by the bulk group in the window
+    bulk_left: int | None = None  # bulk records not committed when the window closed
+
+
+@dataclass
+class Row:
+    """A case alone and under the backlog."""
+
+    case: Case
+    alone: Measured
+    loaded: Measured
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        """p99 under the backlog over p99 alone."""
+        return self.loaded.latency.percentile(99) / self.alone.latency.percentile(99)
+
+
+def _wait(what: str, done: object, timeout_s: float, check: object) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise BenchError(f"{what}: not done after {timeout_s:g} s")
+        check()  # type: ignore[operator]
+        time.sleep(0.05)
+
+
+def measure(svc: Services, folder: Path, case: Case, bulk_topic: str | None,
+            backlog: int, args: argparse.Namespace, probe: bool = True) -> Measured:
+    """One ``asynctier run``: the probe alone (``bulk_topic`` None), the probe under the
+    bulk backlog, or (``probe`` False) the bulk alone over the same window."""
+    boot = svc.kafka_bootstrap
+    topic = f"bench-urgent-{uuid.uuid4().hex[:6]}"
+    create_topic(boot, topic)
+    samples = folder / f"urgency-{case.key}-{uuid.uuid4().hex[:6]}.txt"
+    label = f"urgency-{case.key}-{'loaded' if bulk_topic else 'alone'}"
+    with platform(svc, folder, label, {"BENCH_LATENCY_FILE": str(samples)}) as run:
+        run.bind("probe", topic, case.probe_function, *case.probe_args)
+        producer = warm_producer(boot, topic, WARM)
+        probe_group = GroupProgress(boot, run.group("probe"), topic)
+        bulk_group: GroupProgress | None = None
+        if bulk_topic is not None:
+            run.bind("bulk", bulk_topic, case.bulk_function, *case.bulk_args)
+            bulk_group = GroupProgress(boot, run.group("bulk"), bulk_topic)
+        try:
+            run.start()
+            check = run.check()
+            started = time.monotonic()
+            _wait("the platform's start", lambda: time.monotonic() - started > args.start_after,
+                  args.start_after + 5, check)
+            before = bulk_group.committed() if bulk_group is not None else 0
+            opened = time.monotonic()
+            if probe:
+                produced = open_loop(producer, topic, args.rate, args.seconds)
+            else:
+                time.sleep(args.seconds)
+                produced = 0
+            window = time.monotonic() - opened
+            after = bulk_group.committed() if bulk_group is not None else 0
+            _wait("the probe's records", lambda: probe_group.committed() >= WARM + produced,
+                  300, check)
+        finally:
+            probe_group.close()
+            if bulk_group is not None:
+                bulk_group.close()
+    time.sleep(0.2)
+    latency = _read_latency(args.rate, args.seconds, produced, samples)
+    if probe and len(latency.samples) < produced:
+        raise BenchError(f"{label}: {len(latency.samples)} samples of {produced} records")
+    if bulk_group is None:
+        return Measured(latency)
+    return Measured(latency, (after - before) / window, backlog - after)
+
+
+def run_cases(svc: Services, folder: Path, cases: Sequence[Case],
+              args: argparse.Namespace) -> tuple[list[Row], float | None]:
+    """Every case alone and under the backlog; the drain ratio when ``same`` ran."""
+    bulk_topic = f"bench-bulk-{uuid.uuid4().hex[:6]}"
+    print(f"preloading {args.backlog:,} records into {bulk_topic}", flush=True)
+    preload(svc.kafka_bootstrap, bulk_topic, args.backlog)
+    rows: list[Row] = []
+    drain_ratio: float | None = None
+    for case in cases:
+        alone = measure(svc, folder, case, None, args.backlog, args)
+        loaded = measure(svc, folder, case, bulk_topic, args.backlog, args)
+        row = Row(case, alone, loaded)
+        rows.append(row)
+        print(_line(row), flush=True)
+        if case.key == "same":
+            bulk_alone = measure(svc, folder, case, bulk_topic, args.backlog, args,
+                                 probe=False)
+            if bulk_alone.bulk_rate and loaded.bulk_rate:
+                drain_ratio = loaded.bulk_rate / bulk_alone.bulk_rate
+                print(f"  bulk drain in the window: {loaded.bulk_rate:,.0f}/s with the "
+                      f"probe, {bulk_alone.bulk_rate:,.0f}/s without: {drain_ratio:.2f}",
+                      flush=True)
+    return rows, drain_ratio
+
+
+def _ms(latency: Latency) -> str:
+    return f"{latency.percentile(50):,.1f} / {latency.percentile(99):,.1f}"
+
+
+def _line(row: Row) -> str:
+    left = row.loaded.bulk_left
+    return (f"{row.case.key:9} alone {_ms(row.alone.latency):>18} ms   under the backlog "
+            f"{_ms(row.loaded.latency):>20} ms   ratio {row.ratio:6.2f}"
+            + (f"   bulk {row.loaded.bulk_rate:,.0f}/s, {left:,} left"
+               if left is not None and row.loaded.bulk_rate is not None else ""))
+
+
+def summary(rows: Sequence[Row], drain_ratio: float | None) -> dict[str, float]:
+    """The final line's figures (nan where a case did not run)."""
+    by = {r.case.key: r for r in rows}
+    nan = float("nan")
+    io = [by[k].ratio for k in IO_URGENT if k in by]
+    deadline = by.get("deadline")
+    met = nan
+    if deadline is not None:
+        samples = deadline.loaded.latency.samples
+        met = sum(s <= DEADLINE_S * 1000 for s in samples) / len(samples)
+    return {
+        "urgent_p99_ratio": max(io) if io else nan,
+        "urgent_p99_ratio_cpu": by["cpu"].ratio if "cpu" in by else nan,
+        "tenant_p99_ratio": by["small"].ratio if "small" in by else nan,
+        "deadline_met": met,
+        "drain_ratio": drain_ratio if drain_ratio is not None else nan,
+    }
+
+
+def markdown(rows: Sequence[Row], figures: dict[str, float], args: argparse.Namespace,
+             speed: float) -> str:
+    """The RESULTS.md section."""
+    out = ["## Urgent work behind a flood (issue 50)", "",
+           f"`python -m bench.urgency --backlog {args.backlog} --rate {args.rate:g} "
+           f"--seconds {args.seconds:g} --start-after {args.start_after:g}`, "
+           f"{time.strftime('%Y-%m-%d')}, Python speed {speed:.1f} M loops/s. "
+           f"p50 / p99 record-to-start of {int(args.rate * args.seconds)} probe records, "
+           "in ms; the bulk binding's backlog drains meanwhile.", "",
+           "| case | alone | under the backlog | p99 ratio | bulk drain in the window |",
+           "|---|--:|--:|--:|--:|"]
+    for r in rows:
+        bulk = (f"{r.loaded.bulk_rate:,.0f}/s" if r.loaded.bulk_rate is not None else "")
+        out.append(f"| {r.case.title} | {_ms(r.alone.latency)} | {_ms(r.loaded.latency)} "
+                   f"| {r.ratio:.2f} | {bulk} |")
+    out += ["", "```", final_line(figures), "```", ""]
+    return "\n".join(out)
+
+
+def final_line(figures: dict[str, float]) -> str:
+    """``name=value`` pairs."""
+    return " ".join(f"{k}={v:.3f}" for k, v in figures.items())
+
+
+def write_section(path: Path, section: str) -> None:
+    """Put ``section`` into ``path`` in place of the one with its heading (or at the end)."""
+    heading = section.splitlines()[0]
+    text = path.read_text() if path.exists() else ""
+    start = text.find(heading)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = text.find("\n## ", start + len(heading))
+        text = text[:start] + section + ("" if end < 0 else text[end + 1:])
+    path.write_text(text)
+
+
+def main(argv: list[str]) -> int:
+    """Run the cases and print (and write) the results."""
+    p = argparse.ArgumentParser(prog="python -m bench.urgency", description=__doc__)
+    p.add_argument("--cases", default="all", help="comma-separated keys, or all: "
+                   + ",".join(c.key for c in CASES))
+    p.add_argument("--backlog", type=int, default=300_000)
+    p.add_argument("--rate", type=float, default=30.0)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--start-after", type=float, default=8.0)
+    p.add_argument("--out", type=Path, help="write the section into this file "
+                   "(e.g. bench/RESULTS.md)")
+    args = p.parse_args(argv)
+    keys = [c.key for c in CASES] if args.cases == "all" else args.cases.split(",")
+    unknown = set(keys) - {c.key for c in CASES}
+    if unknown:
+        p.error(f"unknown case(s): {', '.join(sorted(unknown))}")
+    cases = [c for c in CASES if c.key in keys]
+    speed = python_speed()
+    with tempfile.TemporaryDirectory(prefix="asynctier-urgency-") as tmp, services() as svc:
+        print(f"logs in {tmp}", flush=True)
+        rows, drain_ratio = run_cases(svc, Path(tmp), cases, args)
+    figures = summary(rows, drain_ratio)
+    if args.out is not None:
+        write_section(args.out, markdown(rows, figures, args, speed))
+    print(final_line(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
