@@ -32,11 +32,12 @@ from typing import Any
 
 from asynctier.dev.testing import start_test_redis
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_source import StaticBindings
 from asynctier.platform.config import Settings
-from asynctier.platform.limits import RedisAdmission
-from asynctier.platform.scheduler import FunctionResolver, Scheduler, StaticBindings
-from asynctier.platform.scheduler.runtime import Runtime
 from asynctier.platform.wire import Item
+from asynctier.scheduler import FunctionResolver, Scheduler
+from asynctier.scheduler.limits import RedisAdmission
+from asynctier.scheduler.runtime import Runtime
 
 BATCH = 1000
 IN_FLIGHT = 4

@@ -20,10 +20,10 @@ import uuid
 import redis as sync_redis
 from redis.asyncio import Redis
 
-from asynctier.platform.admission import RUN
 from asynctier.platform.config import Settings
-from asynctier.platform.limits.once import RunOnce
 from asynctier.platform.wire import Item, ok, retry
+from asynctier.scheduler.admission import RUN
+from asynctier.scheduler.limits.once import RunOnce
 from bench.stack import services
 
 

@@ -12,21 +12,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from asynctier.platform.admission import Admission, OpenAdmission
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_source import BindingSource, StaticBindings
 from asynctier.platform.config import Settings
-from asynctier.platform.limits.tenants import TenantStore
 from asynctier.platform.rpc import SchedulerClient
-from asynctier.platform.scheduler import (
-    FunctionResolver,
-    Scheduler,
-    SchedulerOptions,
-    StaticBindings,
-    run_scheduler,
-)
-from asynctier.platform.scheduler.bindings import BindingSource
-from asynctier.platform.scheduler.runtime import Runtime
 from asynctier.platform.wire import Header, Item, Outcome
+from asynctier.scheduler import FunctionResolver, Scheduler, SchedulerOptions, run_scheduler
+from asynctier.scheduler.admission import Admission, OpenAdmission
+from asynctier.scheduler.limits.tenants import TenantStore
+from asynctier.scheduler.runtime import Runtime
 
 ALLOW = ("tests.funcs.basic",)
 

@@ -13,11 +13,11 @@ import pytest
 from prometheus_client import REGISTRY
 
 from asynctier.platform.binding import Binding
-from asynctier.platform.scheduler import FunctionResolver
-from asynctier.platform.scheduler import runtime as runtime_module
-from asynctier.platform.scheduler.runtime import AsyncRun, Runtime
-from asynctier.platform.scheduler.sizing import ChunkSizer
 from asynctier.platform.wire import Item, Outcome
+from asynctier.scheduler import FunctionResolver
+from asynctier.scheduler import runtime as runtime_module
+from asynctier.scheduler.runtime import AsyncRun, Runtime
+from asynctier.scheduler.sizing import ChunkSizer
 from tests.funcs import basic
 from tests.scheduler_harness import ALLOW, item
 

@@ -17,10 +17,10 @@ import redis
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
-from asynctier.platform.limits.tenants import TenantStore
 from asynctier.platform.replies import read_outcomes
 from asynctier.platform.rpc import SUBMIT
 from asynctier.platform.wire import Columns
+from asynctier.scheduler.limits.tenants import TenantStore
 from tests.helpers import wait_until
 from tests.scheduler_harness import Running, running_scheduler
 
@@ -66,7 +66,7 @@ def _runs(address: str, names: list[str], per_binding: int = 50) -> None:
 def test_a_bad_weight_in_redis_is_refused_and_every_tenant_served(
         raw: str, scheduler: Running, module_settings: Settings, redis_url: str,
         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="asynctier.platform.scheduler.tenants")
+    caplog.set_level(logging.INFO, logger="asynctier.scheduler.tenants")
     tenant = _tenant(raw)
     key = module_settings.names.redis_key("tenant-weights")
     client = redis.Redis.from_url(redis_url)
@@ -102,8 +102,8 @@ def test_hypothesis_corrupted_weights_never_reach_the_fair_queue(
     from hypothesis import settings as hsettings
     from hypothesis import strategies as st
 
-    from asynctier.platform.scheduler.queues import FairQueue
-    from asynctier.platform.scheduler.tenants import TenantFollower
+    from asynctier.scheduler.queues import FairQueue
+    from asynctier.scheduler.tenants import TenantFollower
 
     loop = asyncio.new_event_loop()
     store = TenantStore.from_settings(module_settings.with_overrides(

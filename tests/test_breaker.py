@@ -11,7 +11,8 @@ import redis
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
-from asynctier.platform.limits.breaker import (
+from asynctier.platform.wire import Item, Outcome, ok, retry
+from asynctier.scheduler.limits.breaker import (
     CLOSED,
     OPEN,
     RAMP,
@@ -19,7 +20,6 @@ from asynctier.platform.limits.breaker import (
     Breakers,
     parse_breaker,
 )
-from asynctier.platform.wire import Item, Outcome, ok, retry
 
 FAST = BreakerConfig(probe_interval_s=0.3, park_s=2.0, ramp_s=0.6, min_calls=4)
 BINDING = Binding("pay", "t", "m:f", breaker_ratio=0.5, breaker_window_s=10.0)

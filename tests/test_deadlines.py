@@ -6,9 +6,9 @@ import pytest
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.errors import BindingError
-from asynctier.platform.scheduler.deadlines import order_key, split_expired, stamp_deadlines
-from asynctier.platform.scheduler.queues import FairQueue
 from asynctier.platform.wire import EXPIRED, Item
+from asynctier.scheduler.deadlines import order_key, split_expired, stamp_deadlines
+from asynctier.scheduler.queues import FairQueue
 
 
 def _item(i: int, record_ms: int, deadline_ms: int | None = None) -> Item:

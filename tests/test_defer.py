@@ -14,11 +14,11 @@ import pytest
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.errors import BindingError
-from asynctier.platform.scheduler.bounded import BoundedQueue, Chunk
-from asynctier.platform.scheduler.deferral import RELEASE_SHARE, Saturation, defer, park_s
-from asynctier.platform.scheduler.queues import FairQueue
 from asynctier.platform.schemas import MAGIC
 from asynctier.platform.wire import Item
+from asynctier.scheduler.bounded import BoundedQueue, Chunk
+from asynctier.scheduler.deferral import RELEASE_SHARE, Saturation, defer, park_s
+from asynctier.scheduler.queues import FairQueue
 
 HOUR = 3600.0
 COLD = Binding("cold", "t", "m:f", start_within_s=2 * HOUR, defer_when_busy=True,

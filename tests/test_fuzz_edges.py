@@ -27,10 +27,10 @@ from hypothesis import strategies as st
 
 from asynctier.platform import stream, wire
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_source import StaticBindings
 from asynctier.platform.config import Settings
 from asynctier.platform.replies import read_outcomes
 from asynctier.platform.rpc import MAX_MESSAGE, SUBMIT
-from asynctier.platform.scheduler import StaticBindings
 from asynctier.platform.schemas import load_schema
 from asynctier.submitter import protocol
 from asynctier.submitter.server import serve_submitter

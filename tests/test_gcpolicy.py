@@ -10,7 +10,7 @@ import sys
 
 CHILD = """
 import gc, json, weakref
-from asynctier.platform.gcpolicy import GEN0, quiet_gc
+from asynctier.cli.gcpolicy import GEN0, quiet_gc
 before = gc.get_freeze_count()
 quiet_gc()
 class Node: pass

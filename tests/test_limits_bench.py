@@ -13,11 +13,11 @@ from typing import Any, cast
 import redis
 from redis.asyncio import Redis
 
-from asynctier.platform.admission import Admission, OpenAdmission
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
-from asynctier.platform.limits import Quota, RedisAdmission
 from asynctier.platform.wire import Item
+from asynctier.scheduler.admission import Admission, OpenAdmission
+from asynctier.scheduler.limits import Quota, RedisAdmission
 
 CHUNK = 256
 CHUNKS = 150

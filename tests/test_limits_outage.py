@@ -20,8 +20,8 @@ from asynctier import dev as devstack
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
-from asynctier.platform.limits import AdmissionConfig, Quota, RedisAdmission
 from asynctier.platform.wire import Item
+from asynctier.scheduler.limits import AdmissionConfig, Quota, RedisAdmission
 
 BASE = Binding(name="orders", topic="orders", function="app.jobs:handle", tenant="acme",
                rate_per_s=50.0, burst=5, max_concurrency=2)
@@ -106,7 +106,7 @@ def test_fail_open_admits_through_the_local_limiter_and_limits_return(
         finally:
             await admission.close()
 
-    with caplog.at_level(logging.WARNING, logger="asynctier.platform.limits"):
+    with caplog.at_level(logging.WARNING, logger="asynctier.scheduler.limits"):
         asyncio.run(scenario())
     loud = [r for r in caplog.records if "REDIS UNREACHABLE" in r.getMessage()]
     assert len(loud) == 1, [r.getMessage() for r in loud]  # once per outage, not per item

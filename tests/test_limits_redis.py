@@ -22,9 +22,9 @@ from redis.asyncio import Redis
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
-from asynctier.platform.limits import AdmissionConfig, Quota, RedisAdmission
-from asynctier.platform.limits.quota import QuotaStore, RedisQuota
 from asynctier.platform.wire import Item
+from asynctier.scheduler.limits import AdmissionConfig, Quota, RedisAdmission
+from asynctier.scheduler.limits.quota import QuotaStore, RedisQuota
 from tests.helpers import wait_until
 
 BASE = Binding(name="orders", topic="orders", function="app.jobs:handle", tenant="acme")
@@ -223,7 +223,7 @@ HOLDER = textwrap.dedent("""
     import asyncio, contextlib, sys
     from asynctier.platform.binding import Binding
     from asynctier.platform.config import Settings
-    from asynctier.platform.limits import AdmissionConfig, RedisAdmission
+    from asynctier.scheduler.limits import AdmissionConfig, RedisAdmission
 
     async def main():
         settings = Settings(redis_url=sys.argv[1], prefix=sys.argv[2])

@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from asynctier.platform.binding import Binding
-from asynctier.platform.limits.aimd import Aimd, AimdConfig
-from asynctier.platform.limits.bucket import TokenBucket, burst_of
-from asynctier.platform.limits.concurrency import LocalLimit
-from asynctier.platform.limits.outage import Outage
+from asynctier.scheduler.limits.aimd import Aimd, AimdConfig
+from asynctier.scheduler.limits.bucket import TokenBucket, burst_of
+from asynctier.scheduler.limits.concurrency import LocalLimit
+from asynctier.scheduler.limits.outage import Outage
 
 configs = st.builds(
     AimdConfig,
@@ -224,7 +224,7 @@ def test_outage_logs_once_per_binding_per_outage_and_probes_at_intervals(
     outage = Outage(probe_interval_s=1.0, clock=clock)
     a = Binding(name="a", topic="t", function="m:f")
     b = a.with_changes(name="b", redis_policy="fail_closed")
-    with caplog.at_level(logging.WARNING, logger="asynctier.platform.limits.outage"):
+    with caplog.at_level(logging.WARNING, logger="asynctier.scheduler.limits.outage"):
         for _ in range(100):
             outage.failed(a, ConnectionError("refused"))
         outage.failed(b, ConnectionError("refused"))

@@ -259,7 +259,7 @@ def _pool_outcomes(functions: list[str], allow: list[str], **extra: Any) -> list
     one worker, allowing ``allow`` only; their outcomes. ``extra``: more item fields (the
     scheduler's ``resumed`` and ``saver``)."""
     from asynctier.platform.binding import Binding
-    from asynctier.platform.scheduler.processes import ProcessPool
+    from asynctier.scheduler.processes import ProcessPool
 
     @dataclass(frozen=True)
     class _Job:
@@ -335,7 +335,7 @@ def test_items_of_a_slow_function_get_chunks_of_one() -> None:
     """Once a binding's items are measured at the chunk target or slower, each runs in a
     chunk of its own: a sync function's items would otherwise run one after another in
     one worker thread (eight 2-minute calls in 16 minutes); faster ones keep the floor."""
-    from asynctier.platform.scheduler.sizing import ChunkSizer
+    from asynctier.scheduler.sizing import ChunkSizer
 
     sizer = ChunkSizer(target_s=0.02, min_items=8)
     sizer.observe("long", 120.0, 1)

@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from asynctier.platform.progress import progress
+from asynctier.cli.progress import progress
 
 
 def _run(console: Console, enabled: bool | None = None) -> None:

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asynctier.platform.binding import Binding
-from asynctier.platform.scheduler.bounded import BoundedQueue, Chunk
-from asynctier.platform.scheduler.queues import FairQueue, TenantDRR, pick_waiter
-from asynctier.platform.scheduler.sizing import ChunkSizer
+from asynctier.scheduler.bounded import BoundedQueue, Chunk
+from asynctier.scheduler.queues import FairQueue, TenantDRR, pick_waiter
+from asynctier.scheduler.sizing import ChunkSizer
 from tests.helpers import until
 from tests.scheduler_harness import items
 

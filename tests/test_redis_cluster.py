@@ -20,16 +20,17 @@ import redis.cluster
 from asynctier.dev import redis_cluster
 from asynctier.dev.redis_cluster import RedisClusterNodes
 from asynctier.dev.testing import start_test_redis_cluster
-from asynctier.platform.admission import BUSY, DONE, RUN, TAKEN_OVER
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
-from asynctier.platform.limits import Quota, RedisAdmission
-from asynctier.platform.limits.capacity import EnqueueCapacity
+from asynctier.platform.membership import live_members
 from asynctier.platform.names import Names
 from asynctier.platform.redis_client import async_client, is_cluster_url, sync_client
-from asynctier.platform.scheduler.membership import Heartbeat, live_members
 from asynctier.platform.wire import ok, retry
+from asynctier.scheduler.admission import BUSY, DONE, RUN, TAKEN_OVER
+from asynctier.scheduler.heartbeat import Heartbeat
+from asynctier.scheduler.limits import Quota, RedisAdmission
+from asynctier.submitter.capacity import EnqueueCapacity
 from asynctier.tailers.parking import HELD, ParkingLot, Waiting
 from tests.conftest import service_unavailable
 from tests.test_limits_redis import make_items

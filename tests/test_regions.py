@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from asynctier.cli import main
 from asynctier.platform.config import Settings
-from asynctier.platform.scheduler import SchedulerDirectory, live_members
-from asynctier.platform.scheduler.membership import Heartbeat, member_keys
+from asynctier.platform.membership import SchedulerDirectory, live_members, member_keys
+from asynctier.scheduler.heartbeat import Heartbeat
 
 
 @pytest.fixture

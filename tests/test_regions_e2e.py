@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from asynctier.platform.config import Settings
-from asynctier.platform.scheduler import live_members
+from asynctier.platform.membership import live_members
 from tests import region_funcs
 from tests.helpers import wait_until
 from tests.platform_harness import REPO, Platform, free_port, produce_json

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from asynctier.platform import wire
 from asynctier.platform.errors import BadReply
-from asynctier.platform.limits.tenants import parse_weight
 from asynctier.platform.replies import KNOWN_REASONS, read_outcomes
-from asynctier.platform.scheduler.queues import TenantDRR
+from asynctier.scheduler.limits.tenants import parse_weight
+from asynctier.scheduler.queues import TenantDRR
 
 N = 6
 

@@ -19,11 +19,12 @@ from asynctier.cli import main
 from asynctier.dev.certs import CertFiles, write_certs
 from asynctier.platform import rpc, wire
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_source import StaticBindings
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ConfigError, SchedulerUnavailable
 from asynctier.platform.rpcsecurity import RpcSecurity, open_channel
-from asynctier.platform.scheduler import StaticBindings, run_scheduler
 from asynctier.platform.wire import encode_items
+from asynctier.scheduler import run_scheduler
 from tests.funcs import basic
 from tests.scheduler_harness import items, running_scheduler
 

@@ -17,13 +17,13 @@ from collections.abc import Sequence
 import pytest
 import redis
 
-from asynctier.platform.admission import BUSY, DONE, RUN, TAKEN_OVER
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ConfigError
-from asynctier.platform.limits import AdmissionConfig, RedisAdmission, once
-from asynctier.platform.scheduler.options import SchedulerOptions
 from asynctier.platform.wire import Item, Outcome, ok, retry
+from asynctier.scheduler.admission import BUSY, DONE, RUN, TAKEN_OVER
+from asynctier.scheduler.limits import AdmissionConfig, RedisAdmission, once
+from asynctier.scheduler.options import SchedulerOptions
 from tests.funcs import basic
 from tests.scheduler_harness import by_id, local_scheduler
 

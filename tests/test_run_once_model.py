@@ -17,9 +17,9 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asynctier.platform.limits import once
-from asynctier.platform.limits.quota import join_refs
-from asynctier.platform.limits.scripts import lua
+from asynctier.platform.scripts import lua
+from asynctier.scheduler.limits import once
+from asynctier.scheduler.limits.quota import join_refs
 
 REFS = ["t/0/0", "t/0/1", "t/0/8191", "t/0/8192", "t/1/8191", "t/1/16384",
         "t/0/07", "t/0/12345678901234567", "job-42", "other/3/5"]

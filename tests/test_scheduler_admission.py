@@ -13,10 +13,10 @@ import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 
-from asynctier.platform.admission import RUN
 from asynctier.platform.binding import Binding
-from asynctier.platform.scheduler import SchedulerOptions
 from asynctier.platform.wire import Item, Outcome
+from asynctier.scheduler import SchedulerOptions
+from asynctier.scheduler.admission import RUN
 from tests.scheduler_harness import by_id, item, items, local_scheduler
 
 

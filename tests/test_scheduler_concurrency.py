@@ -11,9 +11,9 @@ import json
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
-from asynctier.platform.scheduler import SchedulerOptions
-from asynctier.platform.scheduler.runtime import ASYNC_LANES, SYNC_SPREAD
 from asynctier.platform.wire import Outcome
+from asynctier.scheduler import SchedulerOptions
+from asynctier.scheduler.runtime import ASYNC_LANES, SYNC_SPREAD
 from tests.funcs import basic
 from tests.scheduler_harness import items, local_scheduler, running_scheduler
 

@@ -9,14 +9,10 @@ import time
 import redis
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_source import StaticBindings
 from asynctier.platform.config import Settings
-from asynctier.platform.scheduler import (
-    SchedulerDirectory,
-    StaticBindings,
-    live_members,
-    live_schedulers,
-)
-from asynctier.platform.scheduler.membership import Heartbeat
+from asynctier.platform.membership import SchedulerDirectory, live_members, live_schedulers
+from asynctier.scheduler.heartbeat import Heartbeat
 from tests.helpers import until, wait_until
 from tests.scheduler_harness import items, running_scheduler
 
@@ -125,7 +121,7 @@ def test_a_busy_port_is_a_clear_error(settings: Settings) -> None:
     with running_scheduler(settings, []) as running, pytest.raises(
             ServiceError, match="cannot listen on"):
         port = running.address.rsplit(":", 1)[1]
-        from asynctier.platform.scheduler import run_scheduler
+        from asynctier.scheduler import run_scheduler
 
         run_scheduler(settings, listen=f"127.0.0.1:{port}", bindings=StaticBindings([]),
                       stop=threading.Event())

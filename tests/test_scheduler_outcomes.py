@@ -13,7 +13,7 @@ import pytest
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
-from asynctier.platform.scheduler import SchedulerOptions
+from asynctier.scheduler import SchedulerOptions
 from tests.funcs import basic
 from tests.scheduler_harness import Running, item, items, running_scheduler
 
@@ -184,7 +184,7 @@ class _Custom(Exception):
 
 
 def test_error_text_is_the_exception_text_whether_remembered_or_not() -> None:
-    from asynctier.platform.scheduler.outcomes import MAX_ERROR, error_text
+    from asynctier.scheduler.outcomes import MAX_ERROR, error_text
 
     for _ in range(2):  # the second round comes from memory where it may
         assert error_text(RuntimeError("boom")) == "RuntimeError: boom"
@@ -200,7 +200,7 @@ def test_error_text_is_the_exception_text_whether_remembered_or_not() -> None:
 
 def test_a_plain_exception_is_a_retry_along_the_ladder_with_its_text() -> None:
     from asynctier.platform import wire
-    from asynctier.platform.scheduler.outcomes import of_exception
+    from asynctier.scheduler.outcomes import of_exception
 
     for _ in range(2):  # remembered the second time
         assert of_exception(7, RuntimeError("boom")) == wire.retry(7, "RuntimeError: boom")

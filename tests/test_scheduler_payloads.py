@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.errors import DecodeError
-from asynctier.platform.scheduler.payloads import TOMBSTONE, decode_json, decoder_for
+from asynctier.platform.payloads import TOMBSTONE, decode_json, decoder_for
 
 SCHEMA = json.dumps({"type": "record", "name": "R", "fields": [
     {"name": "n", "type": "long"}, {"name": "s", "type": "string"}]})

@@ -9,7 +9,7 @@ import pytest
 
 from asynctier.platform.allowlist import is_denied, under
 from asynctier.platform.errors import FunctionNotFound, ModuleNotAllowed
-from asynctier.platform.scheduler.resolver import FunctionResolver
+from asynctier.scheduler.resolver import FunctionResolver
 from tests.funcs import basic
 
 

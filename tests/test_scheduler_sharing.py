@@ -13,8 +13,8 @@ import statistics
 import time
 
 from asynctier.platform.binding import Binding
-from asynctier.platform.scheduler import Scheduler, SchedulerOptions
 from asynctier.platform.wire import Item, Outcome
+from asynctier.scheduler import Scheduler, SchedulerOptions
 from tests.funcs import basic
 from tests.helpers import until
 from tests.scheduler_harness import item, local_scheduler

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from asynctier.platform.config import Settings
+from asynctier.platform.membership import live_schedulers
 from asynctier.platform.rpc import SchedulerClient
-from asynctier.platform.scheduler import live_schedulers
 from tests.helpers import wait_until
 from tests.scheduler_harness import item
 
@@ -22,7 +22,8 @@ SERVE = textwrap.dedent("""
     import logging, sys
     from asynctier.platform.binding import Binding
     from asynctier.platform.config import Settings
-    from asynctier.platform.scheduler import StaticBindings, run_scheduler
+    from asynctier.scheduler import run_scheduler
+    from asynctier.platform.binding_source import StaticBindings
     logging.basicConfig(level=logging.INFO)
     settings = Settings(redis_url=sys.argv[1], prefix=sys.argv[2])
     slow = Binding("slow", "t", "tests.funcs.basic:marked_sleepy")

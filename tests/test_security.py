@@ -26,7 +26,7 @@ from asynctier.platform.config import Settings
 from asynctier.platform.errors import ModuleNotAllowed
 from asynctier.platform.kafka import admin, ensure_topics
 from asynctier.platform.registry import BindingRegistry
-from asynctier.platform.scheduler.resolver import FunctionResolver
+from asynctier.scheduler.resolver import FunctionResolver
 from asynctier.tailers.kafka import TailerOptions, consumer_config
 from tests.faults.checker import read_ledger, succeeded
 from tests.faults.harness import FaultPlatform

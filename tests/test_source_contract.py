@@ -1,6 +1,6 @@
 """A second kind of source runs on the one pipeline and the real scheduler: a test-only
 list source (tests/list_source.py) whose retries are nacks and whose failures are dead
-items, resolved by that source; nothing of ``platform/scheduler/`` knows of it."""
+items, resolved by that source; nothing of ``scheduler/`` knows of it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from asynctier.platform.binding import SOURCE_KINDS, Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.rpc import PendingCall, SchedulerClient
-from asynctier.platform.scheduler import SchedulerOptions
+from asynctier.scheduler import SchedulerOptions
 from asynctier.tailers.options import PipelineOptions
 from asynctier.tailers.pipeline import Pipeline
 from asynctier.tailers.registry import SOURCES

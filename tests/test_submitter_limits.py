@@ -17,10 +17,10 @@ from redis.asyncio import Redis
 
 from asynctier.client import Client
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_source import StaticBindings
 from asynctier.platform.config import Settings
-from asynctier.platform.limits.capacity import EnqueueCapacity
-from asynctier.platform.scheduler.bindings import StaticBindings
 from asynctier.queue.store import QueueStore
+from asynctier.submitter.capacity import EnqueueCapacity
 from asynctier.submitter.protocol import METHOD, RETRY_AFTER_KEY, Call, Workload, encode_call
 from asynctier.submitter.server import serve_submitter
 from asynctier.submitter.service import SubmitterOptions

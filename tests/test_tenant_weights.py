@@ -12,9 +12,9 @@ from redis.asyncio import Redis
 
 from asynctier.cli import main
 from asynctier.platform.config import Settings
-from asynctier.platform.limits.tenants import TenantStore
-from asynctier.platform.scheduler.queues import FairQueue
-from asynctier.platform.scheduler.tenants import TenantFollower
+from asynctier.scheduler.limits.tenants import TenantStore
+from asynctier.scheduler.queues import FairQueue
+from asynctier.scheduler.tenants import TenantFollower
 
 
 def run(settings: Settings, *args: str) -> tuple[int, str]:

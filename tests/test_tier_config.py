@@ -6,8 +6,8 @@ import pytest
 
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ConfigError
-from asynctier.platform.scheduler.options import options_from_settings
-from asynctier.platform.scheduler.queues import FairQueue
+from asynctier.scheduler.options import options_from_settings
+from asynctier.scheduler.queues import FairQueue
 
 
 def test_tier_weights_and_workers_come_from_the_file() -> None:

@@ -18,7 +18,7 @@ from asynctier.delay_streams.ladder import next_hop, plan_hops
 from asynctier.platform import names as n
 from asynctier.platform.binding import Binding, is_binding_name
 from asynctier.platform.errors import BindingError, Retry
-from asynctier.platform.scheduler.outcomes import of_exception
+from asynctier.scheduler.outcomes import of_exception
 
 NOW = 1_764_000_000_000
 DEFAULT = (30.0, 60.0, 300.0, 1800.0)

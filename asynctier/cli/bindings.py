@@ -21,8 +21,8 @@ from asynctier.platform.config import Settings
 from asynctier.platform.durations import format_duration, parse_duration, parse_ladder
 from asynctier.platform.errors import BindingError, ModuleNotAllowed
 from asynctier.platform.kafka import admin, ensure_topics, topic_partitions, topic_replication
-from asynctier.platform.limits.breaker import parse_breaker
 from asynctier.platform.registry import BindingRegistry
+from asynctier.scheduler.limits.breaker import parse_breaker
 
 #: How long ``bind`` looks again for a topic it does not find: one created by another tool
 #: (``kafka-topics.sh --create``) a moment before shows in the metadata a moment after.
@@ -263,8 +263,8 @@ def breaker_states(settings: Settings, names: list[str]) -> dict[str, str]:
         return {}
     import asyncio
 
-    from asynctier.platform.limits.breaker import read_states
     from asynctier.platform.redis_client import async_client
+    from asynctier.scheduler.limits.breaker import read_states
 
     async def read() -> dict[str, str]:
         client = async_client(settings.redis_url, socket_timeout=2.0,

@@ -21,7 +21,7 @@ from asynctier.delay_streams.dlq import (
     replay,
     show_dead_letter,
 )
-from asynctier.platform.scheduler.membership import default_client
+from asynctier.platform.membership import default_client
 
 
 @click.group()

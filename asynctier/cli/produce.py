@@ -10,10 +10,10 @@ from typing import IO
 import click
 
 from asynctier.cli import settings_of
+from asynctier.cli.progress import progress
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError
 from asynctier.platform.kafka import ConfirmingProducer
-from asynctier.platform.progress import progress
 
 
 def produce_lines(settings: Settings, topic: str, lines: IO[str], key_field: str | None,

@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from asynctier.cli import settings_of
+from asynctier.cli.progress import progress
 from asynctier.platform.durations import parse_duration
-from asynctier.platform.progress import progress
 from asynctier.platform.registry import BindingRegistry
 from asynctier.queue.admin import EnqueueReport, LineOptions, enqueue_lines, replay_at_rate
 from asynctier.queue.items import MAX_PRIORITY, MIN_PRIORITY

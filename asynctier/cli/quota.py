@@ -13,10 +13,9 @@ import click
 from asynctier.cli import settings_of
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
-from asynctier.platform.limits.capacity import EnqueueCapacity
-from asynctier.platform.limits.outage import REDIS_DOWN
-from asynctier.platform.limits.quota import Quota, QuotaStore
-from asynctier.platform.redis_client import async_client
+from asynctier.platform.redis_client import REDIS_DOWN, async_client
+from asynctier.scheduler.limits.quota import Quota, QuotaStore
+from asynctier.submitter.capacity import EnqueueCapacity
 
 T = TypeVar("T")
 

@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 import click
 
 from asynctier.cli import settings_of
+from asynctier.cli.gcpolicy import quiet_gc
 from asynctier.platform.config import Settings
-from asynctier.platform.gcpolicy import quiet_gc
 from asynctier.platform.health import Health, beat_forever, redis_check
 from asynctier.platform.health import serve as serve_health
 from asynctier.platform.rpc import SchedulerClient
@@ -46,7 +46,7 @@ COMPONENTS = ("scheduler", "tailers", "delay", "submitter")
 
 def scheduler_addresses(settings: Settings) -> Callable[[], Sequence[str]]:
     """Live schedulers from Redis membership, falling back to the configured list."""
-    from asynctier.platform.scheduler.membership import SchedulerDirectory
+    from asynctier.platform.membership import SchedulerDirectory
 
     return SchedulerDirectory(settings).addresses
 
@@ -54,7 +54,7 @@ def scheduler_addresses(settings: Settings) -> Callable[[], Sequence[str]]:
 def scheduler_client(settings: Settings) -> SchedulerClient:
     """A client on the live schedulers that keeps calls in this process's region while it
     can (:mod:`asynctier.platform.placement`)."""
-    from asynctier.platform.scheduler.membership import default_client
+    from asynctier.platform.membership import default_client
 
     return default_client(settings)
 
@@ -129,11 +129,11 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
     health.stopping_on(stop)  # not ready from the SIGTERM on, before the drain
     _serve_metrics(metrics_port, health)
     if component == "scheduler":
-        from asynctier.platform.limits import AdmissionConfig, RedisAdmission
-        from asynctier.platform.limits.breaker import Breakers
-        from asynctier.platform.limits.tenants import TenantStore
-        from asynctier.platform.scheduler import run_scheduler
-        from asynctier.platform.scheduler.options import options_from_settings
+        from asynctier.scheduler import run_scheduler
+        from asynctier.scheduler.limits import AdmissionConfig, RedisAdmission
+        from asynctier.scheduler.limits.breaker import Breakers
+        from asynctier.scheduler.limits.tenants import TenantStore
+        from asynctier.scheduler.options import options_from_settings
 
         quiet_gc()
         admission = RedisAdmission(settings,

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from asynctier.cli import settings_of
-from asynctier.platform.scheduler.membership import Member, live_members
+from asynctier.platform.membership import Member, live_members
 
 
 def member_rows(members: list[Member]) -> list[dict[str, Any]]:

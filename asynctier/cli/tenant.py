@@ -13,11 +13,10 @@ from asynctier.cli import settings_of
 from asynctier.cli.quota import _TENANT_RE
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
-from asynctier.platform.limits.outage import REDIS_DOWN
-from asynctier.platform.limits.quota import QuotaStore
-from asynctier.platform.limits.tenants import TenantStore
-from asynctier.platform.redis_client import AsyncRedis, async_client
-from asynctier.platform.scheduler.queues import MAX_WEIGHT, MIN_WEIGHT
+from asynctier.platform.redis_client import REDIS_DOWN, AsyncRedis, async_client
+from asynctier.scheduler.limits.quota import QuotaStore
+from asynctier.scheduler.limits.tenants import TenantStore
+from asynctier.scheduler.queues import MAX_WEIGHT, MIN_WEIGHT
 
 T = TypeVar("T")
 

@@ -2,7 +2,7 @@
 
 This module owns the ``module:attr`` path pattern, the deny list and the module check.
 ``asynctier bind`` runs :func:`check_function_allowed` before it stores a binding, and the
-scheduler's :class:`~asynctier.platform.scheduler.resolver.FunctionResolver` runs
+scheduler's :class:`~asynctier.scheduler.resolver.FunctionResolver` runs
 :func:`check_module` before it imports anything, so a path refused by one is refused by
 the other with the same message.
 

@@ -1,7 +1,7 @@
 """Where a tailer sends a call: its own region first, another only when it must (pure logic).
 
 A tailer lives in a region (``[asynctier] region``); schedulers register theirs with their
-load and capacity (:mod:`asynctier.platform.scheduler.membership`). For each call,
+load and capacity (:mod:`asynctier.platform.membership`). For each call,
 :meth:`Placement.choose` picks a region and the schedulers there to send to:
 
 * **home**: the home region has a live scheduler with free capacity (load under its

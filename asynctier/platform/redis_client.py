@@ -16,11 +16,20 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
+from redis.exceptions import ClusterDownError, RedisClusterException, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 #: A Redis client of either kind (asyncio).
 AsyncRedis: TypeAlias = "redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster"
 #: A Redis client of either kind (blocking).
 SyncRedis: TypeAlias = "redis.Redis | redis.cluster.RedisCluster"
+
+#: Errors that mean "Redis is not there" (refused, reset, timed out, still loading; on a
+#: Redis Cluster also a slot without a master, as while a replica takes over).
+REDIS_DOWN: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError,
+                                               OSError, ClusterDownError, TryAgainError,
+                                               RedisClusterException)
 
 _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 

@@ -190,7 +190,7 @@ def _version_of(method: str) -> str:
 
 Addresses = Callable[[], Sequence[str]]
 #: Where the next call goes, given the addresses left alone for now (down): the schedulers
-#: to pick from (see :meth:`asynctier.platform.scheduler.SchedulerDirectory.place`).
+#: to pick from (see :meth:`asynctier.platform.membership.SchedulerDirectory.place`).
 Place = Callable[[Collection[str]], Sequence[str]]
 
 

@@ -16,14 +16,14 @@ from typing import Any
 import grpc
 
 from asynctier.platform import eventloop
+from asynctier.platform.binding_source import BindingSource, FollowedBindings
 from asynctier.platform.config import Settings
-from asynctier.platform.limits.capacity import EnqueueCapacity
 from asynctier.platform.redis_client import async_client
 from asynctier.platform.rpcsecurity import add_port, server_interceptors
-from asynctier.platform.scheduler.bindings import BindingSource, FollowedBindings
-from asynctier.platform.scheduler.server import SERVER_OPTIONS, advertised
+from asynctier.platform.rpcserver import SERVER_OPTIONS, advertised
 from asynctier.queue.shards import ShardedQueue
 from asynctier.submitter.backlog import Backlog
+from asynctier.submitter.capacity import EnqueueCapacity
 from asynctier.submitter.protocol import METHOD
 from asynctier.submitter.service import Submitter, SubmitterOptions
 from asynctier.submitter.writers import KafkaWriter

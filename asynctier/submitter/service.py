@@ -21,12 +21,12 @@ import grpc
 
 from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_source import BindingSource
 from asynctier.platform.errors import HandoffError, QueueUnavailable
-from asynctier.platform.limits.capacity import EnqueueCapacity
-from asynctier.platform.limits.outage import REDIS_DOWN
-from asynctier.platform.scheduler.bindings import BindingSource
+from asynctier.platform.redis_client import REDIS_DOWN
 from asynctier.queue.items import NewItem
 from asynctier.submitter.backlog import Backlog
+from asynctier.submitter.capacity import EnqueueCapacity
 from asynctier.submitter.protocol import (
     RETRY_AFTER_KEY,
     Call,

@@ -1,7 +1,7 @@
 """Checks on a workload before anything is stored: each refusal says what to fix.
 
 The rules are the binding's own: its payload format (decoded by the scheduler's decoder,
-:func:`~asynctier.platform.scheduler.payloads.decoder_for`), and for a queue binding the
+:func:`~asynctier.platform.payloads.decoder_for`), and for a queue binding the
 queue's limits (:mod:`asynctier.queue.items`: priority range, id format, delays).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.errors import DecodeError, QueueError
-from asynctier.platform.scheduler.payloads import Decoder, decoder_for
+from asynctier.platform.payloads import Decoder, decoder_for
 from asynctier.queue.items import (
     MAX_DELAY_S,
     MAX_PAYLOAD_BYTES,

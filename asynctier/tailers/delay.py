@@ -57,9 +57,9 @@ from asynctier.platform.kafka import (
     take_over,
     topic_replication,
 )
+from asynctier.platform.membership import default_client
 from asynctier.platform.registry import RegistryFollower
 from asynctier.platform.rpc import SchedulerClient
-from asynctier.platform.scheduler.membership import default_client
 from asynctier.platform.signals import wait_for_stop
 from asynctier.platform.supervise import Supervisor
 from asynctier.tailers.options import PipelineOptions

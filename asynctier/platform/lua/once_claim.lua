@@ -1,0 +1,58 @@
+-- Claim every record of a batch for one holder (after once_lib.lua).
+--
+-- KEYS     as once_lib.lua says: KEYS[1] the binding's holders (sorted set: holder ->
+--          expiry, epoch ms; a holder is alive until its expiry), then the span hashes
+--          and the bitmaps this batch may touch; every one carries the binding's hash tag
+--          {once:<binding>}: one Redis Cluster slot
+-- ARGV[1]  the holder (this scheduler)
+-- ARGV[2]  milliseconds a holder lives without being renewed
+-- ARGV[3]  milliseconds a span lasts
+-- ARGV[4]  the binding's hashes' prefix
+-- ARGV[5]  the batch's source references, in order, joined by newlines
+-- Returns  one code per record, as one string: 0 run, 1 done, 2 busy (a live scheduler
+--          runs it), 3 taken over (see asynctier.scheduler.admission), and 4 for a record
+--          this holder claims already, which RunOnce tells apart; or S<span> when Redis'
+--          span is not among the ones given (nothing written: ask again with that span).
+local me = ARGV[1]
+local span = tonumber(ARGV[3])
+local prefix = ARGV[4]
+local cur = math.floor(now / span)
+local skew = skewed(prefix, cur)
+if skew then return skew end
+hold(me, tonumber(ARGV[2]))
+local refs = split(ARGV[5])
+local n = #refs
+local state = newest(prefix, cur, refs)
+local done = done_bits(prefix, cur, refs)
+local mine = 'r' .. me
+local codes = {}
+local claims = {}
+local lives = {}
+local seen = {}
+for i = 1, n do
+  local v = done[i] and 'd' or state[i]
+  if seen[refs[i]] then
+    codes[i] = '2'  -- a second copy in this batch waits for the first
+  elseif not v then
+    codes[i] = '0'
+  elseif v == 'd' then
+    codes[i] = '1'
+  elseif v == mine then
+    codes[i] = '4'  -- this scheduler's: running here, or a claim it could not free
+  else
+    local holder = string.sub(v, 2)
+    local live = lives[holder]
+    if live == nil then
+      live = alive(holder)
+      lives[holder] = live
+    end
+    codes[i] = live and '2' or '3'
+  end
+  seen[refs[i]] = true
+  if codes[i] == '0' or codes[i] == '3' then
+    claims[#claims + 1] = refs[i]
+    claims[#claims + 1] = mine
+  end
+end
+write(prefix .. cur, claims, span * (SPANS_KEPT + 1))
+return table.concat(codes)

@@ -1,0 +1,351 @@
+"""Run once: a record whose function succeeded is not run again when it is read again.
+
+At-least-once delivery reads a record again after a crash or a rebalance (its offset was
+not committed yet), and a retried record can reach a delay topic twice. For a binding that
+is not ``idempotent`` (the default) the scheduler guards each record by its ``source_ref``
+in Redis (the delay tailers send the record's origin as its ``source_ref``, so every copy
+of one record is the same record here):
+
+- before a chunk is queued, one script per batch (:data:`CLAIM`) claims each record for
+  this scheduler (``r<holder>``); a record already done (``d``) is answered ``ok``
+  without running; a record claimed by a live scheduler (a copy still running there) waits
+  until it is done or released; a record claimed by a dead scheduler is taken over;
+- after a chunk ran, and before it is answered, one script (:data:`FINISH`) marks the
+  successes done for at least ``done_ttl_s`` and frees the rest, so a retry runs again
+  (chunks that end while one such write is under way go together in the next); a record
+  is freed only while this scheduler's claim is its newest state, and one that another
+  copy completed meanwhile is answered ``ok``.
+
+A scheduler is alive while its expiry in the binding's holders
+(``<prefix>:{once:<binding>}:holders``, a sorted set: holder -> expiry by Redis ``TIME``)
+is ahead: renewed with every claim and by a heartbeat while it holds claims, it lapses
+``holder_ttl_s`` after the scheduler dies. Every key of a binding's run-once state carries
+the hash tag ``{once:<binding>}``, and every key a script call touches is passed in its
+``KEYS`` (:func:`run_once_keys`; the scripts refuse any other): one call, one Redis
+Cluster slot, as Redis documents scripts. What this cannot prevent is a function that
+succeeded in a scheduler killed before :data:`FINISH` ran: that record runs again (at
+least once wins over at most once). The cost is one round trip per batch and one per write,
+about 3 µs of Redis CPU per record (claimed, run and written down; ``python -m
+bench.once_cost --batch 300``: 3.0-3.6, against 6.7-7.9 before the claims hash was kept as
+a hash table, see :data:`HT_FIELD`), and under a byte of Redis memory per success for
+``done_ttl_s`` to ``4/3 done_ttl_s`` (0.3 bytes of ``used_memory`` per success; a hash
+field per success, as before the bitmaps, cost 83 bytes): a binding whose function is
+idempotent should say so (``asynctier bind --idempotent``) and skip all of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from asynctier.platform.cancel import cancel_and_wait
+from asynctier.platform.config import DEFAULT_RUN_ONCE_WINDOW_S
+from asynctier.platform.errors import ServiceError
+from asynctier.platform.names import Names
+from asynctier.platform.redis_client import REDIS_DOWN, AsyncRedis
+from asynctier.platform.scripts import lua
+from asynctier.platform.wire import Item, Outcome
+from asynctier.scheduler.admission import BUSY, RUN, TAKEN_OVER
+from asynctier.scheduler.limits.quota import as_text, join_refs
+
+log = logging.getLogger(__name__)
+
+#: A record's success is remembered this long unless told otherwise (``run_once_window``).
+DEFAULT_DONE_TTL_S = DEFAULT_RUN_ONCE_WINDOW_S
+#: A scheduler's holder lives this long without a beat (renewed every third of it).
+DEFAULT_HOLDER_TTL_S = 5.0
+#: CLAIM's code for a record this scheduler claims already (never returned by :class:`RunOnce`).
+MINE: Final = "4"
+
+#: Records are kept per binding per span of ``done_ttl_s / 3``, under
+#: ``<prefix>:{once:<binding>}:<span number>``:
+#:
+#: - claims in a hash at that key: field the source reference, value ``r<holder>``; a
+#:   record's claim is deleted when it ends (done or freed), so the hash holds only the
+#:   records running;
+#: - successes of a Kafka record (a reference ``<topic>/<partition>/<offset>``) as one bit
+#:   in a bitmap per block of :data:`BLOCK` offsets, at ``<key>:<topic>/<partition>:<block>``:
+#:   about a bit per record where a hash field cost 80-100 bytes (at 60,000 records/s a
+#:   15-minute window was 5 GB of Redis memory, and every AOF rewrite wrote it all out);
+#: - the success of any other reference as the value ``d`` of its hash field.
+#:
+#: A record is done when a kept span has its bit or its ``d``; else its state is its claim
+#: in the newest of the last :data:`SPANS_KEPT` hashes that has one (no field: free).
+#: Writes go to the current span, whose keys expire one span after the last one kept. A
+#: batch is read with one HMGET per hash and one GET per bitmap, and written with one HSET
+#: per hash and one GETRANGE and SETRANGE per bitmap.
+SPANS_KEPT: Final = 4
+#: Offsets per done-bitmap: at most 1 KiB each, however sparse the offsets that succeed.
+BLOCK: Final = 8192
+#: A field of every run-once hash (a line break: no reference is one, since references
+#: travel one per line, escaped when they hold one) whose value, longer than Redis'
+#: ``hash-max-listpack-value`` (64 by default), makes Redis keep the hash as a hash table
+#: from its first write. Left to itself Redis keeps a hash of up to
+#: ``hash-max-listpack-entries`` (512) fields as a flat list searched from the start, and a
+#: scheduler's claims are a few hundred records: each HMGET, HSET or HDEL of a batch then
+#: walked the list (``python -m bench.once_cost --batch 300``: 6.7-7.9 us of Redis CPU
+#: per record that way, 3.0-3.6 as a table).
+HT_FIELD: Final = "\n"
+HT_PAD: Final = 512
+
+#: What a script answers, instead of its codes, when the span of Redis ``TIME`` is not one
+#: of those whose keys it was given (the span follows): asked again once with that span.
+SKEW: Final = "S"
+
+_CONSTANTS: Final = {"SPANS_KEPT": SPANS_KEPT, "BLOCK": BLOCK, "HT_PAD": HT_PAD}
+#: Claim every record of a batch for one holder (``lua/once_claim.lua``).
+CLAIM: Final = lua("once_lib", "once_claim", **_CONSTANTS)
+#: Mark a chunk's successes done and free the others (``lua/once_finish.lua``).
+FINISH: Final = lua("once_lib", "once_finish", **_CONSTANTS)
+#: Renew a holder (``lua/once_beat.lua``).
+BEAT: Final = lua("once_lib", "once_beat", **_CONSTANTS)
+
+
+#: A reference's bitmap block: ``(topic/partition, block)``, or None (no bit: a ``d``).
+Block = tuple[str, int] | None
+
+
+def each_block(joined: str) -> list[Block]:
+    """The bitmap block of each reference in references joined as a script gets them
+    (:func:`~.quota.join_refs`): the rule of ``by_block`` in ``lua/once_lib.lua``
+    (``^(.*)/(%d+)$``, at most 15 ASCII digits, no leading zero; a property test holds the
+    two together)."""
+    blocks: list[Block] = []
+    add = blocks.append
+    for ref in joined.split("\n"):  # inline, no call per reference: this is per record
+        where, slash, offset = ref.rpartition("/")
+        if (slash and offset.isdigit() and offset.isascii() and len(offset) <= 15
+                and (len(offset) == 1 or offset[0] != "0")):
+            add((where, int(offset) // BLOCK))
+        else:
+            add(None)
+    return blocks
+
+
+def blocks_of(*joined: str) -> set[tuple[str, int]]:
+    """The distinct bitmap blocks of the references ``joined`` (see :func:`each_block`)."""
+    return {b for text in joined for b in each_block(text) if b is not None}
+
+
+def run_once_keys(holders: str, prefix: str, span: int, *joined: str) -> list[str]:
+    """The KEYS of a claim or finish of the references ``joined`` (as in its ARGV) when
+    this scheduler's span is ``span`` (see :func:`keys_of`)."""
+    return keys_of(holders, prefix, span, blocks_of(*joined))
+
+
+def keys_of(holders: str, prefix: str, span: int,
+            blocks: set[tuple[str, int]]) -> list[str]:
+    """The KEYS of a claim or finish touching the bitmaps ``blocks`` when this scheduler's
+    span is ``span``: the holders, the span hashes of spans ``span - SPANS_KEPT`` to
+    ``span + 1`` (Redis' span may be one off either way) and the bitmaps of the blocks in
+    those spans (the names the scripts build: ``<prefix><span>`` and
+    ``<prefix><span>:<topic/partition>:<block>``)."""
+    spans = range(span - SPANS_KEPT, span + 2)
+    return [holders, *(f"{prefix}{s}" for s in spans),
+            *(f"{prefix}{s}:{where}:{block}" for where, block in blocks for s in spans)]
+
+
+def _settle(waiters: list[asyncio.Future[set[str]]], result: set[str] | None = None,
+            exception: Exception | None = None) -> None:
+    """Answer the ``finish()`` calls waiting on a write."""
+    for waiter in waiters:
+        if waiter.done():
+            continue
+        if exception is not None:
+            waiter.set_exception(exception)
+        else:
+            waiter.set_result(result or set())
+
+
+class RunOnce:
+    """Claims records for this scheduler and remembers the ones that succeeded."""
+
+    def __init__(self, client: AsyncRedis, names: Names,
+                 done_ttl_s: float = DEFAULT_DONE_TTL_S,
+                 holder_ttl_s: float = DEFAULT_HOLDER_TTL_S,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._client = client
+        self._names = names
+        self._claim = client.register_script(CLAIM)
+        self._finish = client.register_script(FINISH)
+        self._beat_script = client.register_script(BEAT)
+        self.holder = uuid.uuid4().hex[:12]
+        self._span_ms = max(1, int(done_ttl_s * 1000 / (SPANS_KEPT - 1)))
+        self._clock = clock
+        self._skew = 0  # Redis' span minus this clock's, as last learned
+        self._holder_ms = int(holder_ttl_s * 1000)
+        # per binding: refs claimed and not finished, with their bitmap block (worked out
+        # once, at the claim: the write-down's KEYS need it again)
+        self._running: dict[str, dict[str, Block]] = {}
+        self._heartbeat: asyncio.Task[None] | None = None
+        # chunks ended and not yet written: per binding, the done and the free refs
+        self._pending: dict[str, tuple[list[str], list[str]]] = {}
+        # per binding, the finish() calls waiting for the next write to land
+        self._waiters: dict[str, list[asyncio.Future[set[str]]]] = {}
+        self._writer: asyncio.Task[None] | None = None
+
+    def prefix(self, binding: str) -> str:
+        """The prefix of ``binding``'s hashes (the span number follows)."""
+        return self._names.once_key(binding, "")
+
+    def holders(self, binding: str) -> str:
+        """The key of ``binding``'s holders (sorted set: holder -> expiry, epoch ms)."""
+        return self._names.once_key(binding, "holders")
+
+    async def _call(self, script: Any, binding: str, blocks: set[tuple[str, int]],
+                    args: list[str | int]) -> str:
+        """Run a claim or finish touching the bitmaps ``blocks`` with the keys of this
+        clock's span; asked again once with Redis' span when that is another (see
+        :data:`SKEW`)."""
+        mine = int(self._clock() * 1000) // self._span_ms
+        span = mine + self._skew
+        for _ in range(2):
+            keys = keys_of(self.holders(binding), self.prefix(binding), span, blocks)
+            text = as_text(await script(keys=keys, args=args))
+            if not text.startswith(SKEW):
+                return text
+            span = int(text[len(SKEW):])
+            self._skew = span - mine
+        raise ServiceError(
+            f"run-once of binding {binding}: Redis' clock (TIME) moved to another span twice "
+            "within one call; check the clocks of the Redis server and of this scheduler")
+
+    async def claim(self, binding: str, items: Sequence[Item]) -> str:
+        """One code per item (see :data:`RUN` and the others)."""
+        if not items:
+            return ""
+        refs = [item["source_ref"] for item in items]
+        joined = join_refs(refs)
+        blocks = each_block(joined)
+        text = await self._call(self._claim, binding, {b for b in blocks if b is not None}, [
+            self.holder, self._holder_ms, self._span_ms, self.prefix(binding), joined])
+        running = self._running.setdefault(binding, {})
+        if text.count(RUN) == len(text):
+            running.update(zip(refs, blocks, strict=True))
+        else:
+            out = []
+            for ref, block, code in zip(refs, blocks, text, strict=True):
+                if code == MINE:  # running here: wait for it; else a claim left behind
+                    code = BUSY if ref in running else RUN
+                if code in (RUN, TAKEN_OVER):
+                    running[ref] = block
+                out.append(code)
+            text = "".join(out)
+        self._ensure_heartbeat()
+        return text
+
+    def forget(self, binding: str, items: Sequence[Item]) -> None:
+        """``items`` no longer run here (their claims, if still in Redis, are stale)."""
+        running = self._running.get(binding)
+        if running:
+            for item in items:
+                running.pop(item["source_ref"], None)
+
+    async def finish(self, binding: str, items: Sequence[Item],
+                     outcomes: Sequence[Outcome]) -> set[int]:
+        """Mark the items whose outcome is ``ok`` done and free the others; return once
+        Redis has it, with the ids of the items that did not succeed here but were done
+        meanwhile by another copy (taken over from this scheduler: see :data:`FINISH`).
+
+        Chunks that end while a write is under way are written together by the next one:
+        one round trip per write whatever the number of chunks (a round trip costs this
+        process more CPU than the records it carries), and a chunk waits at most one
+        round trip more than its own.
+        """
+        ok = {o["id"] for o in outcomes if o["status"] == "ok"}
+        done, free = self._pending.setdefault(binding, ([], []))
+        for item in items:
+            (done if item["id"] in ok else free).append(item["source_ref"])
+        waiter: asyncio.Future[set[str]] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(binding, []).append(waiter)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write(), name="asynctier-once-writer")
+        try:
+            elsewhere = await waiter
+        finally:
+            # Only now: until the write lands, a copy read again meanwhile finds this
+            # scheduler's claim and must wait for it (not run beside a success unwritten).
+            self.forget(binding, items)
+        if not elsewhere:
+            return set()
+        return {item["id"] for item in items
+                if item["id"] not in ok and item["source_ref"] in elsewhere}
+
+    async def _write(self) -> None:
+        """Write the pending chunks, binding by binding, until none is left; each binding's
+        waiters learn how its own write went (one binding's broken keys fail only its
+        chunks; Redis out of reach fails every binding still to write)."""
+        while self._pending:
+            pending, self._pending = self._pending, {}
+            waiters, self._waiters = self._waiters, {}
+            down: Exception | None = None
+            for binding, (done, free) in pending.items():
+                mine = waiters.pop(binding, [])
+                if down is not None:
+                    _settle(mine, exception=down)
+                    continue
+                try:
+                    done_text = join_refs(done) if done else ""
+                    free_text = join_refs(free) if free else ""
+                    args: list[str | int] = [self._span_ms, self.prefix(binding), done_text,
+                                             free_text, self.holder]
+                    text = await self._call(self._finish, binding,
+                                            self._blocks(binding, done, free), args)
+                    elsewhere = ({ref for ref, code in zip(free, text, strict=True)
+                                  if code == "1"} if "1" in text else set())
+                except Exception as exc:
+                    if isinstance(exc, REDIS_DOWN):
+                        down = exc
+                    _settle(mine, exception=exc)
+                    continue
+                except BaseException:  # cancelled: every binding still waiting learns it
+                    cancelled = RuntimeError("the write was cancelled")
+                    for rest in (mine, *waiters.values()):
+                        _settle(rest, exception=cancelled)
+                    raise
+                _settle(mine, result=elsewhere)
+
+    def _blocks(self, binding: str, *refs: list[str]) -> set[tuple[str, int]]:
+        """The bitmap blocks of ``refs``: from their claims, or worked out for those not
+        claimed here (run unguarded while Redis was away)."""
+        running = self._running.get(binding, {})
+        blocks: set[tuple[str, int]] = set()
+        unknown: list[str] = []
+        for group in refs:
+            for ref in group:
+                if ref not in running:
+                    unknown.append(ref)
+                elif (block := running[ref]) is not None:
+                    blocks.add(block)
+        if unknown:
+            blocks |= blocks_of(join_refs(unknown))
+        return blocks
+
+    async def close(self) -> None:
+        """Stop the heartbeat and drop this holder: claims left here are free at once."""
+        if self._heartbeat is not None:
+            await cancel_and_wait(self._heartbeat)
+        for binding in self._running:  # one key at a time: each has its own slot
+            try:
+                await self._client.zrem(self.holders(binding), self.holder)
+            except REDIS_DOWN:
+                return  # Redis is away: this holder's expiries lapse by themselves
+
+    def _ensure_heartbeat(self) -> None:
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.create_task(self._beat(), name="asynctier-once-heartbeat")
+
+    async def _beat(self) -> None:
+        while any(self._running.values()):
+            await asyncio.sleep(self._holder_ms / 3000)
+            for binding in [b for b, refs in self._running.items() if refs]:
+                try:
+                    await self._beat_script(keys=[self.holders(binding)],
+                                            args=[self.holder, self._holder_ms])
+                except REDIS_DOWN as exc:
+                    log.debug("could not renew the run-once holder of %s: %s",
+                              binding, exc)

@@ -1,0 +1,195 @@
+"""Tenant quotas: items per minute and per UTC day, charged once per record.
+
+A quota lives in Redis under ``<prefix>:{tenant:<tenant>}:quota`` (hash ``per_minute``,
+``per_day``; a missing field means no limit on that window) and is set with
+``asynctier quota set``. The usage of the current windows lives under
+``<prefix>:{tenant:<tenant>}:quota-used`` and what was charged under
+``<prefix>:{tenant:<tenant>}:charges:<binding>:<window>``: one hash tag, so one script call
+touches one Redis Cluster slot, and every key it touches is passed in its ``KEYS``.
+
+:class:`RedisQuota` charges a chunk in one round trip (:data:`~.scripts.CHARGE_QUOTA`):
+the items that fit are charged and admitted, the rest come back with the seconds until
+their window resets (the dispatcher delays them without spending an attempt). Each charged
+item is a field (its ``source_ref``) of its binding's hash for the current charge window
+of ``charge_ttl_s``, kept until the next window ends, so a record read again after a crash
+is admitted without being charged twice. A tenant without a quota costs one round trip per
+``recheck_s`` (1 s), not one per chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from asynctier.platform.binding import Binding
+from asynctier.platform.errors import ServiceError
+from asynctier.platform.names import Names
+from asynctier.platform.redis_client import AsyncRedis
+from asynctier.platform.wire import Item
+from asynctier.scheduler.limits.scripts import CHARGE_QUOTA
+
+#: A tenant found without a quota is not asked about again for this long.
+DEFAULT_RECHECK_S = 1.0
+#: Charges are remembered this long at least (twice at most) by default: a record re-read
+#: after a crash comes back within minutes, and one field per charged item must not pile
+#: up for days.
+DEFAULT_CHARGE_TTL_S = 3600
+#: What the script answers first when Redis' charge window is not one it was given keys of.
+_SKEW = 2
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A tenant's quota; ``None`` is no limit on that window."""
+
+    per_minute: int | None = None
+    per_day: int | None = None
+
+    def __post_init__(self) -> None:
+        for value in (self.per_minute, self.per_day):
+            if value is not None and value < 1:
+                raise ValueError("a quota is a positive number of items (omit it for none)")
+
+    def to_json(self) -> dict[str, int | None]:
+        """``{"per_minute": N, "per_day": N}``."""
+        return {"per_minute": self.per_minute, "per_day": self.per_day}
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Items charged in the current minute and the current UTC day."""
+
+    minute: int
+    day: int
+
+
+class QuotaStore:
+    """Reads and writes tenants' quotas (the ``asynctier quota`` commands)."""
+
+    def __init__(self, client: AsyncRedis, names: Names) -> None:
+        self._client = client
+        self._names = names
+
+    def key(self, tenant: str) -> str:
+        """The Redis key of a tenant's quota."""
+        return self._names.tenant_key(tenant, "quota")
+
+    def usage_key(self, tenant: str) -> str:
+        """The Redis key of a tenant's usage in the current windows."""
+        return self._names.tenant_key(tenant, "quota-used")
+
+    async def set(self, tenant: str, quota: Quota) -> None:
+        """Replace a tenant's quota (windows left ``None`` become unlimited)."""
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.delete(self.key(tenant))
+            for name, value in quota.to_json().items():
+                if value is not None:
+                    pipe.hset(self.key(tenant), name, value)
+            await pipe.execute()
+
+    async def get(self, tenant: str) -> Quota | None:
+        """A tenant's quota, or None when it has none."""
+        raw = await self._client.hgetall(self.key(tenant))
+        return _quota(raw) if raw else None
+
+    async def all(self) -> dict[str, Quota]:
+        """Every tenant that has a quota."""
+        head, tail = self.key("\n").split("\n")
+        found: dict[str, Quota] = {}
+        async for key in self._client.scan_iter(match=self.key("*"), count=500):
+            tenant = as_text(key)[len(head):-len(tail)]
+            quota = await self.get(tenant)
+            if quota is not None:
+                found[tenant] = quota
+        return dict(sorted(found.items()))
+
+    async def usage(self, tenant: str) -> Usage:
+        """What the tenant used in the current minute and day (by Redis ``TIME``)."""
+        seconds, _micros = await self._client.time()
+        raw = await self._client.hmget(self.usage_key(tenant), ["m", "mc", "d", "dc"])
+        minute, day = seconds // 60, seconds // 86400
+        m, mc, d, dc = (int(v) if v is not None else None for v in raw)
+        return Usage(minute=(mc or 0) if m == minute else 0, day=(dc or 0) if d == day else 0)
+
+
+class RedisQuota:
+    """Charges chunks of items to their tenant's quota, in one round trip each.
+
+    A tenant found without a quota is remembered for ``recheck_s``: its chunks then cost no
+    round trip at all, and a quota set for it applies within ``recheck_s``.
+    """
+
+    def __init__(self, client: AsyncRedis, names: Names, charge_ttl_s: int = DEFAULT_CHARGE_TTL_S,
+                 recheck_s: float = DEFAULT_RECHECK_S,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self._names = names
+        self._store = QuotaStore(client, names)
+        self._charge = client.register_script(CHARGE_QUOTA)
+        self._ttl_s = charge_ttl_s
+        self._recheck_s = recheck_s
+        self._clock = clock
+        self._no_quota_until: dict[str, float] = {}
+        self._wall = wall
+        self._skew = 0  # Redis' charge window minus this clock's, as last learned
+
+    def charges_key(self, binding: Binding, window: int) -> str:
+        """The hash of what ``binding`` was charged in charge window ``window`` (field:
+        source reference; under its tenant's tag)."""
+        return self._names.tenant_key(binding.tenant, "charges", binding.name, str(window))
+
+    async def charge(self, binding: Binding, items: Sequence[Item]) -> dict[int, float]:
+        """Charge what fits; ``{item id: seconds until it may run}`` for the rest."""
+        tenant = binding.tenant
+        if not items or self._no_quota_until.get(tenant, 0.0) > self._clock():
+            return {}
+        refs = join_refs([item["source_ref"] for item in items])
+        mine = int(self._wall() // self._ttl_s)
+        first = mine + self._skew - 2
+        for _ in range(2):
+            keys = [self._store.key(tenant), self._store.usage_key(tenant),
+                    *(self.charges_key(binding, w) for w in range(first, first + 4))]
+            flat = await self._charge(keys=keys, args=[self._ttl_s, first, refs])
+            if int(flat[0]) != _SKEW:
+                break
+            self._skew = int(flat[1]) - mine
+            first = int(flat[1]) - 2
+        else:
+            raise ServiceError(
+                f"quota of tenant {tenant}: Redis' clock (TIME) moved to another charge "
+                "window twice within one call; check the clocks of the Redis server and of "
+                "this scheduler")
+        if not int(flat[0]):
+            self._no_quota_until[tenant] = self._clock() + self._recheck_s
+            return {}
+        self._no_quota_until.pop(tenant, None)
+        return {items[int(flat[i]) - 1]["id"]: int(flat[i + 1]) / 1000
+                for i in range(1, len(flat), 2)}
+
+
+def escape_ref(ref: str) -> str:
+    """A source reference that holds no newline, one to one: unchanged when it holds
+    neither ``%`` nor a newline, else percent-escaped (and then it holds a ``%``)."""
+    if "%" not in ref and "\n" not in ref:
+        return ref
+    return ref.replace("%", "%25").replace("\n", "%0A")
+
+
+def join_refs(refs: list[str]) -> str:
+    """The references of a chunk as one argument, one per line (escaped when needed)."""
+    joined = "\n".join(refs)
+    if "%" in joined or joined.count("\n") != len(refs) - 1:
+        joined = "\n".join(escape_ref(ref) for ref in refs)
+    return joined
+
+
+def as_text(value: Any) -> str:
+    """A Redis reply (bytes or str) as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _quota(raw: dict[Any, Any]) -> Quota:
+    fields = {as_text(k): int(v) for k, v in raw.items()}
+    return Quota(per_minute=fields.get("per_minute"), per_day=fields.get("per_day"))
