@@ -192,6 +192,25 @@ def test_every_exported_series_name_is_known() -> None:
     assert "asynctier_consumer_lag_seconds" in names
 
 
+def test_the_histogram_layout_read_on_the_hot_path_is_still_there() -> None:
+    """If prometheus_client changes how a histogram child keeps its buckets, the chunk
+    shortcut silently falls back to one observe per value: this says so instead."""
+    from importlib.metadata import version
+
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from asynctier.platform.metrics import HISTOGRAM_LAYOUT_CHECKED, _layout
+
+    child = Histogram("layout_seconds", "d", buckets=(0.1, 1.0),
+                      registry=CollectorRegistry())
+    layout = _layout(child)
+    assert layout is not None, (
+        f"prometheus_client {version('prometheus-client')} no longer lays out a histogram "
+        f"as {HISTOGRAM_LAYOUT_CHECKED} did: update metrics._layout")
+    bounds, buckets, _ = layout
+    assert list(bounds) == [0.1, 1.0, float("inf")] and len(buckets) == 3
+
+
 def test_observing_many_values_at_once_equals_observing_each() -> None:
     from prometheus_client import CollectorRegistry, Histogram
 

@@ -1,10 +1,8 @@
 """The event loop of the scheduler and Submitter processes: uvloop, where it is installed.
 
 Both spend much of their CPU in the loop's own machinery (timers, callbacks, the wake-ups
-of the tasks that run items and wait on Redis and gRPC), which uvloop does in C. Drains
-of a default binding, the two loops interleaved on one stack, 4 rounds each (``python
-bench/ab.py``-style, bench/RESULTS.md): 1 ms async waits 21,260 -> 25,774 items/s (CPU per
-item -21%), 1 ms sync waits 16,878 -> 18,514, no-op 42,421 -> 44,595.
+of the tasks that run items and wait on Redis and gRPC), which uvloop does in C: the
+drains are faster with it (bench/RESULTS.md, "Event loop").
 
 ``ASYNCTIER_EVENT_LOOP=asyncio`` runs the standard library's loop instead (to tell a
 problem of uvloop's apart); the loop's clock (``loop.time()``) is then finer than

@@ -453,8 +453,8 @@ def produce_by_position(produce: Callable[..., None], topic: str, value: bytes |
                         headers: list[tuple[str, bytes | None]] | None) -> None:
     """``produce(topic, value, key, partition=, timestamp=, headers=)`` with every argument
     by position, in the client's own order (``callback`` and ``on_delivery`` left to the
-    default). The client looks each keyword up by name: ``headers=`` cost 10-30% of a
-    delay record's call in the producing thread (``python -m bench.handoff_cost``)."""
+    default). The client looks each keyword up by name, a cost a retry flood pays per
+    record (``python -m bench.handoff_cost``)."""
     produce(topic, value, key, partition, None, None, timestamp_ms, headers)
 
 

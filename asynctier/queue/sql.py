@@ -7,8 +7,7 @@ the lease index (namespace, topic, priority DESC, deliver_after, seq) serves.
 
 A statement that touches a batch of items by id names them with ``id = ANY(array)`` as
 well as by its join: the planner then reads them through the primary key instead of
-hashing the whole topic (measured: a 500-item lease on 20,000 items took 145 ms with the
-join alone, most of it a sequential scan).
+hashing the whole topic (with the join alone a lease was mostly a sequential scan).
 """
 
 from __future__ import annotations
@@ -34,8 +33,7 @@ RETURNING id
 """
 
 #: Parameters in binary (``%b``): psycopg dumps and PostgreSQL parses the arrays far
-#: cheaper than as text (measured: 14 -> 4 us of client and 35 -> 28 us of server CPU per
-#: item, batches of 1,000).
+#: cheaper than as text, on the client and on the server (``make bench-queue``).
 ENQUEUE = f"""
 WITH input AS (
     SELECT * FROM unnest(%(ids)b::text[], %(topics)b::text[], %(priorities)b::int[],

@@ -3,9 +3,9 @@ queue topic (counted up to the cap only), or the consumer lag of a Kafka binding
 
 A reading is reused for ``recheck_s``, or for 20 times what it took when that is longer
 (5 s at most), so that a long queue topic's checks cost a twentieth of the time they watch,
-not a core; and for 5 s when it is :data:`FAR_BELOW` items or more under the cap (a count
-of a long topic was a fifth of PostgreSQL's work per accepted workload in
-``bench/submitter.py``, for a cap nowhere near)."""
+not a core; and for 5 s when it is :data:`FAR_BELOW` items or more under the cap (counting
+a long topic for a cap nowhere near was a large share of PostgreSQL's work per accepted
+workload in ``bench/submitter.py``)."""
 
 from __future__ import annotations
 

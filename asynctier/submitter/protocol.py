@@ -64,8 +64,8 @@ class Call:
 
 # The three codecs below are written by hand, byte for byte what fastavro writes and reads
 # for the two schemas (property tests in tests/test_submitter_units.py hold them equal):
-# fastavro took 9-12 us a workload each way, most of a busy Submitter's time; these take a
-# fifth to a third of it.
+# fastavro's generic path was most of a busy Submitter's time (``bench/submitter.py``;
+# figures in bench/RESULTS.md).
 
 def encode_call(call: Call) -> bytes:
     """A call's request bytes."""

@@ -1,12 +1,15 @@
 """Fixtures of the fault scenarios: record count (CI or ``--long``) and the results table.
 
 Every scenario appends its :class:`~tests.faults.checker.Report` to ``fault_results``; at the
-end of the session the table in ``tests/faults/README.md`` (between the markers) is
-rewritten with the rows of this run (rows of scenarios that did not run are kept).
+end of the session the rows of this run are merged into a table in a file of the test run,
+``.asynctier/fault-results.md`` (or ``$ASYNCTIER_FAULT_TABLE``), never into a tracked file:
+copy it into ``tests/faults/README.md`` by hand after a ``--long`` run worth keeping.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -16,7 +19,7 @@ import pytest
 
 from tests.faults.checker import Report
 
-README = Path(__file__).with_name("README.md")
+ROOT = Path(__file__).resolve().parent.parent.parent
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 HEADER = ("| scenario | records | lost | duplicates (allowed) | early | dead letters | verdict |\n"
           "|---|---:|---:|---:|---:|---|---|\n")
@@ -31,7 +34,7 @@ def records(request: pytest.FixtureRequest) -> int:
 
 @pytest.fixture(scope="session")
 def fault_results(request: pytest.FixtureRequest) -> Iterator[list[Report]]:
-    """Reports of this session's scenarios; written to the README at the end."""
+    """Reports of this session's scenarios; written to :func:`table_path` at the end."""
     results: list[Report] = []
     yield results
     if results:
@@ -46,9 +49,24 @@ def row(r: Report) -> str:
             f"({r.allowed_duplicates}) | {len(r.early)} | {dead} | {verdict} |\n")
 
 
-def write_table(results: list[Report], mode: str) -> None:
-    """Rewrite the table between the markers of the README."""
-    text = README.read_text() if README.exists() else f"{BEGIN}\n{END}\n"
+def table_path() -> Path:
+    """Where this run's table goes: ``$ASYNCTIER_FAULT_TABLE``, else a file of the run."""
+    return Path(os.environ.get("ASYNCTIER_FAULT_TABLE")
+                or ROOT / ".asynctier" / "fault-results.md")
+
+
+def write_table(results: list[Report], mode: str, path: Path | None = None) -> None:
+    """Merge ``results`` into the table of ``path`` (rows of scenarios that did not run in
+    this session are kept; pytest-xdist workers take turns under a file lock)."""
+    path = path or table_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _merge(results, mode, path)
+
+
+def _merge(results: list[Report], mode: str, path: Path) -> None:
+    text = path.read_text() if path.exists() else f"{BEGIN}\n{END}\n"
     head, _, rest = text.partition(BEGIN)
     old, _, tail = rest.partition(END)
     rows: dict[str, str] = {}
@@ -61,4 +79,4 @@ def write_table(results: list[Report], mode: str) -> None:
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     table = (f"\n_Last written {stamp} by a {mode} run (`pytest tests/faults"
              f"{' --long' if mode == 'long' else ''}`)._\n\n" + HEADER + "".join(rows.values()))
-    README.write_text(f"{head}{BEGIN}{table}{END}{tail}")
+    path.write_text(f"{head}{BEGIN}{table}{END}{tail}")

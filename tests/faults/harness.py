@@ -198,7 +198,7 @@ def wait_resolved(plat: FaultPlatform, ids: Iterable[int], timeout_s: float,
 def report(plat: FaultPlatform, scenario: str, binding: str, ids: Iterable[int],
            ladder_s: Sequence[float], allowed_duplicates: int,
            results: list[Report], notes: Iterable[str] = ()) -> Report:
-    """Check a scenario, keep its row for the README table, print it."""
+    """Check a scenario, keep its row for the run's table, print it."""
     result = checker.check(scenario, ids, plat.calls(), plat.dead_letters(binding),
                            plat.pending(binding, ladder_s), ladder_s, allowed_duplicates)
     result.notes.extend(notes)
