@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
+import redis
 from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
@@ -43,8 +45,25 @@ class Served:
         return Client([self.address], **options)  # type: ignore[arg-type]
 
 
+class MinuteClock:
+    """The capacity's clock (epoch ms): real time running from a chosen point of a minute,
+    so that a test says where in the window it starts instead of dodging the turn."""
+
+    def __init__(self, in_minute_ms: int = 1_000) -> None:
+        self.jump_to(in_minute_ms)
+
+    def jump_to(self, in_minute_ms: int) -> None:
+        """From now on, time runs from ``in_minute_ms`` into the next minute."""
+        self._real_start = time.monotonic()
+        self.minute = int(time.time() // 60) + 1
+        self._start_ms = self.minute * 60_000 + in_minute_ms
+
+    def __call__(self) -> int:
+        return self._start_ms + int((time.monotonic() - self._real_start) * 1000)
+
+
 def serve(settings: Settings, postgres: str, bindings: list[Binding],
-          options: SubmitterOptions) -> Served:
+          options: SubmitterOptions, clock: MinuteClock | None = None) -> Served:
     """Start a Submitter on a free port; returns once it listens."""
     stop, ready = threading.Event(), threading.Event()
     address: list[str] = []
@@ -56,7 +75,8 @@ def serve(settings: Settings, postgres: str, bindings: list[Binding],
     run = settings.with_overrides(queue_shards=(postgres,))
     thread = threading.Thread(target=lambda: asyncio.run(serve_submitter(
         run, listen="127.0.0.1:0", stop=stop, options=options, ready_callback=on_ready,
-        bindings=StaticBindings(bindings), stop_grace_s=5.0)), daemon=True)
+        bindings=StaticBindings(bindings), stop_grace_s=5.0, capacity_clock=clock)),
+        daemon=True)
     thread.start()
     assert ready.wait(60), "the Submitter did not start"
     return Served(address[0].replace("localhost", "127.0.0.1"), stop, thread)
@@ -81,8 +101,9 @@ def bindings(tenant: str) -> list[Binding]:
 
 
 def start(settings: Settings, postgres: str, bindings: list[Binding],
-          **options: object) -> Iterator[Served]:
-    served = serve(settings, postgres, bindings, SubmitterOptions(**options))  # type: ignore[arg-type]
+          clock: MinuteClock | None = None, **options: object) -> Iterator[Served]:
+    served = serve(settings, postgres, bindings, SubmitterOptions(**options),  # type: ignore[arg-type]
+                   clock)
     try:
         yield served
     finally:
@@ -91,8 +112,14 @@ def start(settings: Settings, postgres: str, bindings: list[Binding],
 
 
 @pytest.fixture
-def submitter(settings: Settings, postgres: str, bindings: list[Binding]) -> Iterator[Served]:
-    yield from start(settings, postgres, bindings, max_backlog=None)
+def clock() -> MinuteClock:
+    return MinuteClock()
+
+
+@pytest.fixture
+def submitter(settings: Settings, postgres: str, bindings: list[Binding],
+              clock: MinuteClock) -> Iterator[Served]:
+    yield from start(settings, postgres, bindings, clock, max_backlog=None)
 
 
 BAD = {  # ten kinds of bad workload for the queue binding "q" (JSON), and what each says
@@ -168,20 +195,11 @@ def set_capacity(settings: Settings, tenant: str, per_minute: int) -> None:
     asyncio.run(run())
 
 
-def away_from_minute_end(margin_s: float = 8.0) -> None:
-    """Wait out the end of the current minute when it is near (the capacity's window is
-    the minute of the clock; Redis runs on this machine)."""
-    left = 60 - time.time() % 60
-    if left < margin_s:
-        time.sleep(left + 0.2)
-
-
 def test_a_tenant_over_its_capacity_is_throttled_and_others_are_not(
         submitter: Served, settings: Settings, tenant: str) -> None:
     """Capacity 600 a minute: of a burst of 2,000 in calls of 100, 600 are accepted and
     1,400 throttled with a retry-after within the minute; another tenant's 500 go in."""
-    set_capacity(settings, tenant, 600)
-    away_from_minute_end()
+    set_capacity(settings, tenant, 600)  # the clock starts 1 s into a minute: no turn
     with submitter.client(max_batch=100, deadline_s=0.0) as client:
         burst = client.submit_many("q", [b'{"id": %d}' % i for i in range(2000)])
         others = client.submit_many("other", [b'{"id": %d}' % i for i in range(500)])
@@ -197,17 +215,41 @@ def test_a_tenant_over_its_capacity_is_throttled_and_others_are_not(
     assert counted == {"accepted": 600, "throttled": 1400}
 
 
+@pytest.mark.parametrize("bad", [b"abc", b"-1", b"2.5", b""])
+def test_a_bad_capacity_in_redis_is_refused_and_said_once(
+        submitter: Served, settings: Settings, tenant: str, bad: bytes,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A capacity that is not a whole number >= 0 (written by hand, or by anything else)
+    neither throttles every workload (-1) nor passes for a limit: the tenant's workloads
+    are accepted without it, and the error names the tenant, the key and the fix, once."""
+    client = redis.Redis.from_url(settings.redis_url)
+    key = settings.names.tenant_key(tenant, "enqueue-capacity")
+    client.set(key, bad)
+    client.close()
+    with caplog.at_level(logging.ERROR, logger="asynctier.submitter.capacity"), \
+            submitter.client(max_batch=10, deadline_s=0.0) as sdk:
+        first = sdk.submit_many("q", [b'{"id": %d}' % i for i in range(30)])
+        second = sdk.submit_many("q", [b'{"id": %d}' % i for i in range(30)])
+    assert [r.status for r in first + second] == ["accepted"] * 60
+    said = [r.getMessage() for r in caplog.records if tenant in r.getMessage()]
+    assert len(said) == 1, said
+    assert key in said[0] and "asynctier quota set" in said[0]
+
+
 def test_the_sdk_retries_throttled_workloads_until_they_are_in(
-        submitter: Served, settings: Settings, tenant: str, queue_store: QueueStore) -> None:
-    """Capacity 40 a minute, 60 workloads: the SDK sends the throttled ones again after
-    their retry-after, and all 60 are in within two windows."""
+        submitter: Served, settings: Settings, tenant: str, queue_store: QueueStore,
+        clock: MinuteClock) -> None:
+    """Capacity 40 a minute, 60 workloads, 3 s before the window turns: 40 go in, the SDK
+    sends the other 20 again after their retry-after (the rest of the window), and they
+    are in once the next window opens."""
     set_capacity(settings, tenant, 40)
-    away_from_minute_end(margin_s=1.0)
+    clock.jump_to(57_000)
     started = time.monotonic()
-    with submitter.client(deadline_s=130.0) as client:
+    with submitter.client(max_batch=60, deadline_s=30.0) as client:
         results = client.submit_many("q", [b'{"id": %d}' % i for i in range(60)])
     assert [r.status for r in results] == ["accepted"] * 60
-    assert time.monotonic() - started < 125
+    took = time.monotonic() - started
+    assert 2.0 < took < 20, took  # waited for the window, not for a whole minute
     [counts] = queue_store.counts(tenant, "work")
     assert counts.ready == 60
 
@@ -277,12 +319,12 @@ def test_the_backlog_cap_throttles_until_the_topic_drains(
 
 @pytest.mark.slow
 def test_a_burst_of_2000_at_600_a_minute_gets_in_within_four_minutes(
-        submitter: Served, settings: Settings, tenant: str, queue_store: QueueStore) -> None:
+        submitter: Served, settings: Settings, tenant: str, queue_store: QueueStore,
+        clock: MinuteClock) -> None:
     """Capacity 600 a minute, a burst of 2,000 from one tenant (four callers): about 600
     are in within the first minute, the SDK's retries get all 2,000 in within 4 minutes,
     and another tenant's submissions meanwhile are never throttled."""
     set_capacity(settings, tenant, 600)
-    away_from_minute_end()
     started = time.monotonic()
     done: list[str] = []
     others: list[str] = []
@@ -302,7 +344,7 @@ def test_a_burst_of_2000_at_600_a_minute_gets_in_within_four_minutes(
     threads.append(threading.Thread(target=other))
     for t in threads:
         t.start()
-    minute = int(time.time() // 60)
+    minute = clock() // 60_000
 
     def ready() -> int:
         counts = queue_store.counts(tenant, "work")
@@ -310,7 +352,7 @@ def test_a_burst_of_2000_at_600_a_minute_gets_in_within_four_minutes(
 
     wait_until(lambda: ready() >= 600, 30, "the first minute's 600 accepted")
     in_first_minute = ready()
-    if int(time.time() // 60) == minute:  # the next window has not opened yet
+    if clock() // 60_000 == minute:  # the next window has not opened yet
         assert in_first_minute == 600
     for t in threads:
         t.join(300)

@@ -59,8 +59,10 @@ async def serve_submitter(settings: Settings, *, listen: str | None, stop: threa
                           options: SubmitterOptions | None = None,
                           ready_callback: Callable[[str], None] | None = None,
                           stop_grace_s: float = 30.0,
-                          bindings: BindingSource | None = None) -> None:
-    """:func:`run_submitter` as a coroutine."""
+                          bindings: BindingSource | None = None,
+                          capacity_clock: Callable[[], int] | None = None) -> None:
+    """:func:`run_submitter` as a coroutine (``capacity_clock``: see
+    :class:`~asynctier.submitter.capacity.EnqueueCapacity`)."""
     options = options or SubmitterOptions()
     listen = listen or settings.submitter_listen
     if bindings is None:
@@ -72,8 +74,8 @@ async def serve_submitter(settings: Settings, *, listen: str | None, stop: threa
     redis = async_client(settings.redis_url, socket_timeout=5.0, socket_connect_timeout=5.0)
     backlog = (None if options.max_backlog is None
                else Backlog(settings, queue, options.max_backlog, options.backlog_recheck_s))
-    submitter = Submitter(bindings, queue, kafka, EnqueueCapacity(redis, settings.names),
-                          backlog, options)
+    capacity = EnqueueCapacity(redis, settings.names, capacity_clock)
+    submitter = Submitter(bindings, queue, kafka, capacity, backlog, options)
     # calls past MAX_CALLS are refused RESOURCE_EXHAUSTED by gRPC before their bytes are
     # read: with max_pending, what a flood of calls can hold in memory is bounded
     server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=MAX_CALLS,

@@ -5,14 +5,26 @@
 --          (both keys carry the tenant's hash tag: one Redis Cluster slot)
 -- KEYS[2]  the tenant's use (hash: m = the minute's id, c = workloads taken in it)
 -- ARGV[1]  N, the workloads the call would write
--- Returns  {granted, milliseconds until the minute ends} (granted = N and 0 without limit)
+-- ARGV[2]  optional: the time in epoch ms (a clock tests move); Redis TIME when absent
+-- Returns  {granted, milliseconds until the minute ends, bad}: granted = N and 0 without
+--          a limit; bad = 1 when the capacity is not a whole number >= 0 (then no limit,
+--          and the caller says so)
 local n = tonumber(ARGV[1])
-local cap = tonumber(redis.call('GET', KEYS[1]))
-if cap == nil then
-  return {n, 0}
+local raw = redis.call('GET', KEYS[1])
+if not raw then
+  return {n, 0, 0}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cap = tonumber(raw)
+if cap == nil or cap < 0 or cap ~= math.floor(cap) then
+  return {n, 0, 1}
+end
+local now
+if ARGV[2] then
+  now = tonumber(ARGV[2])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local minute = math.floor(now / 60000)
 local used = redis.call('HMGET', KEYS[2], 'm', 'c')
 local c = 0
@@ -25,4 +37,4 @@ if granted > 0 then
              'c', string.format('%d', c + granted))
   redis.call('EXPIRE', KEYS[2], 120)
 end
-return {granted, (minute + 1) * 60000 - now}
+return {granted, (minute + 1) * 60000 - now, 0}
