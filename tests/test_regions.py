@@ -49,6 +49,32 @@ def test_an_older_scheduler_without_a_place_is_in_the_default_region(
     assert (member.region, member.capacity, member.spot.full) == ("local", 0, False)
 
 
+def test_entries_not_written_by_a_scheduler_are_left_out_and_said_once(
+        settings: Settings, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    """Anything may write to Redis: a made-up address or load is never dialled nor counted,
+    a bad place falls back to the defaults, and the good members are still found."""
+    register(settings, [("10.0.0.1:1", "a", 2, 10)])
+    members, loads, places = member_keys(settings)
+    far = 2_000_000_000_000  # an expiry long after the test
+    redis_client.zadd(members, {"not an address": far, "10.0.0.9:99999": far,
+                                "10.0.0.5:5": far, "10.0.0.6:6": far, "10.0.0.7:7": far})
+    redis_client.hset(loads, mapping={"not an address": 1, "10.0.0.9:99999": 1,
+                                      "10.0.0.5:5": "abc", "10.0.0.6:6": -3, "10.0.0.7:7": 4})
+    redis_client.hset(places, "10.0.0.7:7", '{"region": 7, "capacity": "x"}')
+    try:
+        with caplog.at_level("ERROR", logger="asynctier.platform.membership"):
+            first = live_members(settings)
+            again = live_members(settings)
+    finally:
+        redis_client.zrem(members, "not an address", "10.0.0.9:99999", "10.0.0.5:5",
+                          "10.0.0.6:6", "10.0.0.7:7")
+    got = [(m.address, m.region, m.load, m.capacity) for m in first]
+    assert got == [("10.0.0.1:1", "a", 2, 10), ("10.0.0.7:7", "local", 4, 0)]
+    assert again == first
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 4 and all("is ignored" in m for m in said), said
+
+
 def test_the_directory_places_home_first_then_spills_then_leaves(settings: Settings) -> None:
     tailer = settings.with_overrides(region="a", spill_share=0.5, spill_window=4)
     register(settings, [("10.0.0.1:1", "a", 0, 10), ("10.0.0.2:1", "b", 0, 10)])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Collection
@@ -73,25 +74,59 @@ def place_json(region: str, capacity: int) -> str:
     return json.dumps({"region": region, "capacity": capacity}, separators=(",", ":"))
 
 
+#: What a registered address must look like: ``host:port`` (an IPv6 host in brackets).
+ADDRESS_RE: Final = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}$")
+
+_said_bad: set[str] = set()  # the bad entries already logged, so each is said once
+
+
 def _place(raw: Any) -> tuple[str, int]:
     """(region, capacity) of a registered place; the defaults when absent or unreadable."""
     if not raw:
         return DEFAULT_REGION, 0
     try:
         doc = json.loads(_text(raw))
-        return str(doc.get("region") or DEFAULT_REGION), max(0, int(doc.get("capacity", 0)))
+        region = doc.get("region") or DEFAULT_REGION
+        if not isinstance(region, str):
+            raise TypeError(f"region {region!r} is not a string")
+        return region, max(0, int(doc.get("capacity", 0)))
     except (ValueError, TypeError, AttributeError):
         return DEFAULT_REGION, 0
 
 
-def _members(reply: list[Any]) -> list[Member]:
-    triples = zip(reply[::3], reply[1::3], reply[2::3], strict=True)
-    return sorted((Member(_text(a), int(_text(n)), *_place(p)) for a, n, p in triples),
-                  key=lambda m: (m.region, m.address))
+def _member(address: Any, load: Any, place: Any) -> Member | None:
+    """One member as read from Redis, or None (logged once) when its address or load is
+    not what a scheduler registers: a caller must never dial a made-up address."""
+    text = _text(address)
+    try:
+        if not ADDRESS_RE.match(text) or int(text.rsplit(":", 1)[1]) > 65535:
+            raise ValueError(f"address {text[:80]!r} is not host:port")
+        count = int(_text(load))
+        if count < 0:
+            raise ValueError(f"load {count} is below 0")
+    except ValueError as exc:
+        if text not in _said_bad:
+            _said_bad.add(text)
+            log.error("scheduler membership: the entry %r is ignored: %s. Something other "
+                      "than a scheduler wrote there; remove it from the membership keys "
+                      "(asynctier schedulers lists the live ones)", text[:80], exc)
+        return None
+    return Member(text, count, *_place(place))
+
+
+def _members(reply: Any) -> list[Member]:
+    """The members of a :data:`LIVE` reply (address, load, place triples); the entries
+    that are not a scheduler's are left out."""
+    if not isinstance(reply, list) or len(reply) % 3:
+        raise ServiceError(f"the membership script answered {str(reply)[:80]!r}, not "
+                           "(address, load, place) triples")
+    found = (_member(a, n, p) for a, n, p in zip(reply[::3], reply[1::3], reply[2::3],
+                                                 strict=True))
+    return sorted((m for m in found if m is not None), key=lambda m: (m.region, m.address))
 
 
 def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def live_members(settings: Settings, script: Any = None) -> list[Member]:
