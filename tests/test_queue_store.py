@@ -351,3 +351,28 @@ def test_a_lease_that_buries_items_still_fills_its_batch(queue_store: QueueStore
     got = queue_store.lease(queue_namespace, TOPIC, 3, 30, "a")
     assert sorted(g.id for g in got) == ["new0", "new1", "new2"]
     assert len(queue_store.dead_items(queue_namespace, TOPIC)) == 3
+
+
+def test_a_leased_row_the_platform_did_not_write_goes_to_the_dead_items(
+        queue_store: QueueStore, queue_namespace: str, postgres: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Stored headers that are not [[name, base64 or null], ...], or a checkpoint of an
+    unknown kind, never reach a function nor stop the lease: the others are leased, those
+    are dead items (undecodable) with why, each said in the log."""
+    queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"1", id=i) for i in "abcd"])
+    with psycopg.connect(postgres, autocommit=True) as conn:
+        for item_id, column, value in [("b", "headers", '{"k": "v"}'),
+                                       ("c", "headers", '[["k", "not base64!"]]')]:
+            conn.execute(f"UPDATE asynctier_queue_items SET {column} = %s::jsonb "
+                         "WHERE namespace = %s AND id = %s", (value, queue_namespace, item_id))
+        conn.execute("UPDATE asynctier_queue_items SET checkpoint = 'x', checkpoint_kind = "
+                     "'pickle' WHERE namespace = %s AND id = 'd'", (queue_namespace,))
+    with caplog.at_level("ERROR", logger="asynctier.queue.store"):
+        got = queue_store.lease(queue_namespace, TOPIC, 10, 30, "a")
+    assert [g.id for g in got] == ["a"]
+    dead = {d.id: d for d in queue_store.dead_items(queue_namespace, TOPIC)}
+    assert sorted(dead) == ["b", "c", "d"]
+    assert {d.reason for d in dead.values()} == {"undecodable"}
+    assert "not a list" in dead["b"].error and "not base64" in dead["c"].error
+    assert "'pickle'" in dead["d"].error
+    assert sum("moved to the dead items" in r.getMessage() for r in caplog.records) == 3

@@ -14,6 +14,7 @@ bounded.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import logging
 import threading
@@ -28,6 +29,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from asynctier.platform.errors import QueueError, QueueUnavailable
+from asynctier.platform.wire import UNDECODABLE
 from asynctier.queue import sql
 from asynctier.queue.dsn import redact_dsn
 from asynctier.queue.items import (
@@ -187,13 +189,25 @@ class QueueStore:
                 if len(leased) == len(got) or len(rows) >= n:
                     break  # nothing was buried: no more ready items, or enough
         rows.sort(key=lambda r: (-r[3], r[6], r[8]))
-        return [Leased(id=r[0], namespace=namespace, topic=topic, payload=r[1],
-                       headers=decode_headers(r[2]), priority=r[3], attempt=r[4],
-                       enqueued_ms=r[5], deliver_after_ms=r[6], lease_expires_ms=r[7],
-                       lease_ran_out=bool(r[9]),
-                       checkpoint=None if r[10] is None else bytes(r[10]),
-                       checkpoint_kind=r[11])
-                for r in rows]
+        good: list[Leased] = []
+        bad: list[Dead] = []
+        for r in rows:
+            try:
+                good.append(_leased(namespace, topic, r))
+            except ValueError as exc:
+                bad.append(Dead(r[0], UNDECODABLE, f"its stored row is refused: {exc}"))
+        if bad:
+            self._bury_unreadable(namespace, topic, owner, bad)
+        return good
+
+    def _bury_unreadable(self, namespace: str, topic: str, owner: str,
+                         bad: list[Dead]) -> None:
+        """Leased items whose stored headers or checkpoint cannot be what the platform wrote
+        (something else wrote the row) go to the dead items, never to a function."""
+        for dead in bad:
+            log.error("queue %s/%s: item %r %s; it is moved to the dead items (`asynctier "
+                      "queue dead %s` shows it)", namespace, topic, dead.id, dead.error, topic)
+        self.resolve(namespace, topic, owner, deads=bad)
 
     def resolve(self, namespace: str, topic: str, owner: str, acks: Sequence[str] = (),
                 nacks: Sequence[Nack] = (), deads: Sequence[Dead] = ()) -> Resolved:
@@ -362,11 +376,46 @@ def encode_headers(headers: Sequence[Header]) -> str | None:
 
 
 def decode_headers(doc: Any) -> tuple[Header, ...]:
-    """The stored headers back as (name, bytes or None) pairs."""
+    """The stored headers back as (name, bytes or None) pairs; ValueError, saying what is
+    wrong, when the stored document is not what :func:`encode_headers` writes."""
     if not doc:
         return ()
-    return tuple((name, None if value is None else base64.b64decode(value))
-                 for name, value in doc)
+    if not isinstance(doc, list):
+        raise ValueError(f"headers {str(doc)[:80]!r} are not a list")
+    out = []
+    for pair in doc:
+        if (not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str)
+                or not (pair[1] is None or isinstance(pair[1], str))):
+            raise ValueError(f"header {str(pair)[:80]!r} is not [name, base64 or null]")
+        try:
+            value = None if pair[1] is None else base64.b64decode(pair[1], validate=True)
+        except binascii.Error:
+            raise ValueError(f"header {pair[0][:40]!r} is not base64") from None
+        out.append((pair[0], value))
+    return tuple(out)
+
+
+def _shown_headers(doc: Any) -> tuple[Header, ...]:
+    """Headers for inspection (``get``, the dead items): stored headers that cannot be read
+    show as none, so that one bad row does not hide the others."""
+    try:
+        return decode_headers(doc)
+    except ValueError:
+        return ()
+
+
+def _leased(namespace: str, topic: str, r: tuple[Any, ...]) -> Leased:
+    """A leased row (``sql.LEASE``'s columns) as a :class:`Leased`; ValueError when its
+    headers or checkpoint kind are not what the platform writes."""
+    kind = r[11]
+    if r[10] is not None and kind not in CHECKPOINT_KINDS:
+        raise ValueError(f"checkpoint kind {str(kind)[:40]!r} is not one of "
+                         f"{', '.join(CHECKPOINT_KINDS)}")
+    return Leased(id=r[0], namespace=namespace, topic=topic, payload=r[1],
+                  headers=decode_headers(r[2]), priority=r[3], attempt=r[4],
+                  enqueued_ms=r[5], deliver_after_ms=r[6], lease_expires_ms=r[7],
+                  lease_ran_out=bool(r[9]),
+                  checkpoint=None if r[10] is None else bytes(r[10]), checkpoint_kind=kind)
 
 
 def _live_info(namespace: str, topic: str, r: tuple[Any, ...]) -> ItemInfo:
@@ -377,7 +426,7 @@ def _live_info(namespace: str, topic: str, r: tuple[Any, ...]) -> ItemInfo:
     if deliver_after > now_ms:
         state = "leased" if owner is not None else "delayed"
     return ItemInfo(id=item_id, namespace=namespace, topic=topic, state=state,
-                    priority=priority, payload=payload, headers=decode_headers(headers),
+                    priority=priority, payload=payload, headers=_shown_headers(headers),
                     attempts=attempts, enqueued_ms=enqueued_ms, deliver_after_ms=deliver_after,
                     lease_owner=owner, lease_expires_ms=lease_expires, expires_ms=expires_ms,
                     last_error=last_error, leased_ms=leased_ms if owner else None,
@@ -388,7 +437,7 @@ def _live_info(namespace: str, topic: str, r: tuple[Any, ...]) -> ItemInfo:
 def _dead_item(namespace: str, topic: str, r: tuple[Any, ...]) -> DeadItem:
     item_id, priority, payload, headers, attempts, enqueued_ms, reason, error, dead_ms = r
     return DeadItem(id=item_id, namespace=namespace, topic=topic, priority=priority,
-                    payload=payload, headers=decode_headers(headers), attempts=attempts,
+                    payload=payload, headers=_shown_headers(headers), attempts=attempts,
                     enqueued_ms=enqueued_ms, reason=reason, error=error, dead_ms=dead_ms)
 
 
