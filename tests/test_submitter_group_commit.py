@@ -17,6 +17,7 @@ from asynctier.queue.shards import ShardedQueue
 from asynctier.queue.store import QueueStore
 from asynctier.submitter.backlog import FAR_BELOW, MAX_REUSE_S, Backlog
 from asynctier.submitter.writers import GroupCommit
+from tests.helpers import wait_until
 
 
 @pytest.fixture
@@ -141,3 +142,41 @@ def test_a_backlog_reading_far_under_the_cap_is_reused_longer(
     finally:
         near.close()
         far.close()
+
+
+def test_the_delivery_report_thread_comes_back_after_it_fails() -> None:
+    """The thread that serves the producer's delivery reports is supervised: a poll that
+    raises (a report callback's error, say) is counted and the polling goes on, instead of
+    every later Kafka write waiting for a report that never comes."""
+    from prometheus_client import REGISTRY
+
+    from asynctier.submitter.writers import KafkaWriter
+
+    def restarts() -> float:
+        return REGISTRY.get_sample_value(
+            "asynctier_task_restarts_total",
+            {"task": "submitter-producer", "reason": "RuntimeError"}) or 0.0
+
+    class Failing:
+        def __init__(self) -> None:
+            self.polls = 0
+
+        def poll(self, timeout: float) -> int:
+            self.polls += 1
+            if self.polls == 1:
+                raise RuntimeError("a report callback failed")
+            return 0
+
+        def flush(self, timeout: float) -> int:
+            return 0
+
+    before = restarts()
+    writer = KafkaWriter(Settings(kafka={"bootstrap.servers": f"127.0.0.1:{free_port()}"}))
+    fake = Failing()
+    writer._producer.flush(0)
+    writer._producer = fake  # type: ignore[assignment]
+    try:
+        wait_until(lambda: restarts() == before + 1 and fake.polls > 5, 10,
+                   "the poll thread restarted and polls again")
+    finally:
+        writer.close()

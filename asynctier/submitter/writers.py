@@ -19,9 +19,11 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, Producer
 
+from asynctier.platform import metrics
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import HandoffError, QueueError
 from asynctier.platform.kafka import client_config
+from asynctier.platform.supervise import Supervisor
 from asynctier.queue.items import EnqueueResult, NewItem, check_namespace
 from asynctier.submitter.protocol import Workload
 
@@ -35,20 +37,27 @@ PRODUCER_CONFIG: dict[str, Any] = {
 }
 
 
+#: How long one poll for delivery reports waits (the stop is seen within it).
+POLL_S = 0.05
+
+
 class KafkaWriter:
     """Produces workloads and waits for each record's delivery report (topic, partition,
-    offset). One producer per process; a thread serves its delivery reports."""
+    offset). One producer per process; a supervised thread serves its delivery reports
+    (were it to die, every Kafka write would wait for a report that never comes)."""
 
     def __init__(self, settings: Settings) -> None:
         self._producer = Producer({**client_config(settings), **PRODUCER_CONFIG})
         self._stop = threading.Event()
-        self._poller = threading.Thread(target=self._poll, name="submitter-producer",
-                                        daemon=True)
-        self._poller.start()
+        self._poller = Supervisor(
+            "submitter-producer", self._poll, self._stop,
+            what="the Submitter's Kafka delivery reports",
+            hint="Kafka writes wait for their reports meanwhile; check the error above.",
+            on_restart=metrics.count_task_restart).start()
 
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            self._producer.poll(0.05)
+    def _poll(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self._producer.poll(POLL_S)
 
     async def write(self, topic: str, workloads: Sequence[Workload]
                     ) -> list[tuple[int, int]]:
@@ -86,6 +95,8 @@ class KafkaWriter:
 def _reporter(loop: asyncio.AbstractEventLoop, future: asyncio.Future[tuple[int, int]]
               ) -> Any:
     def report(err: KafkaError | None, msg: Any) -> None:
+        if loop.is_closed():  # the caller's loop is gone: nobody waits for this report
+            return
         if err is not None:
             loop.call_soon_threadsafe(_fail, future, HandoffError(err.str()))
         else:
