@@ -64,10 +64,10 @@ def test_concurrency_cap_holds_across_two_schedulers(
     assert len(schedulers) == 2
 
 
-@pytest.mark.slow
 def test_over_quota_items_are_delayed_then_all_run_none_dead(
         platform: Platform, unique_topic: Callable[..., str], settings: Settings) -> None:
-    """Long (--long): waits for the next minute's quota window."""
+    """Quota end to end: what is over the quota waits for the next minute's window (up to
+    a minute of the default run), spending no attempt, and nothing is a dead letter."""
     topic = unique_topic(2)
     n, quota = 120, 50
     platform.cli("quota", "set", "acme", "--per-minute", str(quota))

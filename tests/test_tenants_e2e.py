@@ -22,11 +22,10 @@ def platform(settings: Settings, tmp_path: Path) -> Iterator[Platform]:
     plat.stop_all()
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_weights_3_to_1_hold_across_two_schedulers(
         platform: Platform, unique_topic: Callable[..., str], settings: Settings) -> None:
-    """Long (--long): 16,000 records, so that the shares are taken over many DRR rounds."""
+    """16,000 records (about 20 s), so that the shares are taken over many DRR rounds."""
     path = platform.config_file()
     path.write_text(path.read_text() + "\n[scheduler]\nworkers = 2\n")
     heavy, light = unique_topic(4), unique_topic(4)

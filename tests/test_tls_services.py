@@ -157,7 +157,6 @@ def test_a_wrong_redis_password_names_the_setting(tls_redis: devstack.RedisNode,
         assert secret not in text
 
 
-@pytest.mark.slow
 def test_kafka_sasl_ssl_end_to_end_and_a_wrong_password_loses_nothing(
         sasl_ssl_kafka: devstack.KafkaNode, tls_redis: devstack.RedisNode, certs: CertFiles,
         tmp_path: Path, prefix: str) -> None:
@@ -212,7 +211,6 @@ def key_lines(*keys: Path) -> list[str]:
             if line and not line.startswith("-----")]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)  # a broker on TLS, then three platforms' processes
 def test_kafka_ssl_client_certificates_end_to_end_and_a_wrong_one_loses_nothing(
         ssl_kafka: devstack.KafkaNode, tls_redis: devstack.RedisNode, certs: CertFiles,
