@@ -23,6 +23,7 @@ from asynctier.delay_streams.handoff import Handoff, parcel_from_message
 from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
 from asynctier.platform.wire import Outcome
+from asynctier.tailers.options import PipelineOptions
 from asynctier.tailers.parking import HEAD, HELD, RUN, ParkingLot, Waiting, order_key
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,8 @@ def redis_key(lane: LaneKey) -> str:
 class KeyGate:
     """Which records run now, which wait behind their key; what a checkpoint may cover."""
 
-    def __init__(self, binding: Binding, lot: ParkingLot, batch_size: int = 1000) -> None:
+    def __init__(self, binding: Binding, lot: ParkingLot,
+                 batch_size: int = PipelineOptions.batch_size) -> None:
         self.binding = binding
         self.lot = lot
         # a key with a record under way -> its records read since (a key let go with
