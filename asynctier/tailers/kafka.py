@@ -22,7 +22,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from asynctier.delay_streams.handoff import Handoff
+from asynctier.delay_streams.handoff import Handoff, where
 from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
 from asynctier.platform.calls import CallBuilder
@@ -139,7 +139,7 @@ class KafkaSource:
         call = CallBuilder()
         add = call.add
         for at, msg in enumerate(owned):
-            origin = f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
+            origin = where(msg)
             if not add(name, msg.value(), msg.key(), msg.headers(), 1, origin,
                        msg.timestamp()[1]):
                 good, rest = owned[:at], owned[at:]  # the call is full: the next one

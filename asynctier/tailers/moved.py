@@ -26,6 +26,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+from asynctier.delay_streams.handoff import where
 from asynctier.platform import metrics, names
 from asynctier.platform.binding import Binding
 from asynctier.platform.calls import CallBuilder
@@ -52,8 +53,7 @@ def moved_item(topic: str, msg: Any) -> NewItem:
     headers = [(k, v) for k, v in msg.headers() or () if k != names.H_KEY]
     if msg.key() is not None:
         headers.append((names.H_KEY, msg.key()))
-    return NewItem(topic, msg.value() or b"", id=f"{msg.topic()}/{msg.partition()}/"
-                                                 f"{msg.offset()}", headers=headers)
+    return NewItem(topic, msg.value() or b"", id=where(msg), headers=headers)
 
 
 class MoverSource(Around[None]):
