@@ -71,20 +71,20 @@ class ListSource:
             self.idle.wait(wait_s)
         return got
 
-    def prepare(self, records: list[Any]) -> Prepared:
+    def prepare(self, records: list[Any]) -> Prepared[None]:
         """One call of the records that fit; the rest for the next batch."""
         call = CallBuilder()
         for at, entry in enumerate(records):
             if not call.add(entry.binding, entry.payload, None, None, 1,
                             f"list/0/{entry.n}", int(time.time() * 1000)):
-                return Prepared(records[:at], call.encode(), rest=records[at:])
-        return Prepared(records, call.encode())
+                return Prepared(records[:at], call.encode(), None, rest=records[at:])
+        return Prepared(records, call.encode(), None)
 
-    def wait(self, batch: Batch, superseded: Callable[[], bool]) -> bool:
+    def wait(self, batch: Batch[None], superseded: Callable[[], bool]) -> bool:
         """Nothing to keep alive while the call runs."""
         return True
 
-    def hand_off(self, batch: Batch) -> Counter[str]:
+    def hand_off(self, batch: Batch[None]) -> Counter[str]:
         """Nack the retries and kill the failures (written, durable once confirmed)."""
         counts: Counter[str] = Counter()
         for outcome in batch.outcomes:
@@ -119,7 +119,7 @@ class ListSource:
         self.confirmed += 1
         self.events.append(("confirm", "ok"))
 
-    def checkpoint(self, batch: Batch, sync: bool) -> None:
+    def checkpoint(self, batch: Batch[None], sync: bool) -> None:
         """Ack the batch's ok items and record it as done."""
         ok = {o["id"] for o in batch.outcomes if o["status"] == "ok"}
         with self.lock:
@@ -130,5 +130,5 @@ class ListSource:
     def checkpoint_final(self, scope: Any) -> None:
         """Every checkpoint landed at once."""
 
-    def counted(self, batch: Batch) -> None:
+    def counted(self, batch: Batch[None]) -> None:
         """No metrics of its own."""

@@ -174,7 +174,7 @@ class GateModel:
         return got
 
     def read(self, limit: int, revoke_meanwhile: int | None, assign_again: bool = False) -> None:
-        """KafkaSource._read_ordered: first the keys let go, then what the consumer has
+        """KeyOrder.read: first the keys let go, then what the consumer has
         (whose poll may serve a revoke, and the partition's assignment again)."""
         out = self.gate.take(limit)
         if revoke_meanwhile is not None and revoke_meanwhile in self.owned:
@@ -185,7 +185,7 @@ class GateModel:
         self.pending += out + self.gate.admit(got)
 
     def prepare(self, fit: int) -> None:
-        """KafkaSource._prepare_ordered, then the call: ``fit`` records fit in it."""
+        """KeyOrder.prepare, then the call: ``fit`` records fit in it."""
         records, self.pending = self.pending, []
         good = []
         for msg in records:

@@ -63,17 +63,18 @@ def _handoff() -> Handoff:
 
 def _callbacks(which: int, consumer: Recorder) -> tuple[Any, str]:
     """The object whose rebalance callbacks a tailer's consumer is given, and its topic:
-    the main tailer's source, or the delay tailer; ``consumer`` is its session's."""
+    the main tailer's or the delay tailer's partitions; ``consumer`` is its session's."""
     if which == 0:
         main = KafkaTailer(SETTINGS, Binding("b", "src", "tests.ledger:record"),
                            None,  # type: ignore[arg-type]
                            consumer_factory=lambda conf: consumer, handoff=_handoff())
         main.open()
-        return main.source, "src"
+        assert main.source is not None
+        return main.source.partitions, "src"
     delay = DelayTailer(SETTINGS, 30.0, None, None,  # type: ignore[arg-type]
                         consumer_factory=lambda conf: consumer, handoff=_handoff())
     delay.open()
-    return delay, delay.topic
+    return delay.partitions, delay.topic
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["main tailer", "delay tailer"])

@@ -86,6 +86,12 @@ def record_time_ms(msg: Any, now_ms: int) -> int:
     return ms if kind != TIMESTAMP_NOT_AVAILABLE and 0 < ms <= now_ms + _DAY_MS else now_ms
 
 
+def where(msg: Any) -> str:
+    """A Kafka record's place, ``topic/partition/offset``: its origin when it has none, a
+    moved record's queue id."""
+    return f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
+
+
 def parcel_from_message(msg: Any, now_ms: int | None = None) -> Parcel:
     """A Parcel from a confluent-kafka Message of a source, delay or dead-letter topic.
 
@@ -105,7 +111,7 @@ def parcel_from_message(msg: Any, now_ms: int | None = None) -> Parcel:
     raw = plat.get(n.H_ORIGIN)
     origin = raw.decode("utf-8", "replace") if raw else ""
     if not origin or "\n" in origin or len(origin) > MAX_ORIGIN_CHARS:
-        origin = f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
+        origin = where(msg)
     return Parcel(
         value=msg.value(),
         key=msg.key(),

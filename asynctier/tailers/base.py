@@ -1,10 +1,10 @@
 """What the manager runs: one tailer per binding, whatever its source.
 
-A tailer drives one :class:`~asynctier.tailers.source.Source` with the one pipeline
-(:mod:`asynctier.tailers.pipeline`): read batches, push each to a scheduler with
-``submit(items) -> outcomes``, resolve every outcome the source's way, and only then
-checkpoint. :mod:`asynctier.tailers.registry` says which tailer a binding's source kind
-gets.
+A tailer drives its source with the loop of that source's contract
+(:mod:`asynctier.tailers.source`): the pipeline for a source checkpointed in order (read
+batches, send each to a scheduler, resolve every outcome the source's way, and only then
+checkpoint, in order), long work for a leased one (each item resolved as it ends).
+:mod:`asynctier.tailers.registry` says which tailer a binding's source kind gets.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ after every hand-off of the batch was confirmed.
 
 The delay path needs only Kafka (and a scheduler). Redis is touched only for a
 ``--ordering key`` binding: a record of it that succeeds or becomes a dead letter unparks
-its key (:mod:`asynctier.tailers.parking`) before the batch is committed.
+its key (:class:`~asynctier.tailers.key_order.KeyHeads`) before the batch is committed.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -54,7 +54,6 @@ from asynctier.platform.kafka import (
     ensure_topics,
     leave_group,
     tailer_consumer_config,
-    take_over,
     topic_replication,
 )
 from asynctier.platform.membership import default_client
@@ -62,11 +61,12 @@ from asynctier.platform.registry import RegistryFollower
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.signals import wait_for_stop
 from asynctier.platform.supervise import Supervisor
+from asynctier.tailers.key_order import KeyHeads, Unpark
 from asynctier.tailers.options import PipelineOptions
-from asynctier.tailers.ordered import ran_after_header
-from asynctier.tailers.parking import ParkingLot, order_key
+from asynctier.tailers.parking import ParkingLot
+from asynctier.tailers.partitions import Partitions
 from asynctier.tailers.pipeline import Hook, Pipeline, no_hook
-from asynctier.tailers.source import Batch, Prepared
+from asynctier.tailers.source import TP, Batch, Prepared, high_marks
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,17 @@ COMPONENT = "delay"
 BINDING_REMOVED = "binding_removed"
 #: Dead-letter "binding" of a delay record that names no binding at all.
 UNBOUND = "_unbound"
+#: How long the broker may hold a fetch for more records: the delay path has time.
+FETCH_WAIT_MAX_MS = 100
+#: Records the client queues ahead of a delay tailer, in KiB (a due topic drains fast).
+QUEUED_MAX_KBYTES = 16384
+#: How long a new session waits for its delay topic to exist (made by ``bind``) before
+#: subscribing anyway, how long one metadata request may take, and the pause between two.
+TOPIC_WAIT_S = 30.0
+TOPIC_METADATA_S = 5.0
+TOPIC_RETRY_S = 0.2
+#: How long stopping waits for the delay tailers in all.
+JOIN_S = 120.0
 
 
 @dataclass
@@ -117,7 +128,19 @@ def consumer_config(settings: Settings, group: str, options: DelayOptions) -> di
     return tailer_consumer_config(settings, group,
                                   session_timeout_ms=options.session_timeout_ms,
                                   max_poll_interval_ms=options.max_poll_interval_ms,
-                                  fetch_wait_max_ms=100, queued_max_kbytes=16384)
+                                  fetch_wait_max_ms=FETCH_WAIT_MAX_MS,
+                                  queued_max_kbytes=QUEUED_MAX_KBYTES)
+
+
+@dataclass
+class Released:
+    """What a delay batch keeps: the records sent to the scheduler (as entries), the
+    actions of those resolved here (hops, dead letters), and, once handed off, what became
+    of its records per (binding, tenant), for the metrics."""
+
+    entries: list[Entry]
+    actions: list[Action]
+    by_binding: dict[tuple[str, str], Counter[str]] = field(default_factory=dict)
 
 
 class DelaySource:
@@ -131,6 +154,7 @@ class DelaySource:
         self.what = f"delay {tailer.interval}"
         self.topic = tailer.topic
         self.handoff = tailer.handoff
+        self.heads = tailer.heads
 
     def read(self, max_records: int, wait_s: float) -> list[Any]:
         """Resume the partitions whose head is due, then consume; a record that is not due
@@ -147,11 +171,11 @@ class DelaySource:
             got = consumer.consume(max_records, 0)
         return tailer.sort(consumer, got)
 
-    def prepare(self, records: list[Any]) -> Prepared:
+    def prepare(self, records: list[Any]) -> Prepared[Released]:
         """Records due go to the scheduler (first in the batch); the others are resolved
         here: a hop to the next delay topic, or a dead letter when the binding is gone."""
         tailer = self.tailer
-        records = [m for m in records if m.partition() in tailer.owned]
+        records = [m for m in records if (m.topic(), m.partition()) in tailer.owned]
         now = _now_ms()
         call = CallBuilder()
         sent: list[Any] = []
@@ -181,65 +205,52 @@ class DelaySource:
 
     @staticmethod
     def _prepared(sent: list[Any], entries: list[Entry], local: list[tuple[Any, Action]],
-                  call: CallBuilder, rest: list[Any]) -> Prepared:
+                  call: CallBuilder, rest: list[Any]) -> Prepared[Released]:
         records = sent + [msg for msg, _ in local]
-        high: dict[tuple[str, int], int] = {}
-        for msg in records:
-            tp = (msg.topic(), msg.partition())
-            high[tp] = max(high.get(tp, -1), msg.offset())
-        return Prepared(records, call.encode() if sent else None, high,
-                        (entries, [action for _, action in local]), rest, len(sent))
+        return Prepared(records, call.encode() if sent else None,
+                        Released(entries, [action for _, action in local]),
+                        high_marks(records), rest, len(sent))
 
-    def wait(self, batch: Batch, superseded: Callable[[], bool]) -> bool:
+    def wait(self, batch: Batch[Released], superseded: Callable[[], bool]) -> bool:
         """The delay consumer's poll interval is long (16 min): no need to poll meanwhile."""
         return True
 
-    def hand_off(self, batch: Batch) -> Counter[str]:
+    def hand_off(self, batch: Batch[Released]) -> Counter[str]:
         """Resolve the scheduler's outcomes, then the hops and dead letters of the batch."""
-        entries, actions = batch.extra
+        released = batch.extra
         counts: Counter[str] = Counter()
         by_binding: dict[tuple[str, str], Counter[str]] = {}
         by_id = {o["id"]: o for o in batch.outcomes}
-        unpark: dict[str, list[tuple[str, str]]] = {}
-        for i, entry in enumerate(entries):
-            ordered = entry.binding.ordering == "key"
-            parcel = entry.parcel
-            if ordered and by_id[i]["status"] != "ok" and not any(
-                    name == n.H_RAN_AFTER for name, _ in parcel.headers):
-                lot = self.tailer.lot(entry.binding.name)
-                parcel.headers = [*parcel.headers,
-                                  ran_after_header(lot, parcel.key, parcel.origin)]
-            what = self.handoff.resolve(entry.binding, parcel, by_id[i])
-            if ordered and what != "retry":
-                unpark.setdefault(entry.binding.name, []).append(
-                    (order_key(parcel.key, parcel.origin), parcel.origin))
+        unpark: Unpark = {}
+        for i, entry in enumerate(released.entries):
+            what = self.heads.resolve(self.handoff, entry.binding, entry.parcel, by_id[i],
+                                      unpark)
             by_binding.setdefault((entry.binding.name, entry.binding.tenant), Counter())[
                 what] += 1
             counts[what] += 1
-        for action in actions:
+        for action in released.actions:
             counts[action()] += 1
-        for name, heads in unpark.items():
-            self.tailer.lot(name).unpark(heads)
-        batch.extra = (entries, actions, by_binding)
+        self.heads.release(unpark)
+        released.by_binding = by_binding
         return counts
 
     def confirm(self) -> None:
         """Every hop, retry and dead letter so far delivered, or HandoffError."""
         self.handoff.confirm()
 
-    def checkpoint(self, batch: Batch, sync: bool) -> None:
+    def checkpoint(self, batch: Batch[Released], sync: bool) -> None:
         """Commit (synchronously: the delay path has time) past the highest released
         offset of each owned partition."""
         owned = self.tailer.owned
-        commit_past(self.consumer, batch.mark, lambda _, p: p in owned, True, self.what)
+        commit_past(self.consumer, batch.mark, lambda t, p: (t, p) in owned, True,
+                    self.what)
 
-    def checkpoint_final(self, scope: Any) -> None:
+    def checkpoint_final(self, scope: set[TP] | None) -> None:
         """Nothing: every commit was synchronous."""
 
-    def counted(self, batch: Batch) -> None:
+    def counted(self, batch: Batch[Released]) -> None:
         """Outcomes per binding, and the batch, in the metrics."""
-        by_binding: dict[tuple[str, str], Counter[str]] = batch.extra[2]
-        for (name, tenant), counts in by_binding.items():
+        for (name, tenant), counts in batch.extra.by_binding.items():
             metrics.record_outcomes(name, tenant, counts)
             metrics.count_batch(COMPONENT, name)
         self.tailer.stats.update(batch.counts)
@@ -265,20 +276,21 @@ class DelayTailer:
         self.pauses = PauseBook()
         self.assigned = threading.Event()
         self.stats: Counter[str] = Counter()
-        # assigned, neither revoked nor lost: only these are released and committed
-        self.owned: set[int] = set()
+        self.partitions = Partitions(f"delay {self.interval}")
+        self.partitions.listen(assigned=self._assigned, gone=self._gone)
+        self.owned = self.partitions.owned  # only these are released and committed
+        self.on_assign = self.partitions.on_assign
+        self.on_revoke = self.partitions.on_revoke
+        self.on_lost = self.partitions.on_lost
         self._dlq_ready: set[str] = set()
         self._consumer_factory = consumer_factory
         self._consumer: Any = None  # this session's
-        self.pipeline: Pipeline | None = None
-        self._lots: dict[str, ParkingLot] = {}
+        self.pipeline: Pipeline[Released] | None = None
+        self.heads = KeyHeads(settings)
 
     def lot(self, binding: str) -> ParkingLot:
         """The parked keys of a ``--ordering key`` binding (made when first needed)."""
-        lot = self._lots.get(binding)
-        if lot is None:
-            lot = self._lots[binding] = ParkingLot.of(self.settings, binding)
-        return lot
+        return self.heads.lot(binding)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -294,15 +306,16 @@ class DelayTailer:
             log.warning("delay %s: stopping with a batch unresolved (%s); its records "
                         "will be read again (not committed)", self.interval, exc)
 
-    def open(self) -> Pipeline:
+    def open(self) -> Pipeline[Released]:
         """A new session: its consumer, source and pipeline (not subscribed yet)."""
         consumer = self._consumer_factory(consumer_config(self.settings, self.group,
                                                           self.options))
         self.pauses = PauseBook()
-        self.owned = set()
+        self.partitions.start(consumer)
         self._consumer = consumer
         self.pipeline = Pipeline(DelaySource(self, consumer), self.client, COMPONENT,
                                  self.interval, self.options, self.hook)
+        self.partitions.pipeline = self.pipeline
         return self.pipeline
 
     def _session(self, stop: threading.Event) -> None:
@@ -323,12 +336,13 @@ class DelayTailer:
             log.info("delay tailer %s stopped", self.interval)
 
     def _wait_for_topic(self, consumer: Any, stop: threading.Event) -> None:
-        deadline = time.monotonic() + 30.0
+        deadline = time.monotonic() + TOPIC_WAIT_S
         while not stop.is_set() and time.monotonic() < deadline:
-            meta = consumer.list_topics(self.topic, timeout=5.0).topics.get(self.topic)
+            meta = consumer.list_topics(self.topic, timeout=TOPIC_METADATA_S).topics.get(
+                self.topic)
             if meta is not None and meta.error is None and meta.partitions:
                 return
-            stop.wait(0.2)
+            stop.wait(TOPIC_RETRY_S)
 
     def sort(self, consumer: Any, messages: list[Any]) -> list[Any]:
         """The messages that may leave now; the partition of one that may not is paused."""
@@ -339,7 +353,7 @@ class DelayTailer:
             if err is not None:
                 consume_error(err, f"delay {self.interval}", self.topic)
                 continue
-            if msg.partition() not in self.owned:
+            if (msg.topic(), msg.partition()) not in self.owned:
                 continue  # revoked or lost while it was read: its new owner releases it
             if self.pauses.is_paused(msg.partition()):
                 continue  # behind a head that is not due: read again after the resume
@@ -390,53 +404,22 @@ class DelayTailer:
         except AsynctierError as exc:
             log.error("delay %s: could not create %s: %s", self.interval, topic, exc)
 
-    # -- rebalancing ----------------------------------------------------------------------
+    # -- partitions assigned and gone (the callbacks are :class:`Partitions`') ------------
 
-    def _stale(self, consumer: Any) -> bool:
-        """A callback of an earlier session's consumer (one whose ``close()`` was given up
-        and returned late): it must not touch this session's partitions."""
-        return self._consumer is not None and consumer is not self._consumer
-
-    def on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        """Partitions assigned: released and committed from now on, unpaused."""
-        take_over(consumer, partitions, assign=True)  # whatever the session (see take_over)
-        if self._stale(consumer):
-            return
-        parts = [tp.partition for tp in partitions]
-        self.pauses.forget(parts)
-        self.owned.update(parts)
+    def _assigned(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """Partitions assigned: unpaused (one paused before a revoke must not come back
+        paused)."""
+        self.pauses.forget([tp.partition for tp in partitions])
         if partitions:
-            try:  # a partition paused before a revoke must not come back paused
+            try:
                 consumer.resume(partitions)
             except KafkaException as exc:
                 log.debug("delay %s: resume on assign: %s", self.interval, exc)
-        log.info("delay %s: assigned %s", self.interval,
-                 ", ".join(str(p) for p in parts) or "nothing")
         self.assigned.set()
 
-    def on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        """Partitions revoked: their batches under way are finished and committed first."""
-        if not self._stale(consumer):
-            parts = {tp.partition for tp in partitions}
-            try:
-                if self.pipeline is not None:
-                    self.pipeline.revoke(parts, lambda m: m.partition() in parts)
-            finally:
-                self.pauses.forget(list(parts))
-                self.owned.difference_update(parts)
-        take_over(consumer, partitions, assign=False)
-
-    def on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        """Partitions lost: never released nor committed here again."""
-        take_over(consumer, partitions, assign=False)
-        if self._stale(consumer):
-            return
-        parts = [tp.partition for tp in partitions]
-        log.warning("delay %s: lost partitions %s", self.interval, parts)
-        self.pauses.forget(parts)
-        self.owned.difference_update(parts)
-        if self.pipeline is not None:
-            self.pipeline.forget(lambda m: m.partition() in parts)
+    def _gone(self, gone: set[TP]) -> None:
+        """Partitions revoked or lost: no head of theirs is waited for any more."""
+        self.pauses.forget([p for _, p in gone])
 
 
 # -- the service: one tailer per interval, following the bindings -------------------------
@@ -497,7 +480,7 @@ class DelayService:
             tailers = list(self.tailers.values())
         return all(t.assigned.wait(max(0.0, deadline - time.monotonic())) for t in tailers)
 
-    def join(self, timeout_s: float = 120.0) -> None:
+    def join(self, timeout_s: float = JOIN_S) -> None:
         """Stop following the bindings and wait for the tailers to finish."""
         self.follower.stop()
         deadline = time.monotonic() + timeout_s

@@ -3,9 +3,10 @@
 The pipeline (:mod:`asynctier.tailers.pipeline`) does the batching, the order and the
 retries; this module is what is Kafka's own: the consumer (no decoding here: the scheduler
 decodes), the hand-off of non-ok outcomes to delay and dead-letter topics
-(:class:`~asynctier.delay_streams.handoff.Handoff`), commits per partition highest + 1,
-and the rebalance callbacks. A partition that is revoked gets its batches finished,
-confirmed and committed in the revoke callback; a lost partition is never committed.
+(:class:`~asynctier.delay_streams.handoff.Handoff`) and commits per partition highest + 1.
+The partitions it owns and the rebalance callbacks are :mod:`asynctier.tailers.partitions`';
+per-key order (:mod:`asynctier.tailers.key_order`) and moved records
+(:mod:`asynctier.tailers.moved`) are strategies wrapped around this source.
 """
 
 from __future__ import annotations
@@ -15,32 +16,31 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from asynctier.delay_streams.handoff import Handoff
+from asynctier.delay_streams.handoff import Handoff, where
 from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
 from asynctier.platform.calls import CallBuilder
 from asynctier.platform.config import Settings
-from asynctier.platform.errors import HandoffError, SchedulerUnavailable
+from asynctier.platform.errors import SchedulerUnavailable
 from asynctier.platform.kafka import (
     close_consumer,
     commit_past,
-    consume_error,
     leave_group,
     tailer_consumer_config,
-    take_over,
 )
 from asynctier.platform.rpc import SchedulerClient
+from asynctier.platform.supervise import Supervisor
+from asynctier.tailers.key_order import by_ordering
 from asynctier.tailers.options import TailerOptions
-from asynctier.tailers.ordered import KeyGate, LaneKey
-from asynctier.tailers.parked_runner import ParkedRunner, start_runner
-from asynctier.tailers.parking import ParkingLot
+from asynctier.tailers.partitions import Partitions, sort_out
 from asynctier.tailers.pipeline import Hook, Pipeline, no_hook
-from asynctier.tailers.source import Batch, Prepared
+from asynctier.tailers.source import TP, Batch, Offsets, OffsetSource, Prepared, high_marks
 
 log = logging.getLogger(__name__)
 
@@ -48,17 +48,37 @@ COMPONENT = "tailer"
 
 ConsumerFactory = Callable[[dict[str, Any]], Any]
 
+# Read-ahead is bounded so that a tailer's memory does not grow with the backlog behind
+# it: some 10,000 records of 100 bytes queued, a fraction of a second of work; a larger
+# record still comes through whole.
+#: How long the broker may hold a fetch for more records (low latency when they trickle).
+FETCH_WAIT_MAX_MS = 50
+#: Records the client queues ahead of the tailer, in KiB.
+QUEUED_MAX_KBYTES = 2048
+#: The most one fetch brings.
+FETCH_MAX_BYTES = 1 << 20
+#: A call is waited for in slices of at most this, polling the consumer between them ...
+WAIT_SLICE_S = 1.0
+#: ... and of at most max.poll.interval.ms over this: several polls per interval, so a
+#: late one does not push the consumer out of its group.
+POLLS_PER_INTERVAL = 4
+#: How long a stopping tailer tries again a final commit refused because the group is
+#: rebalancing (inside a revoke it is not tried again: no polling there).
+FINAL_COMMIT_S = 10.0
+#: The poll that serves that rebalance between two tries.
+REBALANCE_POLL_S = 0.2
+#: How long a stopping tailer waits for the loops beside it (the parked-key runner).
+BESIDE_JOIN_S = 60.0
+
 
 def consumer_config(settings: Settings, group: str, options: TailerOptions) -> dict[str, Any]:
     """The main tailer's consumer (see :func:`tailer_consumer_config`)."""
-    # Read-ahead is bounded (2 MiB queued, 1 MiB fetches: some 10,000 records of 100
-    # bytes, a fraction of a second of work) so that a tailer's memory does not grow with
-    # the backlog behind it; a larger record still comes through whole.
     return tailer_consumer_config(settings, group,
                                   session_timeout_ms=options.session_timeout_ms,
                                   max_poll_interval_ms=options.max_poll_interval_ms,
-                                  fetch_wait_max_ms=50, queued_max_kbytes=2048,
-                                  fetch_max_bytes=1 << 20)
+                                  fetch_wait_max_ms=FETCH_WAIT_MAX_MS,
+                                  queued_max_kbytes=QUEUED_MAX_KBYTES,
+                                  fetch_max_bytes=FETCH_MAX_BYTES)
 
 
 #: Commit errors that mean "the group is rebalancing": worth a retry once it is through.
@@ -66,8 +86,17 @@ _REBALANCING = (KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION,
                 KafkaError._STATE)
 
 
+@dataclass(frozen=True)
+class Sent:
+    """What a Kafka batch keeps for its hand-off: each sent record's origin
+    (``topic/partition/offset``) and the call's size."""
+
+    origins: list[str]
+    size: int
+
+
 class KafkaSource:
-    """A binding's topic as a :class:`~asynctier.tailers.source.Source`."""
+    """A binding's topic as an :class:`~asynctier.tailers.source.OffsetSource`."""
 
     def __init__(self, settings: Settings, binding: Binding, consumer: Any, handoff: Handoff,
                  options: TailerOptions) -> None:
@@ -78,28 +107,23 @@ class KafkaSource:
         self.options = options
         self.what = f"binding {binding.name}"
         self.topic = binding.topic
-        self.pipeline: Pipeline | None = None  # set by the tailer
-        # assigned, neither revoked nor lost: only these are run and committed
-        self.owned: set[tuple[str, int]] = set()
-        self.committed: dict[tuple[str, int], int] = {}
-        self.in_revoke = False
+        self.partitions = Partitions(self.what)
+        self.owned = self.partitions.owned  # only these are run and committed
+        self.committed: dict[TP, int] = {}
         self.stats: Counter[str] = Counter()
-        # --ordering key: which records run now, which wait behind their key
-        self.gate: KeyGate | None = None
-        if binding.ordering == "key":
-            self.gate = KeyGate(binding, ParkingLot.of(settings, binding.name),
-                                options.batch_size)
+        self.held: set[TP] = set()  # paused by a strategy (see hold): kept paused
+        self.early: list[Any] = []  # polled while waiting for a call: read first
+        self.partitions.listen(gone=self._gone)
 
     # -- reading --------------------------------------------------------------------------
 
     def read(self, max_records: int, wait_s: float) -> list[Any]:
-        """``poll`` for the first record, then what the client holds already
-        (``--ordering key``: only records whose key is idle, see :meth:`_read_ordered`)."""
-        if self.gate is not None:
-            return self._read_ordered(max_records, wait_s)
-        return self._consume(max_records, wait_s)
-
-    def _consume(self, max_records: int, wait_s: float) -> list[Any]:
+        """What was polled while waiting for a call, then ``poll`` for the first record,
+        then what the client holds already."""
+        early, self.early = self.early, []
+        if early:
+            left = max_records - len(early)
+            return early + list(self.consumer.consume(left, 0)) if left > 0 else early
         if wait_s <= 0:
             return list(self.consumer.consume(max_records, 0))
         first = self.consumer.poll(wait_s)
@@ -107,132 +131,49 @@ class KafkaSource:
             return []
         return [first, *self.consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
 
-    def prepare(self, records: list[Any]) -> Prepared:
+    def prepare(self, records: list[Any]) -> Prepared[Sent]:
         """One call of the records of owned partitions (consume errors are logged)."""
-        if self.gate is not None:
-            return self._prepare_ordered(records)
         name = self.binding.name
-        good: list[Any] = []
+        owned, _ = sort_out(records, self.owned, self.what, self.topic)
         origins: list[str] = []
-        call = CallBuilder()
-        add, owned = call.add, self.owned
-        high: dict[tuple[str, int], int] = {}  # per partition, the highest offset
-        for at, msg in enumerate(records):
-            if msg.error() is not None:
-                consume_error(msg.error(), self.what, self.topic)
-                continue
-            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-            tp = (topic, partition)
-            if tp not in owned:
-                continue  # revoked or lost since it was read: its new owner runs it
-            origin = f"{topic}/{partition}/{offset}"
-            if not add(name, msg.value(), msg.key(), msg.headers(), 1, origin,
-                       msg.timestamp()[1]):
-                return Prepared(good, call.encode(), high, (origins, call.size), records[at:])
-            good.append(msg)
-            origins.append(origin)
-            if offset > high.get(tp, -1):
-                high[tp] = offset
-        return Prepared(good, call.encode() if good else None, high, (origins, call.size))
-
-    def _read_ordered(self, max_records: int, wait_s: float) -> list[Any]:
-        """``--ordering key``: the next records of keys let go, then records read whose key
-        is idle; the others wait in their key's lane (read no more while those are full)."""
-        gate = self.gate
-        assert gate is not None
-        out = gate.take(max_records)
-        self._pace(gate)
-        if gate.full():
-            if not out and wait_s > 0:
-                time.sleep(min(wait_s, 0.05))  # until a batch under way lets keys go
-            return out
-        got = self._consume(max(1, max_records - len(out)), 0 if out else wait_s)
-        return out + gate.admit(got) if got else out
-
-    def _pace(self, gate: KeyGate) -> None:
-        """Pause the partitions whose lanes are deep, resume those drained enough (from
-        the position reached: nothing is skipped)."""
-        stop, go = gate.pace()
-        for tps, act in ((stop, self.consumer.pause), (go, self.consumer.resume)):
-            if tps:
-                try:
-                    act([TopicPartition(t, p) for t, p in tps])
-                except KafkaException as exc:
-                    log.warning("%s: could not %s %d partition(s) (%s)", self.what,
-                                "pause" if act == self.consumer.pause else "resume",
-                                len(tps), exc.args[0].str())
-
-    def _prepare_ordered(self, records: list[Any]) -> Prepared:
-        """``--ordering key``: ``records`` have one record per key at most (the gate gave
-        them out); a parked key's record goes behind it in Redis (resolved here: the
-        batch's records past ``items``)."""
-        gate = self.gate
-        assert gate is not None
-        good = []
-        for msg in records:
-            if msg.error() is not None:
-                consume_error(msg.error(), self.what, self.topic)
-            elif (msg.topic(), msg.partition()) in self.owned:
-                good.append(msg)
-            else:
-                gate.drop(msg)
-        try:
-            run, parked, heads = gate.check(good)
-        except HandoffError as exc:
-            log.error("%s: %s; holding %d record(s) back, trying again in 1s", self.what,
-                      exc, len(good))
-            time.sleep(1.0)  # Redis is down: no record may run ahead of its key
-            return Prepared([], None, rest=good)
-        name = self.binding.name
         call = CallBuilder()
         add = call.add
-        origins: list[str] = []
-        okeys: list[LaneKey] = []
-        sent: list[Any] = []
-        rest: list[Any] = []
-        for at, (msg, okey, origin) in enumerate(run):
+        for at, msg in enumerate(owned):
+            origin = where(msg)
             if not add(name, msg.value(), msg.key(), msg.headers(), 1, origin,
                        msg.timestamp()[1]):
-                rest = [row[0] for row in run[at:]]  # the call is full: the next one
+                good, rest = owned[:at], owned[at:]  # the call is full: the next one
                 break
-            sent.append(msg)
             origins.append(origin)
-            okeys.append(okey)
-        gate.sent(okeys)
-        batch = sent + [row[0] for row in parked]
-        high: dict[tuple[str, int], int] = {}
-        for msg in batch:
-            tp = (msg.topic(), msg.partition())
-            if msg.offset() > high.get(tp, -1):
-                high[tp] = msg.offset()
-        request = call.encode() if sent else None
-        return Prepared(batch, request, high, (origins, call.size, okeys, heads, False),
-                        rest, len(sent))
+        else:
+            good, rest = owned, []
+        return Prepared(good, call.encode() if good else None, Sent(origins, call.size),
+                        high_marks(good), rest)
 
-    def wait(self, batch: Batch, superseded: Callable[[], bool]) -> bool:
+    def wait(self, batch: Batch[Any], superseded: Callable[[], bool]) -> bool:
         """Wait for the answer while polling the consumer (its partitions paused).
 
         A call longer than ``max.poll.interval.ms`` (slow functions, a full queue) would
         otherwise push this consumer out of its group, and the batch would be read, run
-        and never committed again and again.
+        and never committed again and again. A record polled meanwhile (of a partition
+        assigned meanwhile) is read first next time.
         """
         assert batch.call is not None
-        future = batch.call.future
         answered = threading.Event()
-        future.add_done_callback(lambda _: answered.set())
-        slice_s = min(1.0, self.options.max_poll_interval_ms / 4000)
+        batch.call.future.add_done_callback(lambda _: answered.set())
+        slice_s = min(WAIT_SLICE_S,
+                      self.options.max_poll_interval_ms / 1000 / POLLS_PER_INTERVAL)
         paused: list[TopicPartition] = []
         consumer = self.consumer
         try:
             while not answered.wait(slice_s):
                 if not paused:
-                    paused = [tp for tp in consumer.assignment() if self.gate is None
-                              or (tp.topic, tp.partition) not in self.gate.paused]
+                    paused = [tp for tp in consumer.assignment()
+                              if (tp.topic, tp.partition) not in self.held]
                     consumer.pause(paused)  # resumed below, from the same position
                 msg = consumer.poll(0)  # keeps the membership; serves rebalances
-                if msg is not None and self.pipeline is not None:  # a partition assigned
-                    self.pipeline.pending += (  # meanwhile
-                        [msg] if self.gate is None else self.gate.admit([msg]))
+                if msg is not None:
+                    self.early.append(msg)
                 if superseded():
                     return False
         finally:
@@ -241,42 +182,51 @@ class KafkaSource:
                     consumer.resume(paused)
         return True
 
+    def hold(self, pause: Sequence[TP], resume: Sequence[TP]) -> None:
+        """Pause ``pause``, resume ``resume`` (from the position reached: nothing is
+        skipped); a partition held stays paused through :meth:`wait`."""
+        self.held.update(pause)
+        self.held.difference_update(resume)
+        for tps, act, verb in ((pause, self.consumer.pause, "pause"),
+                               (resume, self.consumer.resume, "resume")):
+            if tps:
+                try:
+                    act([TopicPartition(t, p) for t, p in tps])
+                except KafkaException as exc:
+                    log.warning("%s: could not %s %d partition(s) (%s)", self.what, verb,
+                                len(tps), exc.args[0].str())
+
     # -- resolving and committing ---------------------------------------------------------
 
-    def hand_off(self, batch: Batch) -> Counter[str]:
+    def hand_off(self, batch: Batch[Sent]) -> Counter[str]:
         """Delay or dead-letter records for every non-ok outcome."""
-        if self.gate is not None:
-            origins, size, okeys, heads, released = batch.extra
-            counts = self.gate.hand_off(self.handoff, batch.records, batch.items,
-                                        batch.outcomes, okeys, origins, heads, released)
-            batch.extra = (origins, size, okeys, heads, True)
-            return counts
-        origins, size = batch.extra
+        sent = batch.extra
         return self.handoff.resolve_messages(self.binding, batch.records, batch.outcomes,
-                                             origins, size)
+                                             sent.origins, sent.size)
 
     def confirm(self) -> None:
         """Every delay and dead-letter record so far delivered, or HandoffError."""
         self.handoff.confirm()
 
-    def checkpoint(self, batch: Batch, sync: bool) -> None:
-        """Commit past the batch's highest offset of each partition still owned:
+    def checkpoint(self, batch: Batch[Any], sync: bool) -> None:
+        """Commit past the batch's offsets (see :meth:`commit`)."""
+        self.commit(batch.mark, sync)
+
+    def commit(self, mark: Offsets, sync: bool) -> None:
+        """Commit past ``mark``'s highest offset of each partition still owned:
         asynchronously in the loop, synchronously when draining (revoke, stop)."""
         owned = self.owned
-        mark = batch.mark
-        if self.gate is not None:
-            mark = self.gate.limit(batch.records, mark)
         for done in commit_past(self.consumer, mark, lambda t, p: (t, p) in owned, sync,
                                 self.what):
             self.committed[(done.topic, done.partition)] = done.offset
 
-    def counted(self, batch: Batch) -> None:
+    def counted(self, batch: Batch[Any]) -> None:
         """Batch and outcome metrics."""
         metrics.count_batch(COMPONENT, self.binding.name)
         metrics.record_outcomes(self.binding.name, self.binding.tenant, batch.counts)
         self.stats.update(batch.counts)
 
-    def checkpoint_final(self, scope: set[tuple[str, int]] | None) -> None:
+    def checkpoint_final(self, scope: set[TP] | None) -> None:
         """Commit synchronously where this tailer stands on ``scope`` (all when None): an
         asynchronous commit still on its way must land before another consumer takes a
         partition over."""
@@ -290,7 +240,7 @@ class KafkaSource:
         # When stopping (not inside a rebalance callback), a commit refused because the
         # group is rebalancing is tried again once the rebalance is through, for the
         # partitions this tailer still owns; otherwise they would be read again.
-        deadline = time.monotonic() + (0.0 if self.in_revoke else 10.0)
+        deadline = time.monotonic() + (0.0 if self.partitions.in_revoke else FINAL_COMMIT_S)
         while True:
             try:
                 self.consumer.commit(offsets=mine, asynchronous=False)
@@ -302,10 +252,10 @@ class KafkaSource:
                                 "the last commit that landed will be read again",
                                 self.binding.name, error.str())
                     return
-            self.consumer.poll(0.2)  # serves the rebalance; a record it returns is not run
+            self.consumer.poll(REBALANCE_POLL_S)  # serves the rebalance; a record it
             owned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
-            mine = [tp for tp in mine if (tp.topic, tp.partition) in owned]
-            if not mine:
+            mine = [tp for tp in mine if (tp.topic, tp.partition) in owned]  # returns is
+            if not mine:  # not run
                 return
 
     def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
@@ -314,59 +264,27 @@ class KafkaSource:
             log.warning("binding %s: a commit failed (%s); the next one covers it, or the "
                         "records are read again", self.binding.name, err.str())
 
-    # -- rebalancing ----------------------------------------------------------------------
+    # -- partitions gone ------------------------------------------------------------------
 
-    def on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        """Partitions assigned: they are run and committed from now on."""
-        for tp in partitions:
-            self.owned.add((tp.topic, tp.partition))
-        log.info("binding %s: assigned %s", self.binding.name,
-                 ", ".join(f"{tp.topic}/{tp.partition}" for tp in partitions) or "nothing")
-        take_over(consumer, partitions, assign=True)
+    def on_gone(self, forget: Callable[[set[TP]], None]) -> None:
+        """Call ``forget`` with the partitions revoked or lost."""
+        self.partitions.listen(gone=forget)
 
-    def on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        """Partitions revoked: finish, confirm and commit their batches first."""
-        pipeline = self.pipeline
-        if partitions:
-            log.info("binding %s: revoking %s; finishing %d batch(es) under way",
-                     self.binding.name,
-                     ", ".join(f"{tp.topic}/{tp.partition}" for tp in partitions),
-                     len(pipeline.in_flight) if pipeline else 0)
-        gone = {(tp.topic, tp.partition) for tp in partitions}
-        self.in_revoke = True  # no polling from inside a rebalance callback
-        try:
-            if pipeline is not None:
-                pipeline.revoke(gone, lambda m: (m.topic(), m.partition()) in gone)
-        finally:
-            self.in_revoke = False
-            self.owned -= gone
-            self._forget_lanes(consumer, gone)
-            take_over(consumer, partitions, assign=False)
-
-    def on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        """Partitions lost: never run nor committed here again, unless assigned again."""
-        log.warning("binding %s: lost %s; their batches under way will not be committed",
-                    self.binding.name,
-                    ", ".join(f"{tp.topic}/{tp.partition}" for tp in partitions))
-        gone = {(tp.topic, tp.partition) for tp in partitions}
-        self.owned -= gone
+    def _gone(self, gone: set[TP]) -> None:
+        """Partitions revoked or lost: nothing of them is committed or read first any more;
+        those held are resumed (a partition assigned again is read from its commit)."""
         for tp in gone:
             self.committed.pop(tp, None)
-        self._forget_lanes(consumer, gone)
-        if self.pipeline is not None:
-            self.pipeline.forget(lambda m: (m.topic(), m.partition()) in gone)
-        take_over(consumer, partitions, assign=False)
-
-    def _forget_lanes(self, consumer: Any, gone: set[tuple[str, int]]) -> None:
-        """``--ordering key``: the gate forgets the partitions gone; those it paused are
-        resumed first (a partition assigned again is read from the start)."""
-        if self.gate is None:
-            return
-        paused = [TopicPartition(t, p) for t, p in gone if (t, p) in self.gate.paused]
-        if paused:
+        self.early = [m for m in self.early if (m.topic(), m.partition()) not in gone]
+        held = [TopicPartition(t, p) for t, p in gone & self.held]
+        self.held -= gone
+        if held:
             with contextlib.suppress(KafkaException):
-                consumer.resume(paused)
-        self.gate.forget(gone)
+                self.consumer.resume(held)
+
+    def beside(self, stop: threading.Event) -> list[Supervisor]:
+        """No loop beside a plain topic's pipeline."""
+        return []
 
 
 class KafkaTailer:
@@ -389,48 +307,46 @@ class KafkaTailer:
         self.hook = hook
         self.handoff = handoff or Handoff(settings)
         self._consumer_factory = consumer_factory
-        self.source: KafkaSource | None = None
-        self.pipeline: Pipeline | None = None
+        self.source: KafkaSource | None = None  # the topic
+        self.strategy: OffsetSource[Any] | None = None  # what the pipeline runs
+        self.pipeline: Pipeline[Any] | None = None
 
     @property
     def stats(self) -> Counter[str]:
         """What became of the records so far (ok, retry, dead_letter)."""
         return self.source.stats if self.source is not None else Counter()
 
-    def open(self) -> Pipeline:
-        """Make the consumer, the source and the pipeline, and subscribe."""
-        source = self._source()
+    def open(self) -> Pipeline[Any]:
+        """Make the consumer, the source, its strategy and the pipeline, and subscribe."""
+        source = KafkaSource(self.settings, self.binding, None, self.handoff, self.options)
         consumer = self._consumer_factory({
             **consumer_config(self.settings, self.group, self.options),
             "on_commit": source.on_commit})
         source.consumer = consumer
-        pipeline = Pipeline(source, self.client, COMPONENT, self.binding.name, self.options,
+        source.partitions.start(consumer)
+        strategy = self._around(source)
+        pipeline = Pipeline(strategy, self.client, COMPONENT, self.binding.name, self.options,
                             self.hook)
-        source.pipeline = pipeline
-        self.source, self.pipeline = source, pipeline
-        consumer.subscribe([self.binding.topic], on_assign=source.on_assign,
-                           on_revoke=source.on_revoke, on_lost=source.on_lost)
+        source.partitions.pipeline = pipeline
+        self.source, self.strategy, self.pipeline = source, strategy, pipeline
+        parts = source.partitions
+        consumer.subscribe([self.binding.topic], on_assign=parts.on_assign,
+                           on_revoke=parts.on_revoke, on_lost=parts.on_lost)
         return pipeline
 
-    def _source(self) -> KafkaSource:
-        """The source of this tailer (its consumer is set by :meth:`open`)."""
-        return KafkaSource(self.settings, self.binding, None, self.handoff, self.options)
+    def _around(self, source: KafkaSource) -> OffsetSource[Any]:
+        """The strategy the binding's records run by (see :func:`by_ordering`)."""
+        return by_ordering(self.settings, source, self.client, self.options)
 
     def run(self, stop: threading.Event) -> None:
         """Tail until ``stop`` is set, then finish and commit the batches under way."""
         pipeline = self.open()
-        source = self.source
-        assert source is not None
-        log.info("tailer for binding %s started: topic %s, group %s%s",
-                 self.binding.name, self.binding.topic, self.group,
-                 ", ordered by key" if source.gate is not None else "")
-        runner = None
-        runner_stop = threading.Event()  # ends with this run, whatever ends it
-        if source.gate is not None:
-            runner = start_runner(ParkedRunner(self.binding, self.client, source.gate.lot,
-                                               Handoff(self.settings),
-                                               self.options.batch_size), runner_stop,
-                                  self.settings.restarts)
+        source, strategy = self.source, self.strategy
+        assert source is not None and strategy is not None
+        log.info("tailer for binding %s started: topic %s, group %s, ordering %s",
+                 self.binding.name, self.binding.topic, self.group, self.binding.ordering)
+        done = threading.Event()  # ends the loops beside it with this run, whatever ends it
+        beside = strategy.beside(done)
         try:
             pipeline.run(stop)
         except SchedulerUnavailable:
@@ -440,9 +356,9 @@ class KafkaTailer:
             what = f"tailer for binding {self.binding.name}"
             leave_group(source.consumer, lambda: bool(source.owned), what)
             close_consumer(self._close, what)
-            runner_stop.set()
-            if runner is not None:
-                runner.join(60.0)
+            done.set()
+            for loop in beside:
+                loop.join(BESIDE_JOIN_S)
             metrics.set_in_flight(COMPONENT, self.binding.name, 0)
             log.info("tailer for binding %s stopped", self.binding.name)
 

@@ -1,4 +1,4 @@
-"""Long work: a queue binding's items accepted at once, each resolved as it ends.
+"""Long work: a leased source's items accepted at once, each resolved as it ends.
 
 The rule (docs/design.md, Long work): **every queue binding runs here**. A queue item may
 run for minutes, so no call waits on the slowest item of a batch. The loop, in the tailer's
@@ -38,9 +38,14 @@ from asynctier.platform.wire import Outcome, retry
 from asynctier.queue.items import Leased
 from asynctier.tailers.options import TailerOptions
 from asynctier.tailers.pipeline import Hook
-from asynctier.tailers.queue import COMPONENT, EXTEND_WHEN_LEFT, QueueSource
+from asynctier.tailers.source import LeaseSource
 
 log = logging.getLogger(__name__)
+
+#: The metrics' component of a queue tailer (the same as a Kafka binding's tailer).
+COMPONENT = "tailer"
+#: A lease is extended when less than this share of it is left.
+EXTEND_WHEN_LEFT = 2 / 3
 
 #: How long a stopping tailer waits for the items running to end.
 STOP_GRACE_S = 10.0
@@ -66,9 +71,10 @@ Pair = tuple[Leased, Outcome]
 
 
 class LongWork:
-    """Runs one queue binding's items on run streams (see the module's doc)."""
+    """Runs one :class:`~asynctier.tailers.source.LeaseSource`'s items on run streams (see
+    the module's doc): a queue binding's."""
 
-    def __init__(self, source: QueueSource, client: SchedulerClient, options: TailerOptions,
+    def __init__(self, source: LeaseSource, client: SchedulerClient, options: TailerOptions,
                  hook: Hook) -> None:
         self.source = source
         self.client = client
@@ -232,9 +238,8 @@ class LongWork:
             error = "this item's lease was lost (it runs again elsewhere)"
         else:
             try:
-                held = self.source.queue.save_checkpoint(
-                    self.source.namespace, self.source.topic, self.source.owner, run.item.id,
-                    message.state, message.state_kind, self.binding.lease_s)
+                held = self.source.save_checkpoint(run.item.id, message.state,
+                                                   message.state_kind)
             except AsynctierError as exc:
                 self.source.unavailable(exc)
                 error = f"the queue could not store it: {exc}"
@@ -257,12 +262,10 @@ class LongWork:
                if run.expires_ms - now_ms < lease_ms * EXTEND_WHEN_LEFT}
         if not due:
             return
-        src = self.source
         try:
-            held = set(src.queue.extend_lease(src.namespace, src.topic, src.owner, list(due),
-                                              self.binding.lease_s))
+            held = self.source.extend(list(due))
         except AsynctierError as exc:
-            src.unavailable(exc)
+            self.source.unavailable(exc)
             return
         for item_id, run in due.items():
             if item_id in held:

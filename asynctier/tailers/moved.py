@@ -4,7 +4,8 @@ A Kafka binding whose timeout is above its ``--queue-after`` (60 s by default,
 :attr:`Binding.moved_to_queue`) must not hold its partitions' commits for minutes. Its
 tailer is two tailers in one:
 
-* the **mover**, a Kafka tailer on the one pipeline whose batches go to no scheduler: each
+* the **mover**, a Kafka tailer whose source is wrapped in :class:`MoverSource`, a
+  strategy whose batches go to no scheduler: each
   record is enqueued (one transaction per batch) into the queue topic the platform owns for
   the binding (``<prefix>.moved.<binding>`` in the tenant's namespace), and only then are
   the offsets committed. The item's id is the record's ``topic/partition/offset``, so a
@@ -25,12 +26,12 @@ import threading
 from collections import Counter
 from typing import Any
 
+from asynctier.delay_streams.handoff import where
 from asynctier.platform import metrics, names
 from asynctier.platform.binding import Binding
 from asynctier.platform.calls import CallBuilder
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError, HandoffError
-from asynctier.platform.kafka import consume_error
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.supervise import Supervisor
 from asynctier.platform.wire import TOO_LARGE, Outcome, failed, ok
@@ -38,9 +39,10 @@ from asynctier.queue.items import MAX_PAYLOAD_BYTES, Leased, NewItem
 from asynctier.queue.shards import ShardedQueue
 from asynctier.tailers.kafka import KafkaSource, KafkaTailer
 from asynctier.tailers.options import TailerOptions
+from asynctier.tailers.partitions import sort_out
 from asynctier.tailers.pipeline import Hook, no_hook
 from asynctier.tailers.queue import QueueSource, QueueTailer, lease_owner
-from asynctier.tailers.source import Batch, Prepared
+from asynctier.tailers.source import Around, Batch, OffsetSource, Prepared, high_marks
 
 log = logging.getLogger(__name__)
 
@@ -51,36 +53,29 @@ def moved_item(topic: str, msg: Any) -> NewItem:
     headers = [(k, v) for k, v in msg.headers() or () if k != names.H_KEY]
     if msg.key() is not None:
         headers.append((names.H_KEY, msg.key()))
-    return NewItem(topic, msg.value() or b"", id=f"{msg.topic()}/{msg.partition()}/"
-                                                 f"{msg.offset()}", headers=headers)
+    return NewItem(topic, msg.value() or b"", id=where(msg), headers=headers)
 
 
-class MoverSource(KafkaSource):
+class MoverSource(Around[None]):
     """A Kafka binding's topic whose records are enqueued, not run: no scheduler call."""
 
-    def __init__(self, settings: Settings, binding: Binding, handoff: Any,
-                 options: TailerOptions, queue: ShardedQueue) -> None:
-        super().__init__(settings, binding, None, handoff, options)
+    def __init__(self, source: OffsetSource[Any], queue: ShardedQueue,
+                 queue_topic: str) -> None:
+        super().__init__(source)
         self.queue = queue
-        self.queue_topic = settings.names.moved_topic(binding.name)
+        self.queue_topic = queue_topic
 
-    def prepare(self, records: list[Any]) -> Prepared:
-        """The records of owned partitions (consume errors are logged); nothing to send."""
-        good: list[Any] = []
-        high: dict[tuple[str, int], int] = {}
-        for msg in records:
-            if msg.error() is not None:
-                consume_error(msg.error(), self.what, self.topic)
-                continue
-            tp = (msg.topic(), msg.partition())
-            if tp in self.owned:
-                good.append(msg)
-                high[tp] = max(high.get(tp, -1), msg.offset())
-        return Prepared(good, None, high, None)
+    def prepare(self, records: list[Any]) -> Prepared[None]:
+        """The records of owned partitions (consume errors are logged), as one batch that
+        goes to no scheduler."""
+        good, _ = sort_out(records, self.owned, self.what, self.topic)
+        return Prepared(good, None, None, high_marks(good))
 
-    def hand_off(self, batch: Batch) -> Counter[str]:
+    def hand_off(self, batch: Batch[None]) -> Counter[str]:
         """Enqueue the batch's records in one transaction (durable when it returns); a
-        record too large for a queue item is a dead letter."""
+        record too large for a queue item is a dead letter. The moved records count as
+        ``moved``, not ``ok``: the batch waits for its dead letters' confirm before its
+        commit."""
         records = batch.records
         big = {at for at, msg in enumerate(records)
                if len(msg.value() or b"") > MAX_PAYLOAD_BYTES}
@@ -113,7 +108,7 @@ class MoverSource(KafkaSource):
 class MovedQueueSource(QueueSource):
     """The moved records' queue topic: each item runs with its record's key and origin."""
 
-    def prepare(self, records: list[Any]) -> Prepared:
+    def prepare(self, records: list[Leased]) -> Prepared[None]:
         """One call of the leased items, keyed and referenced as their Kafka records."""
         name = self.binding.name
         call = CallBuilder()
@@ -121,8 +116,8 @@ class MovedQueueSource(QueueSource):
             key, headers = _key_and_headers(item)
             if not call.add(name, item.payload, key, headers, item.attempt, item.id,
                             item.enqueued_ms, item.priority):
-                return Prepared(records[:at], call.encode(), None, None, records[at:])
-        return Prepared(records, call.encode() if records else None)
+                return Prepared(records[:at], call.encode(), None, rest=records[at:])
+        return Prepared(records, call.encode() if records else None, None)
 
 
 def _key_and_headers(item: Leased) -> tuple[bytes | None, list[tuple[str, bytes | None]]]:
@@ -151,9 +146,9 @@ class MoverTailer(KafkaTailer):
         super().__init__(settings, binding, client, options, hook=hook)
         self.queue = queue
 
-    def _source(self) -> KafkaSource:
-        return MoverSource(self.settings, self.binding, self.handoff, self.options,
-                           self.queue)
+    def _around(self, source: KafkaSource) -> OffsetSource[Any]:
+        return MoverSource(source, self.queue, self.settings.names.moved_topic(
+            self.binding.name))
 
 
 class MovedTailer:

@@ -19,10 +19,11 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any
 
-from asynctier.delay_streams.handoff import Handoff, parcel_from_message
+from asynctier.delay_streams.handoff import Handoff, parcel_from_message, where
 from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
 from asynctier.platform.wire import Outcome
+from asynctier.tailers.options import PipelineOptions
 from asynctier.tailers.parking import HEAD, HELD, RUN, ParkingLot, Waiting, order_key
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,8 @@ def redis_key(lane: LaneKey) -> str:
 class KeyGate:
     """Which records run now, which wait behind their key; what a checkpoint may cover."""
 
-    def __init__(self, binding: Binding, lot: ParkingLot, batch_size: int = 1000) -> None:
+    def __init__(self, binding: Binding, lot: ParkingLot,
+                 batch_size: int = PipelineOptions.batch_size) -> None:
         self.binding = binding
         self.lot = lot
         # a key with a record under way -> its records read since (a key let go with
@@ -177,8 +179,7 @@ class KeyGate:
         meanwhile, see :meth:`forget`) is left out: its key may have another record out
         by now (the partition assigned again, read again from its commit), and that one,
         not this, is the key's record under way."""
-        rows = [(msg, lane_key(msg), f"{msg.topic()}/{msg.partition()}/{msg.offset()}")
-                for msg in msgs]
+        rows = [(msg, lane_key(msg), where(msg)) for msg in msgs]
         rows = [row for row in rows if self.gave_out(row[0], row[1])]
         view = self.lot.parked_view(PARKED_VIEW)
         if view is None:  # many keys parked: Redis checks each one

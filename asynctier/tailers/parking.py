@@ -34,6 +34,12 @@ from asynctier.platform.redis_client import SyncRedis, sync_client
 
 #: Codes of :meth:`ParkingLot.check`: run it, it waits behind its key, it is the key's head.
 RUN, HELD, HEAD = 0, 1, 2
+#: A Redis call that takes longer fails (a HandoffError: the pipeline tries again), and
+#: so does a connection not made in the second figure: Redis down must not hang a tailer.
+REDIS_TIMEOUT_S = 10.0
+REDIS_CONNECT_S = 5.0
+#: How many waiting records a dead letter's ``asynctier.ran-after`` header names.
+RAN_AFTER_NAMED = 20
 
 # Every script starts with this: each name it builds passes through key(), which refuses
 # (an error reply) a name not in KEYS, as Redis requires of scripts (Redis Cluster routes
@@ -209,8 +215,8 @@ class ParkingLot:
     @classmethod
     def of(cls, settings: Settings, binding: str) -> ParkingLot:
         """The parked keys of ``binding`` on the settings' Redis."""
-        redis = sync_client(settings.redis_url, socket_timeout=10.0,
-                            socket_connect_timeout=5.0)
+        redis = sync_client(settings.redis_url, socket_timeout=REDIS_TIMEOUT_S,
+                            socket_connect_timeout=REDIS_CONNECT_S)
         return cls(redis, settings.prefix, binding)
 
     def _run(self, script: Any, keys: list[str], args: list[Any], what: str) -> Any:
@@ -294,7 +300,7 @@ class ParkingLot:
             self._run(self._done, self._fixed_and_waits(r[0] for r in results), args,
                       "finishing waiting records")
 
-    def waiting_origins(self, okey: str, limit: int = 20) -> tuple[int, list[str]]:
+    def waiting_origins(self, okey: str, limit: int = RAN_AFTER_NAMED) -> tuple[int, list[str]]:
         """How many records wait behind ``okey``, and the origins of the first ``limit``."""
         try:
             pipe = self.redis.pipeline()

@@ -1,4 +1,5 @@
-"""The one tailer pipeline: any :class:`~asynctier.tailers.source.Source`, at least once.
+"""The pipeline: any source checkpointed in order (:class:`~asynctier.tailers.source.Source`),
+at least once.
 
 Loop: read a batch, send it to a scheduler, and while it runs read the next (at most
 ``max_in_flight`` batches under way). Batches are resolved in order: every non-ok outcome
@@ -22,13 +23,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic
 
 from asynctier.platform import metrics
 from asynctier.platform.errors import HandoffError, SchedulerUnavailable
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.tailers.options import PipelineOptions
-from asynctier.tailers.source import Batch, Source
+from asynctier.tailers.source import TP, Batch, E, Source
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +42,10 @@ def no_hook(point: str) -> None:
     """The hook of a pipeline that nobody watches."""
 
 
-class Pipeline:
+class Pipeline(Generic[E]):
     """Drives one source: read, submit, resolve in order, checkpoint."""
 
-    def __init__(self, source: Source, client: SchedulerClient, component: str,
+    def __init__(self, source: Source[E], client: SchedulerClient, component: str,
                  metric_name: str, options: PipelineOptions | None = None,
                  hook: Hook = no_hook) -> None:
         self.source = source
@@ -54,9 +55,9 @@ class Pipeline:
         self.options = options or PipelineOptions()
         self.hook = hook
         self.stop = threading.Event()
-        self.in_flight: deque[Batch] = deque()
-        self.answered: list[Batch] = []  # hand-offs not produced yet
-        self.handed: list[Batch] = []  # hand-offs produced, not confirmed: not checkpointed
+        self.in_flight: deque[Batch[E]] = deque()
+        self.answered: list[Batch[E]] = []  # hand-offs not produced yet
+        self.handed: list[Batch[E]] = []  # hand-offs produced, not confirmed: not checkpointed
         self.pending: list[Any] = []  # read, not sent yet
         self._pending_since = 0.0
         self.no_more_checkpoints = False  # stopping with an unconfirmed hand-off
@@ -126,6 +127,8 @@ class Pipeline:
                     self.hand_off_answered()
                 elif self.in_flight:
                     self.resolve_oldest()
+                else:  # held back by the source (a store it needs is down): ask again
+                    self.stop.wait(self.options.handoff_retry_s)  # after the hand-offs' wait
             return
         call = None
         items = len(prepared.records) if prepared.items is None else prepared.items
@@ -188,7 +191,7 @@ class Pipeline:
                 self.source.checkpoint(batch, self.sync)
             self.source.counted(batch)
 
-    def _hand_off(self, batch: Batch) -> None:
+    def _hand_off(self, batch: Batch[E]) -> None:
         """Write every non-ok outcome of ``batch`` (confirmed later); retry until written
         or stopping."""
         while True:
@@ -234,7 +237,7 @@ class Pipeline:
         self.answered = []
         self.handed = []
 
-    def drain(self, scope: Any = None) -> None:
+    def drain(self, scope: set[TP] | None = None) -> None:
         """Resolve every batch under way, then make the checkpoints of ``scope`` land
         (None: all; Kafka: the partitions revoked)."""
         was_sync, self.sync = self.sync, True
@@ -248,7 +251,7 @@ class Pipeline:
         finally:
             self.sync = was_sync  # a revoke served while stopping keeps it synchronous
 
-    def revoke(self, scope: Any, gone: Callable[[Any], bool]) -> None:
+    def revoke(self, scope: set[TP], gone: Callable[[Any], bool]) -> None:
         """Finish everything under way before records of ``scope`` go to another reader
         (from a rebalance callback: the source is not polled meanwhile)."""
         self.forget(gone)
@@ -261,5 +264,5 @@ class Pipeline:
             self.draining = was
 
 
-def _done(batch: Batch) -> bool:
+def _done(batch: Batch[Any]) -> bool:
     return batch.call is None or batch.call.future.done()

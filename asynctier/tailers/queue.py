@@ -1,6 +1,7 @@
 """The queue source: a binding's queue topic, leased a batch at a time.
 
-Every queue binding is long work (:mod:`asynctier.tailers.long_work`): each leased batch
+A :class:`~asynctier.tailers.source.LeaseSource`: every queue binding is long work
+(:mod:`asynctier.tailers.long_work`): each leased batch
 goes to a scheduler on a run stream, and this module resolves each outcome the queue's
 way as it comes: ok -> ack, retry(after) -> nack, available again after the delay (the
 binding's ladder, or ``Retry(after=)`` exactly: the queue needs no hops), failed or out of
@@ -23,7 +24,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 from asynctier.delay_streams.ladder import ladder_delay
 from asynctier.platform import metrics, wire
@@ -34,17 +34,22 @@ from asynctier.platform.errors import AsynctierError, HandoffError
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.queue.items import Dead, Leased, Nack
 from asynctier.queue.shards import ShardedQueue
+from asynctier.tailers.long_work import COMPONENT, LongWork
 from asynctier.tailers.options import TailerOptions
 from asynctier.tailers.pipeline import Hook, no_hook
 from asynctier.tailers.source import Prepared
 
 log = logging.getLogger(__name__)
 
-COMPONENT = "tailer"
+#: Hex characters of the random part of a lease owner: tailers of one binding in one
+#: process (a restart) never share an owner.
+OWNER_RANDOM_CHARS = 8
 #: How long an empty topic is left alone before it is leased from again.
 IDLE_POLL_S = 0.1
-#: A lease is extended when less than this share of it is left.
-EXTEND_WHEN_LEFT = 2 / 3
+#: How long a queue that could not be reached is left alone before the next lease.
+DOWN_RETRY_S = 1.0
+#: The queue being down is logged at most this often (it is tried every DOWN_RETRY_S).
+DOWN_LOG_EVERY_S = 30.0
 
 
 def source_ref(item: Leased) -> str:
@@ -54,7 +59,8 @@ def source_ref(item: Leased) -> str:
 
 def lease_owner(binding: Binding) -> str:
     """A lease owner name unique to this tailer: host, process, binding, a random part."""
-    return f"{socket.gethostname()}:{os.getpid()}:{binding.name}:{uuid.uuid4().hex[:8]}"
+    unique = uuid.uuid4().hex[:OWNER_RANDOM_CHARS]
+    return f"{socket.gethostname()}:{os.getpid()}:{binding.name}:{unique}"
 
 
 class QueueSource:
@@ -75,7 +81,7 @@ class QueueSource:
 
     # -- reading --------------------------------------------------------------------------
 
-    def read(self, max_records: int, wait_s: float) -> list[Any]:
+    def read(self, max_records: int, wait_s: float) -> list[Leased]:
         """Lease up to ``max_records`` ready items; an empty topic is asked again only
         after :data:`IDLE_POLL_S` (waiting at most ``wait_s`` here)."""
         now = time.monotonic()
@@ -89,7 +95,7 @@ class QueueSource:
                                       max_attempts=self.binding.max_attempts)
         except AsynctierError as exc:
             self._unavailable(exc)
-            self._quiet_until = time.monotonic() + 1.0
+            self._quiet_until = time.monotonic() + DOWN_RETRY_S
             return []
         if not leased:
             self._quiet_until = time.monotonic() + IDLE_POLL_S
@@ -98,25 +104,39 @@ class QueueSource:
         return leased
 
     def unavailable(self, exc: Exception) -> None:
-        """Log (at most every 30 s) that the queue cannot be reached."""
+        """Log (at most every :data:`DOWN_LOG_EVERY_S`) that the queue cannot be reached."""
         self._unavailable(exc)
 
     def _unavailable(self, exc: Exception) -> None:
         now = time.monotonic()
-        if now - self._down_logged >= 30.0:
+        if now - self._down_logged >= DOWN_LOG_EVERY_S:
             self._down_logged = now
             log.error("binding %s: cannot lease from queue topic %s (%s); trying again every "
                       "second", self.binding.name, self.topic, exc)
 
-    def prepare(self, records: list[Any]) -> Prepared:
+    def prepare(self, records: list[Leased]) -> Prepared[None]:
         """One call of the leased items (each keeps its priority)."""
         name = self.binding.name
         call = CallBuilder()
         for at, item in enumerate(records):
             if not call.add(name, item.payload, item.id.encode(), item.headers, item.attempt,
                             source_ref(item), item.enqueued_ms, item.priority):
-                return Prepared(records[:at], call.encode(), None, None, records[at:])
-        return Prepared(records, call.encode() if records else None)
+                return Prepared(records[:at], call.encode(), None, rest=records[at:])
+        return Prepared(records, call.encode() if records else None, None)
+
+    # -- leases ---------------------------------------------------------------------------
+
+    def extend(self, ids: list[str]) -> set[str]:
+        """Extend the leases of ``ids`` by the binding's lease; those still held.
+        AsynctierError when the queue cannot be reached."""
+        return set(self.queue.extend_lease(self.namespace, self.topic, self.owner, ids,
+                                           self.binding.lease_s))
+
+    def save_checkpoint(self, item_id: str, state: bytes, kind: str) -> bool:
+        """Store a checkpoint on the item's row, extending its lease; False when the lease
+        is not held. AsynctierError when the queue cannot be reached."""
+        return bool(self.queue.save_checkpoint(self.namespace, self.topic, self.owner,
+                                               item_id, state, kind, self.binding.lease_s))
 
     # -- resolving ------------------------------------------------------------------------
 
@@ -185,8 +205,6 @@ class QueueTailer:
 
     def run(self, stop: threading.Event) -> None:
         """Lease, run and resolve until ``stop`` is set; then finish what is under way."""
-        from asynctier.tailers.long_work import LongWork
-
         own = self._queue is None
         queue = self._queue or ShardedQueue(self.settings.queue_shards)
         source = self._source(queue, stop)

@@ -1,7 +1,8 @@
 """Which tailer a binding gets: one entry per kind of source (``Binding.source_kind``).
 
-Adding a kind of source is adding an entry here (and its source module); the scheduler,
-the pipeline and the manager do not change.
+Adding a kind of source is adding an entry here (and its source module, on one of the two
+contracts of :mod:`asynctier.tailers.source`); the scheduler, the loops and the manager do
+not change.
 """
 
 from __future__ import annotations
