@@ -92,3 +92,72 @@ def test_the_check_sees_an_import_inside_a_function(tmp_path: Path) -> None:
                       "from asynctier import Retry, dev\n")
     assert sorted(_imports(source)) == ["asynctier.dev", "asynctier.platform",
                                         "asynctier.tailers.kafka"]
+
+
+def _module_name(path: Path, package: Path) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_imports(path: Path, known: set[str]) -> set[str]:
+    """The ``asynctier`` modules ``path`` imports when it is loaded (module level, outside
+    ``if TYPE_CHECKING``), each resolved to a module of ``known``."""
+    found: set[str] = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            # ``from pkg import sub`` loads the submodule; any other name, the module itself
+            subs = {f"{node.module}.{a.name}" for a in node.names} & known
+            found |= subs
+            if len(subs) < len(node.names) and node.module in known:
+                found.add(node.module)
+    return found
+
+
+def import_circles(package: Path) -> list[list[str]]:
+    """The circles of module-level imports in ``package`` (strongly connected groups)."""
+    paths = {_module_name(p, package): p for p in package.rglob("*.py")}
+    graph = {m: _top_imports(p, set(paths)) - {m} for m, p in paths.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(m: str) -> None:  # Tarjan's strongly connected components
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        for n in graph[m]:
+            if n not in index:
+                visit(n)
+                low[m] = min(low[m], low[n])
+            elif n in stack:
+                low[m] = min(low[m], index[n])
+        if low[m] == index[m]:
+            group = []
+            while True:
+                n = stack.pop()
+                group.append(n)
+                if n == m:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    return circles
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    assert import_circles(PACKAGE) == []
+
+
+def test_a_planted_circle_is_found(tmp_path: Path) -> None:
+    copy = tmp_path / "asynctier"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "tailers" / "one.py").write_text("from asynctier.tailers import two\n")
+    (copy / "tailers" / "two.py").write_text("from asynctier.tailers.one import X\n")
+    assert import_circles(copy) == [["asynctier.tailers.one", "asynctier.tailers.two"]]
