@@ -11,7 +11,7 @@ import redis
 
 from asynctier.platform.config import Settings
 from asynctier.platform.redis_client import sync_client
-from asynctier.tailers.parking import HEAD, HELD, RUN, ParkingLot, Waiting
+from asynctier.tailers.parking import FREE, HEAD, HELD, ParkingLot, Waiting
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def record(offset: int, key: bytes = b"a") -> Waiting:
 def test_a_key_waits_behind_its_head_and_its_records_run_in_order(lot: ParkingLot) -> None:
     lot.park([("ka", "orders/0/1")])
     assert lot.check([("ka", "orders/0/1"), ("ka", "orders/0/2"), ("kb", "orders/0/3")]) == [
-        HEAD, HELD, RUN]
+        HEAD, HELD, FREE]
     lot.push([("ka", record(2)), ("ka", record(4))])
     assert lot.take(10) == []  # its head is still on the delay path
     assert lot.waiting_origins("ka") == (2, ["orders/0/2", "orders/0/4"])
@@ -44,7 +44,7 @@ def test_a_key_waits_behind_its_head_and_its_records_run_in_order(lot: ParkingLo
     assert Waiting.decode(blob).origin == "orders/0/4"
     lot.done([("ka", blob, False, "orders/0/4")])
     assert lot.take(10) == []
-    assert lot.check([("ka", "orders/0/5")]) == [RUN]
+    assert lot.check([("ka", "orders/0/5")]) == [FREE]
     assert lot.stats().keys == 0
 
 

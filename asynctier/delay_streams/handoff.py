@@ -192,10 +192,8 @@ class Handoff:
     the next partition at the next cycle. Left to the client's partitioner, the records of
     a batch with keys were spread over every partition by their keys (a key means nothing
     in a delay topic: a record's own key and partition are in its origin), and each
-    partition got a small request of its own. 100,000 keyed delay records (2026-11-30,
-    ``python -m bench.handoff_cost --keys``, two runs each way): the broker spent 0.5-1.1 µs
-    per record a partition per batch, against 1.8-3.0 spread by key; the tailer process
-    5.6-6.6 against 6.1-7.6, within the rounds' spread.
+    partition got a small request of its own, which cost the broker more per record
+    (``python -m bench.handoff_cost --keys``; figures in bench/RESULTS.md).
     """
 
     def __init__(self, settings: Settings, producer: ConfirmingProducer | None = None) -> None:

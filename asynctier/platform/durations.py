@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import time
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -51,3 +52,8 @@ def parse_ladder(text: str) -> tuple[float, ...]:
                 f"{format_duration(after)} comes after {format_duration(before)}"
             )
     return steps
+
+
+def now_ms() -> int:
+    """The wall clock in epoch milliseconds (the unit of record timestamps and due times)."""
+    return int(time.time() * 1000)

@@ -44,7 +44,7 @@ from asynctier.platform import names as n
 from asynctier.platform.binding import Binding, is_binding_name
 from asynctier.platform.calls import CallBuilder
 from asynctier.platform.config import Settings
-from asynctier.platform.durations import format_duration
+from asynctier.platform.durations import format_duration, now_ms
 from asynctier.platform.errors import AsynctierError, HandoffError, SchedulerUnavailable
 from asynctier.platform.kafka import (
     admin,
@@ -61,6 +61,7 @@ from asynctier.platform.registry import RegistryFollower
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.signals import wait_for_stop
 from asynctier.platform.supervise import Supervisor
+from asynctier.platform.wire import BINDING_REMOVED
 from asynctier.tailers.key_order import KeyHeads, Unpark
 from asynctier.tailers.options import PipelineOptions
 from asynctier.tailers.parking import ParkingLot
@@ -72,7 +73,6 @@ log = logging.getLogger(__name__)
 
 COMPONENT = "delay"
 #: Dead-letter reason of a record whose binding was removed while it waited.
-BINDING_REMOVED = "binding_removed"
 #: Dead-letter "binding" of a delay record that names no binding at all.
 UNBOUND = "_unbound"
 #: How long the broker may hold a fetch for more records: the delay path has time.
@@ -98,10 +98,6 @@ class DelayOptions(PipelineOptions):
     session_timeout_ms: int = 30_000
     max_poll_interval_ms: int = 960_000
     ready_timeout_s: float = 30.0
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _header(msg: Any, name: str) -> bytes | None:
@@ -160,11 +156,11 @@ class DelaySource:
         """Resume the partitions whose head is due, then consume; a record that is not due
         pauses its partition (and is read again after the resume)."""
         tailer, consumer = self.tailer, self.consumer
-        due = tailer.pauses.take_due(_now_ms())
+        due = tailer.pauses.take_due(now_ms())
         if due:
             consumer.resume([TopicPartition(tailer.topic, p) for p in due])
         if wait_s > 0:
-            wait_s = tailer.pauses.wait_s(_now_ms(), min(wait_s, tailer.options.longest_wait_s))
+            wait_s = tailer.pauses.wait_s(now_ms(), min(wait_s, tailer.options.longest_wait_s))
             first = consumer.consume(1, wait_s)
             got = [*first, *consumer.consume(max_records - 1, 0)] if first else []
         else:
@@ -176,7 +172,7 @@ class DelaySource:
         here: a hop to the next delay topic, or a dead letter when the binding is gone."""
         tailer = self.tailer
         records = [m for m in records if (m.topic(), m.partition()) in tailer.owned]
-        now = _now_ms()
+        now = now_ms()
         call = CallBuilder()
         sent: list[Any] = []
         entries: list[Entry] = []
@@ -346,7 +342,7 @@ class DelayTailer:
 
     def sort(self, consumer: Any, messages: list[Any]) -> list[Any]:
         """The messages that may leave now; the partition of one that may not is paused."""
-        now = _now_ms()
+        now = now_ms()
         released = []
         for msg in messages:
             err = msg.error()

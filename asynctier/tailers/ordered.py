@@ -24,7 +24,7 @@ from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
 from asynctier.platform.wire import Outcome
 from asynctier.tailers.options import PipelineOptions
-from asynctier.tailers.parking import HEAD, HELD, RUN, ParkingLot, Waiting, order_key
+from asynctier.tailers.parking import FREE, HEAD, HELD, ParkingLot, Waiting, order_key
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ class KeyGate:
         elif not view:  # nothing parked (the common case): no per-record work
             return rows, [], set()
         else:
-            codes = [RUN if (head := view.get(redis_key(lane))) is None
+            codes = [FREE if (head := view.get(redis_key(lane))) is None
                      else HEAD if head == origin else HELD for _, lane, origin in rows]
         run: list[tuple[Any, LaneKey, str]] = []
         parked: list[tuple[Any, LaneKey, str]] = []

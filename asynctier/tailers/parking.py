@@ -29,11 +29,13 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from asynctier.platform.config import Settings
+from asynctier.platform.durations import now_ms
 from asynctier.platform.errors import HandoffError
 from asynctier.platform.redis_client import SyncRedis, sync_client
 
-#: Codes of :meth:`ParkingLot.check`: run it, it waits behind its key, it is the key's head.
-RUN, HELD, HEAD = 0, 1, 2
+#: Codes of :meth:`ParkingLot.check`: its key is free, it waits behind its key, it is the
+#: key's head.
+FREE, HELD, HEAD = 0, 1, 2
 #: A Redis call that takes longer fails (a HandoffError: the pipeline tries again), and
 #: so does a connection not made in the second figure: Redis down must not hang a tailer.
 REDIS_TIMEOUT_S = 10.0
@@ -227,8 +229,9 @@ class ParkingLot:
                                "Redis answers") from exc
 
     def check(self, pairs: Sequence[tuple[str, str]]) -> list[int]:
-        """For each (order key, origin): RUN, HELD (its key is parked) or HEAD (it is the
-        key's record on the delay path, read again)."""
+        """For each (order key, origin): FREE (its key is not parked: it may run), HELD
+        (its key is parked) or HEAD (it is the key's record on the delay path, read
+        again)."""
         if not pairs:
             return []
         args: list[Any] = [self.wait]
@@ -251,7 +254,7 @@ class ParkingLot:
         """Append records behind their keys (a key without a head becomes ready)."""
         if not waiting:
             return
-        args: list[Any] = [self.wait, _now_ms()]
+        args: list[Any] = [self.wait, now_ms()]
         for okey, record in waiting:
             args += (okey, record.encode())
         self._run(self._push, self._fixed_and_waits(k for k, _ in waiting), args,
@@ -260,7 +263,7 @@ class ParkingLot:
     def park(self, heads: Sequence[tuple[str, str]]) -> None:
         """(order key, origin): that record went to the delay path; its key waits for it."""
         if heads:
-            args: list[Any] = [_now_ms()]
+            args: list[Any] = [now_ms()]
             for okey, origin in heads:
                 args += (okey, origin)
             self._run(self._park, [self.head, self.parked, self.ready], args, "parking keys")
@@ -294,7 +297,7 @@ class ParkingLot:
         """(order key, encoded record, parked, origin): a waiting record ran; it leaves
         its list, and its key is parked again behind it (``parked``) or moves on."""
         if results:
-            args: list[Any] = [self.wait, _now_ms()]
+            args: list[Any] = [self.wait, now_ms()]
             for okey, blob, parked, origin in results:
                 args += (okey, blob, "1" if parked else "0", origin)
             self._run(self._done, self._fixed_and_waits(r[0] for r in results), args,
@@ -323,5 +326,3 @@ class ParkingLot:
         return ParkedStats(int(count), int(heads), age)
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)

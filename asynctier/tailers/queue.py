@@ -9,9 +9,9 @@ attempts -> a dead item with its reason. While an item runs, its lease is extend
 scheduler reports it alive; when the reports stop (the scheduler or the tailer died), the
 lease runs out and the item is leased again elsewhere.
 
-Wake-up: a bounded poll. An empty lease is not asked again for :data:`IDLE_POLL_S`
-(measured: one lease query on an empty topic costs PostgreSQL about 0.1 ms; ten a second
-per tailer is nothing, and a record waits at most that long).
+Wake-up: a bounded poll. An empty lease is not asked again for :data:`IDLE_POLL_S`: a
+lease query on an empty topic is cheap for PostgreSQL (``make bench-queue``), and a record
+waits at most that long.
 """
 
 from __future__ import annotations
