@@ -49,7 +49,7 @@ from asynctier.platform.names import Names
 from asynctier.platform.redis_client import REDIS_DOWN, AsyncRedis
 from asynctier.platform.scripts import lua
 from asynctier.platform.wire import Item, Outcome
-from asynctier.scheduler.admission import BUSY, RUN, TAKEN_OVER
+from asynctier.scheduler.guard import BUSY, RUN, TAKEN_OVER
 from asynctier.scheduler.limits.quota import as_text, join_refs
 
 log = logging.getLogger(__name__)
