@@ -41,6 +41,11 @@ from asynctier.scheduler.streaming import run_handler
 
 log = logging.getLogger(__name__)
 
+#: Finishing the calls under way longer than this is logged with what was left.
+SLOW_STOP_S = 5.0
+#: How often a ``threading.Event`` stop is looked at.
+STOP_POLL_S = 0.1
+
 StopSignal = threading.Event | asyncio.Event
 ReadyCallback = Callable[[str], None]
 
@@ -140,7 +145,7 @@ async def _serve(settings: Settings, scheduler: Scheduler, listen: str, stop: St
         await heartbeat.stop(leave=True)
         await server.stop(opts.stop_grace_s)
         took = time.monotonic() - started
-        if took > 5.0:  # says what held the stop up, the next time one is slow
+        if took > SLOW_STOP_S:  # says what held the stop up, the next time one is slow
             log.warning("scheduler %s: finishing the calls under way took %.1fs; %d item(s) "
                         "still queued or running", address, took, scheduler.load)
         await scheduler.stop()
@@ -175,4 +180,4 @@ async def _wait(stop: Any) -> None:
         await stop.wait()
         return
     while not stop.is_set():
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(STOP_POLL_S)
