@@ -683,7 +683,7 @@ def test_one_bindings_broken_keys_fail_only_its_own_write(
             for key in redis_client.scan_iter(match=spans):
                 redis_client.delete(key)
                 redis_client.set(key, "not a hash")
-            ends = await asyncio.gather(admission.finish(broken, first, [ok(0)]),
+            ends = await asyncio.gather(admission.guard.finish(broken, first, [ok(0)]),
                                         admission.guard.finish(GUARDED, second, [ok(0)]),
                                         return_exceptions=True)
             return ends, await admission.guard.claim(GUARDED, second)
