@@ -100,7 +100,7 @@ async def _run(settings: Settings, rate: float, seconds: float, idempotent: bool
                       timeout_s=5.0)
     admission = RedisAdmission(settings)
     scheduler = Scheduler(StaticBindings([binding]), Runtime(FunctionResolver(("bench",)), 8),
-                          admission)
+                          admission, guard=admission.guard)
     scheduler.start()
     try:
         offset = await _drive(scheduler, name, rate, 0.5)  # warm-up: chunk sizes learned

@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 
 from asynctier.platform.config import Settings
 from asynctier.platform.wire import Item, ok, retry
-from asynctier.scheduler.admission import RUN
+from asynctier.scheduler.guard import RUN
 from asynctier.scheduler.limits.once import RunOnce
 from bench.stack import services
 

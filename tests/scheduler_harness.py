@@ -8,7 +8,7 @@ import queue
 import sys
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,8 @@ from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.wire import Header, Item, Outcome
 from asynctier.scheduler import FunctionResolver, Scheduler, SchedulerOptions, run_scheduler
 from asynctier.scheduler.admission import Admission, OpenAdmission
+from asynctier.scheduler.gates import GATES, GateFactory
+from asynctier.scheduler.guard import Guard
 from asynctier.scheduler.limits.tenants import TenantStore
 from asynctier.scheduler.runtime import Runtime
 
@@ -64,9 +66,11 @@ class Running:
 def running_scheduler(settings: Settings, bindings: list[Binding] | BindingSource | None,
                       allow: tuple[str, ...] = ALLOW, options: SchedulerOptions | None = None,
                       admission: Admission | None = None,
-                      tenants: TenantStore | None = None) -> Iterator[Running]:
+                      tenants: TenantStore | None = None,
+                      guard: Guard | None = None) -> Iterator[Running]:
     """``run_scheduler`` on ``127.0.0.1:0`` in a thread; stopped (and joined) at the end.
-    ``tenants``: where it follows tenants' weights (none: it does not)."""
+    ``tenants``: where it follows tenants' weights (none: it does not); ``guard``: its
+    run-once guard (none: every record runs)."""
     stop = threading.Event()
     ready: queue.Queue[str | BaseException] = queue.Queue()
     source = StaticBindings(bindings) if isinstance(bindings, list) else bindings
@@ -80,7 +84,7 @@ def running_scheduler(settings: Settings, bindings: list[Binding] | BindingSourc
         try:
             run_scheduler(settings, listen="127.0.0.1:0", allow_modules=allow,
                           admission=admission, stop=stop, ready_callback=on_ready,
-                          options=options, bindings=source, tenants=tenants)
+                          options=options, bindings=source, tenants=tenants, guard=guard)
         except BaseException as exc:
             ready.put(exc)
             raise
@@ -128,11 +132,13 @@ def _awaiting(coro: Any) -> Iterator[Any]:
 
 def local_scheduler(bindings: list[Binding], allow: tuple[str, ...] = ALLOW,
                     options: SchedulerOptions | None = None,
-                    admission: Admission | None = None) -> Scheduler:
-    """A Scheduler without a server, for tests that drive ``process`` on their own loop."""
+                    admission: Admission | None = None, guard: Guard | None = None,
+                    gates: Sequence[GateFactory] = GATES) -> Scheduler:
+    """A Scheduler without a server, for tests that drive ``process`` on their own loop;
+    ``gates``: the order its admission asks its gates in."""
     return Scheduler(StaticBindings(bindings),
                      Runtime(FunctionResolver(allow), (options or SchedulerOptions()).workers),
-                     admission or OpenAdmission(), options)
+                     admission or OpenAdmission(), options, guard=guard, gates=gates)
 
 
 def run_async(coro: Any) -> Any:

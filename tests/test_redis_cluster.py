@@ -27,7 +27,7 @@ from asynctier.platform.membership import live_members
 from asynctier.platform.names import Names
 from asynctier.platform.redis_client import async_client, is_cluster_url, sync_client
 from asynctier.platform.wire import ok, retry
-from asynctier.scheduler.admission import BUSY, DONE, RUN, TAKEN_OVER
+from asynctier.scheduler.guard import BUSY, DONE, RUN, TAKEN_OVER
 from asynctier.scheduler.heartbeat import Heartbeat
 from asynctier.scheduler.limits import Quota, RedisAdmission
 from asynctier.submitter.capacity import EnqueueCapacity
@@ -150,11 +150,11 @@ def test_run_once_holds_on_the_cluster(csettings: Settings) -> None:
     async def scenario() -> list[str]:
         a, b = RedisAdmission(csettings), RedisAdmission(csettings)
         try:
-            seen = [await a.claim(guarded, batch), await b.claim(guarded, batch)]
-            await a.finish(guarded, batch[:2], [ok(0), retry(1, "boom")])
-            seen.append(await b.claim(guarded, batch))
-            await a._once.close()  # a died: no heartbeat, its holder is dropped
-            seen.append(await b.claim(guarded, batch[2:]))
+            seen = [await a.guard.claim(guarded, batch), await b.guard.claim(guarded, batch)]
+            await a.guard.finish(guarded, batch[:2], [ok(0), retry(1, "boom")])
+            seen.append(await b.guard.claim(guarded, batch))
+            await a.guard.once.close()  # a died: no heartbeat, its holder is dropped
+            seen.append(await b.guard.claim(guarded, batch[2:]))
             return seen
         finally:
             await a.close()
@@ -235,21 +235,21 @@ def test_run_once_comes_back_on_the_replica_that_took_over_a_killed_master(
         try:
             for s in range(0, len(before), 50):
                 chunk = make_items(before[s:s + 50])
-                await admission.claim(guarded, chunk)
-                await admission.finish(guarded, chunk, [ok(i["id"]) for i in chunk])
+                await admission.guard.claim(guarded, chunk)
+                await admission.guard.finish(guarded, chunk, [ok(i["id"]) for i in chunk])
             await asyncio.sleep(0.2)  # the replica has had time to follow
             nodes.master_of(settings.names.once_key(guarded.name, "1")).kill()
-            during = await admission.claim(guarded, make_items(["orders/2/1"]))
+            during = await admission.guard.claim(guarded, make_items(["orders/2/1"]))
             await asyncio.to_thread(nodes.wait_ok)
             deadline = time.monotonic() + 20
             while True:  # the client finds the new master on its next calls
-                first = await admission.claim(guarded, make_items(after))
+                first = await admission.guard.claim(guarded, make_items(after))
                 if not admission.redis_down or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.2)
-            await admission.finish(guarded, make_items(after), [ok(i) for i in range(50)])
-            again = await admission.claim(guarded, make_items(after))
-            old = await admission.claim(guarded, make_items(before))
+            await admission.guard.finish(guarded, make_items(after), [ok(i) for i in range(50)])
+            again = await admission.guard.claim(guarded, make_items(after))
+            old = await admission.guard.claim(guarded, make_items(before))
             return during, first, again, old.count(RUN)
         finally:
             await admission.close()

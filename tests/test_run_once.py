@@ -2,8 +2,8 @@
 it is read again, a copy running elsewhere is waited for, a dead scheduler's claims are
 taken over, and an ``idempotent`` binding skips all of it.
 
-Two :class:`RedisAdmission` instances (each with its own client and holder id) stand for
-two schedulers; they share only what Redis holds.
+Two :class:`RedisAdmission` instances (each with its own client, and its guard with its own
+holder id) stand for two schedulers; they share only what Redis holds.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ConfigError
 from asynctier.platform.wire import Item, Outcome, ok, retry
-from asynctier.scheduler.admission import BUSY, DONE, RUN, TAKEN_OVER
-from asynctier.scheduler.limits import AdmissionConfig, RedisAdmission, once
+from asynctier.scheduler.guard import BUSY, DONE, RUN, TAKEN_OVER
+from asynctier.scheduler.limits import AdmissionConfig, RedisAdmission, RedisGuard, once
 from asynctier.scheduler.options import SchedulerOptions
 from tests.funcs import basic
 from tests.scheduler_harness import by_id, local_scheduler
@@ -60,14 +60,14 @@ def test_claim_codes_follow_a_record_from_claim_to_done(settings: Settings,
     async def scenario() -> list[str]:
         a, b = RedisAdmission(settings), RedisAdmission(settings)
         try:
-            seen = [await a.claim(GUARDED, batch), await b.claim(GUARDED, batch)]
+            seen = [await a.guard.claim(GUARDED, batch), await b.guard.claim(GUARDED, batch)]
             outcomes: list[Outcome] = [ok(0), retry(1, "boom")]
-            await a.finish(GUARDED, batch[:2], outcomes)  # the third still runs in a
-            seen.append(await b.claim(GUARDED, batch))
+            await a.guard.finish(GUARDED, batch[:2], outcomes)  # the third still runs in a
+            seen.append(await b.guard.claim(GUARDED, batch))
             # a dies: its holder is dropped (as when it stops beating for 5 s)
-            redis_client.zrem(a._once.holders("orders"), a._once.holder)
-            seen.append(await b.claim(GUARDED, batch[2:]))
-            seen.append(await a.claim(GUARDED, batch))
+            redis_client.zrem(a.guard.once.holders("orders"), a.guard.once.holder)
+            seen.append(await b.guard.claim(GUARDED, batch[2:]))
+            seen.append(await a.guard.claim(GUARDED, batch))
             return seen
         finally:
             await a.close()
@@ -92,14 +92,14 @@ def test_a_scheduler_whose_clock_is_spans_off_learns_redis_span(settings: Settin
 
     async def scenario() -> tuple[list[str], int, int]:
         a, b = RedisAdmission(settings), RedisAdmission(settings)
-        span_s = a._once._span_ms / 1000
-        a._once._clock = lambda: time.time() + 3 * span_s
+        span_s = a.guard.once._span_ms / 1000
+        a.guard.once._clock = lambda: time.time() + 3 * span_s
         try:
-            seen = [await a.claim(GUARDED, batch)]
-            skew = a._once._skew
-            await a.finish(GUARDED, batch, [ok(0), retry(1, "boom")])
-            seen.append(await b.claim(GUARDED, batch))
-            return seen, skew, a._once._skew
+            seen = [await a.guard.claim(GUARDED, batch)]
+            skew = a.guard.once._skew
+            await a.guard.finish(GUARDED, batch, [ok(0), retry(1, "boom")])
+            seen.append(await b.guard.claim(GUARDED, batch))
+            return seen, skew, a.guard.once._skew
         finally:
             await a.close()
             await b.close()
@@ -115,9 +115,9 @@ def test_two_copies_in_one_batch_are_one_record(settings: Settings) -> None:
     async def scenario() -> list[str]:
         admission = RedisAdmission(settings)
         try:
-            first = await admission.claim(GUARDED, batch)
-            await admission.finish(GUARDED, batch[:2], [ok(0), ok(1)])
-            return [first, await admission.claim(GUARDED, batch[2:])]
+            first = await admission.guard.claim(GUARDED, batch)
+            await admission.guard.finish(GUARDED, batch[:2], [ok(0), ok(1)])
+            return [first, await admission.guard.claim(GUARDED, batch[2:])]
         finally:
             await admission.close()
 
@@ -133,9 +133,9 @@ def test_a_claim_this_scheduler_could_not_free_is_taken_back(settings: Settings)
     async def scenario() -> list[str]:
         admission = RedisAdmission(settings)
         try:
-            first = await admission.claim(GUARDED, batch)
-            admission._once.forget(GUARDED.name, batch[:1])  # ended; its finish was lost
-            return [first, await admission.claim(GUARDED, batch)]
+            first = await admission.guard.claim(GUARDED, batch)
+            admission.guard.once.forget(GUARDED.name, batch[:1])  # ended; its finish was lost
+            return [first, await admission.guard.claim(GUARDED, batch)]
         finally:
             await admission.close()
 
@@ -149,7 +149,7 @@ def test_chunks_ending_together_are_written_in_few_round_trips(settings: Setting
 
     async def scenario() -> tuple[int, str]:
         admission = RedisAdmission(settings)
-        once = admission._once
+        once = admission.guard.once
         calls = 0
         write = once._finish
 
@@ -161,10 +161,10 @@ def test_chunks_ending_together_are_written_in_few_round_trips(settings: Setting
         once._finish = counted  # type: ignore[assignment]
         try:
             every = [i for c in chunks for i in c]
-            await admission.claim(GUARDED, every)
-            await asyncio.gather(*(admission.finish(GUARDED, c, [ok(i["id"]) for i in c])
+            await admission.guard.claim(GUARDED, every)
+            await asyncio.gather(*(admission.guard.finish(GUARDED, c, [ok(i["id"]) for i in c])
                                    for c in chunks))
-            return calls, await admission.claim(GUARDED, every)
+            return calls, await admission.guard.claim(GUARDED, every)
         finally:
             await admission.close()
 
@@ -181,15 +181,15 @@ def test_a_done_mark_lasts_its_ttl_and_then_the_record_may_run_again(
     async def scenario() -> tuple[list[str], float]:
         admission = RedisAdmission(settings, AdmissionConfig(done_ttl_s=1.0))
         try:
-            await admission.claim(GUARDED, batch)
-            await admission.finish(GUARDED, batch, [ok(0)])
+            await admission.guard.claim(GUARDED, batch)
+            await admission.guard.finish(GUARDED, batch, [ok(0)])
             written = time.monotonic()
-            seen = [await admission.claim(GUARDED, batch)]
+            seen = [await admission.guard.claim(GUARDED, batch)]
             code = seen[0]
             while code == DONE:
                 assert time.monotonic() - written < 5, "the done mark outlived its ttl"
                 await asyncio.sleep(0.05)
-                code = await admission.claim(GUARDED, batch)
+                code = await admission.guard.claim(GUARDED, batch)
             seen.append(code)  # the code that ended the wait, whatever it is
             return seen, time.monotonic() - written
         finally:
@@ -208,9 +208,9 @@ def test_an_idempotent_binding_is_never_claimed(settings: Settings,
     async def scenario() -> list[str]:
         admission = RedisAdmission(settings)
         try:
-            first = await admission.claim(free, batch)
-            await admission.finish(free, batch, [ok(0), ok(1)])
-            return [first, await admission.claim(free, batch)]
+            first = await admission.guard.claim(free, batch)
+            await admission.guard.finish(free, batch, [ok(0), ok(1)])
+            return [first, await admission.guard.claim(free, batch)]
         finally:
             await admission.close()
 
@@ -225,8 +225,8 @@ def test_without_redis_a_fail_open_binding_runs_everything(settings: Settings) -
     async def scenario() -> str:
         admission = RedisAdmission(dead, AdmissionConfig(socket_timeout_s=0.2))
         try:
-            codes = await admission.claim(GUARDED, batch)
-            await admission.finish(GUARDED, batch, [ok(0), ok(1)])  # must not raise
+            codes = await admission.guard.claim(GUARDED, batch)
+            await admission.guard.finish(GUARDED, batch, [ok(0), ok(1)])  # must not raise
             return codes
         finally:
             await admission.close()
@@ -240,7 +240,7 @@ def test_a_batch_read_again_runs_only_what_did_not_succeed(settings: Settings) -
 
     async def scenario() -> tuple[dict[int, Outcome], dict[int, Outcome]]:
         admission = RedisAdmission(settings)
-        scheduler = local_scheduler([GUARDED], admission=admission)
+        scheduler = local_scheduler([GUARDED], admission=admission, guard=admission.guard)
         scheduler.start()
         try:
             failing = make_items(refs)
@@ -263,7 +263,7 @@ def test_a_batch_read_again_runs_only_what_did_not_succeed(settings: Settings) -
 
 async def _once_free(other: RedisAdmission, refs: list[str], deadline: float) -> str:
     """``other``'s claim codes of ``refs``, claimed again until all are RUN (freed)."""
-    while (codes := await other.claim(GUARDED, make_items(refs))) != RUN * len(refs):
+    while (codes := await other.guard.claim(GUARDED, make_items(refs))) != RUN * len(refs):
         assert time.monotonic() < deadline, f"still claimed: {codes}"
         await asyncio.sleep(0.05)
     return codes
@@ -283,7 +283,7 @@ def test_records_claimed_by_a_caller_that_went_away_before_they_queued_are_freed
 
     async def scenario() -> str:
         stuck, other = Stuck(settings), RedisAdmission(settings)
-        scheduler = local_scheduler([GUARDED], admission=stuck)
+        scheduler = local_scheduler([GUARDED], admission=stuck, guard=stuck.guard)
         scheduler.start()
         try:
             call = asyncio.create_task(scheduler.process(make_items(refs)))
@@ -309,7 +309,7 @@ def test_records_claimed_by_a_caller_that_went_away_during_the_claim_are_freed(
     refs = [f"orders/11/{n}" for n in range(5)]
     landed = asyncio.Event()
 
-    class Unanswered(RedisAdmission):
+    class Unanswered(RedisGuard):
         async def claim(self, binding: Binding, items: Sequence[Item]) -> str:
             codes = await super().claim(binding, items)  # in Redis now
             landed.set()
@@ -317,13 +317,14 @@ def test_records_claimed_by_a_caller_that_went_away_during_the_claim_are_freed(
             return codes
 
     async def scenario() -> str:
-        unanswered, other = Unanswered(settings), RedisAdmission(settings)
-        scheduler = local_scheduler([GUARDED], admission=unanswered)
+        unanswered, other = RedisAdmission(settings), RedisAdmission(settings)
+        unanswered.guard = Unanswered(unanswered.guard.link)
+        scheduler = local_scheduler([GUARDED], admission=unanswered, guard=unanswered.guard)
         scheduler.start()
         try:
             call = asyncio.create_task(scheduler.process(make_items(refs)))
             await asyncio.wait_for(landed.wait(), 10)
-            assert await other.claim(GUARDED, make_items(refs)) == BUSY * 5  # the control
+            assert await other.guard.claim(GUARDED, make_items(refs)) == BUSY * 5  # the control
             call.cancel()
             return await _once_free(other, refs, time.monotonic() + 10)
         finally:
@@ -342,7 +343,7 @@ def test_two_schedulers_given_the_same_batch_run_each_record_once(settings: Sett
 
     async def scenario() -> list[dict[int, Outcome]]:
         made = [RedisAdmission(settings) for _ in range(2)]
-        schedulers = [local_scheduler([GUARDED], admission=a) for a in made]
+        schedulers = [local_scheduler([GUARDED], admission=a, guard=a.guard) for a in made]
         for s in schedulers:
             s.start()
         try:
@@ -370,9 +371,9 @@ def test_a_dead_schedulers_claims_are_taken_over_within_the_holder_ttl(
 
     async def scenario() -> tuple[dict[int, Outcome], float]:
         dying, alive = RedisAdmission(settings), RedisAdmission(settings)
-        await dying.claim(GUARDED, make_items(refs))
-        dying._once._running.clear()  # its heartbeat stops, as a SIGKILL would stop it
-        scheduler = local_scheduler([GUARDED], admission=alive)
+        await dying.guard.claim(GUARDED, make_items(refs))
+        dying.guard.once._running.clear()  # its heartbeat stops, as a SIGKILL would stop it
+        scheduler = local_scheduler([GUARDED], admission=alive, guard=alive.guard)
         scheduler.start()
         started = time.monotonic()
         try:
@@ -400,12 +401,12 @@ def test_a_scheduler_judged_dead_frees_nothing_another_took_over(
     async def scenario() -> tuple[list[str], set[int], set[int]]:
         a, b, c = RedisAdmission(settings), RedisAdmission(settings), RedisAdmission(settings)
         try:
-            seen = [await a.claim(GUARDED, batch)]
-            redis_client.zrem(a._once.holders("orders"), a._once.holder)
-            seen.append(await b.claim(GUARDED, batch))
-            by_b = await b.finish(GUARDED, batch[:1], [ok(0)])  # the second still runs in b
-            by_a = await a.finish(GUARDED, batch, [retry(0, "boom"), retry(1, "boom")])
-            seen.append(await c.claim(GUARDED, batch))
+            seen = [await a.guard.claim(GUARDED, batch)]
+            redis_client.zrem(a.guard.once.holders("orders"), a.guard.once.holder)
+            seen.append(await b.guard.claim(GUARDED, batch))
+            by_b = await b.guard.finish(GUARDED, batch[:1], [ok(0)])  # the second still runs in b
+            by_a = await a.guard.finish(GUARDED, batch, [retry(0, "boom"), retry(1, "boom")])
+            seen.append(await c.guard.claim(GUARDED, batch))
             return seen, by_b, by_a
         finally:
             for admission in (a, b, c):
@@ -432,16 +433,16 @@ def test_a_failure_after_another_scheduler_succeeded_with_the_record_is_answered
         async def taken_over_meanwhile(payload: object, ctx: object) -> None:
             if getattr(ctx, "source", None) != "orders/3/1":
                 return
-            redis_client.zrem(a._once.holders("orders"), a._once.holder)
-            assert await b.claim(binding, items[:1]) == TAKEN_OVER
-            assert await b.finish(binding, items[:1], [ok(0)]) == set()
+            redis_client.zrem(a.guard.once.holders("orders"), a.guard.once.holder)
+            assert await b.guard.claim(binding, items[:1]) == TAKEN_OVER
+            assert await b.guard.finish(binding, items[:1], [ok(0)]) == set()
 
         basic.HOOK = taken_over_meanwhile
-        scheduler = local_scheduler([binding], admission=a)
+        scheduler = local_scheduler([binding], admission=a, guard=a.guard)
         scheduler.start()
         try:
             outcomes = by_id(await scheduler.process(items))
-            return outcomes, await b.claim(binding, items)
+            return outcomes, await b.guard.claim(binding, items)
         finally:
             basic.HOOK = None
             await scheduler.stop()
@@ -467,12 +468,12 @@ def test_a_failure_leaves_nothing_in_redis(settings: Settings,
     async def scenario() -> tuple[list[str], dict[bytes, list[bytes]]]:
         admission = RedisAdmission(settings)
         try:
-            first = await admission.claim(GUARDED, batch[:2])
+            first = await admission.guard.claim(GUARDED, batch[:2])
             claimed = fields()
-            assert claimed[b"orders/2/2"] == [b"r" + admission._once.holder.encode()]
-            await admission.finish(GUARDED, batch[:2], [ok(0), retry(1, "boom")])
+            assert claimed[b"orders/2/2"] == [b"r" + admission.guard.once.holder.encode()]
+            await admission.guard.finish(GUARDED, batch[:2], [ok(0), retry(1, "boom")])
             after = fields()
-            return [first, await admission.claim(GUARDED, batch)], after
+            return [first, await admission.guard.claim(GUARDED, batch)], after
         finally:
             await admission.close()
 
@@ -521,9 +522,9 @@ def test_successes_cost_redis_a_bit_each(settings: Settings,
         try:
             for start in range(0, len(refs), 1000):
                 batch = make_items(refs[start:start + 1000])
-                assert await admission.claim(GUARDED, batch) == RUN * len(batch)
-                await admission.finish(GUARDED, batch, [ok(i) for i in range(len(batch))])
-            return [await admission.claim(GUARDED, make_items(refs[start:start + 1000]))
+                assert await admission.guard.claim(GUARDED, batch) == RUN * len(batch)
+                await admission.guard.finish(GUARDED, batch, [ok(i) for i in range(len(batch))])
+            return [await admission.guard.claim(GUARDED, make_items(refs[start:start + 1000]))
                     for start in range(0, len(refs), 1000)]
         finally:
             await admission.close()
@@ -553,9 +554,9 @@ def test_claims_are_a_hash_table_and_a_hash_left_empty_is_deleted(
         admission = RedisAdmission(settings)
         try:
             batch = make_items(refs)
-            assert await admission.claim(GUARDED, batch) == RUN * len(refs)
+            assert await admission.guard.claim(GUARDED, batch) == RUN * len(refs)
             encodings = [redis_client.object("encoding", key) for key in hashes()]
-            await admission.finish(GUARDED, batch, [ok(i) if i % 2 else retry(i, "boom")
+            await admission.guard.finish(GUARDED, batch, [ok(i) if i % 2 else retry(i, "boom")
                                                     for i in range(len(refs))])
             return encodings, hashes()
         finally:
@@ -579,10 +580,10 @@ def test_references_a_bit_cannot_hold_are_remembered_whole(
         admission = RedisAdmission(settings)
         try:
             batch = make_items(odd)
-            assert await admission.claim(GUARDED, batch) == RUN * len(odd)
-            await admission.finish(GUARDED, batch, [ok(i) for i in range(len(odd))])
-            return [await admission.claim(GUARDED, make_items(odd)),
-                    await admission.claim(GUARDED, make_items(kafka))]
+            assert await admission.guard.claim(GUARDED, batch) == RUN * len(odd)
+            await admission.guard.finish(GUARDED, batch, [ok(i) for i in range(len(odd))])
+            return [await admission.guard.claim(GUARDED, make_items(odd)),
+                    await admission.guard.claim(GUARDED, make_items(kafka))]
         finally:
             await admission.close()
 
@@ -611,13 +612,13 @@ def test_a_write_down_reuses_the_claims_bitmaps_and_works_them_out_for_the_rest(
     async def scenario() -> list[str]:
         admission = RedisAdmission(settings)
         try:
-            assert await admission.claim(GUARDED, claimed) == RUN * 3
+            assert await admission.guard.claim(GUARDED, claimed) == RUN * 3
             assert len(parsed) == 1
-            await admission.finish(GUARDED, claimed, [ok(0), ok(1), ok(2)])
+            await admission.guard.finish(GUARDED, claimed, [ok(0), ok(1), ok(2)])
             assert len(parsed) == 1  # the claim's blocks served the write-down
-            await admission.finish(GUARDED, unclaimed, [ok(0), ok(1)])
+            await admission.guard.finish(GUARDED, unclaimed, [ok(0), ok(1)])
             assert len(parsed) == 2
-            return [await admission.claim(GUARDED, make_items(refs)) for refs in (
+            return [await admission.guard.claim(GUARDED, make_items(refs)) for refs in (
                 ["orders/1/5", "orders/1/9000", "job-%-7"], ["orders/2/3", "odd\nref/2/4"])]
         finally:
             await admission.close()
@@ -636,14 +637,14 @@ def test_a_copy_read_while_a_success_is_being_written_waits_for_it(
         admission = RedisAdmission(settings)
         landed = _hold_finish(admission)
         try:
-            seen = [await admission.claim(GUARDED, batch)]
-            writing = asyncio.create_task(admission.finish(GUARDED, batch, [ok(0)]))
+            seen = [await admission.guard.claim(GUARDED, batch)]
+            writing = asyncio.create_task(admission.guard.finish(GUARDED, batch, [ok(0)]))
             for _ in range(5):
                 await asyncio.sleep(0)  # the write is under way, not landed
-            seen.append(await admission.claim(GUARDED, batch))
+            seen.append(await admission.guard.claim(GUARDED, batch))
             landed.set()
             await writing
-            seen.append(await admission.claim(GUARDED, batch))
+            seen.append(await admission.guard.claim(GUARDED, batch))
             return seen
         finally:
             await admission.close()
@@ -653,7 +654,7 @@ def test_a_copy_read_while_a_success_is_being_written_waits_for_it(
 
 def _hold_finish(admission: RedisAdmission) -> asyncio.Event:
     """Hold ``admission``'s run-once write-downs (FINISH) until the returned event is set."""
-    once = admission._once
+    once = admission.guard.once
     real, landed = once._finish, asyncio.Event()
 
     async def held_finish(**kwargs: object) -> object:
@@ -676,16 +677,16 @@ def test_one_bindings_broken_keys_fail_only_its_own_write(
     async def scenario() -> tuple[list[object], str]:
         admission = RedisAdmission(settings)
         try:
-            await admission.claim(broken, first)
-            await admission.claim(GUARDED, second)
+            await admission.guard.claim(broken, first)
+            await admission.guard.claim(GUARDED, second)
             spans = f"{settings.prefix}:{{once:broken}}:[0-9]*"
             for key in redis_client.scan_iter(match=spans):
                 redis_client.delete(key)
                 redis_client.set(key, "not a hash")
-            ends = await asyncio.gather(admission.finish(broken, first, [ok(0)]),
-                                        admission.finish(GUARDED, second, [ok(0)]),
+            ends = await asyncio.gather(admission.guard.finish(broken, first, [ok(0)]),
+                                        admission.guard.finish(GUARDED, second, [ok(0)]),
                                         return_exceptions=True)
-            return ends, await admission.claim(GUARDED, second)
+            return ends, await admission.guard.claim(GUARDED, second)
         finally:
             await admission.close()
 
@@ -704,16 +705,16 @@ def test_a_reply_the_writer_cannot_read_fails_its_chunk_instead_of_hanging_it(
 
     async def scenario() -> object:
         admission = RedisAdmission(settings)
-        once = admission._once
+        once = admission.guard.once
 
         async def garbled(**kwargs: object) -> object:
             return b"111"
 
         once._finish = garbled  # type: ignore[assignment]
         try:
-            await admission.claim(GUARDED, batch)
+            await admission.guard.claim(GUARDED, batch)
             return await asyncio.wait_for(
-                asyncio.gather(admission.finish(GUARDED, batch, [retry(0, "boom")]),
+                asyncio.gather(admission.guard.finish(GUARDED, batch, [retry(0, "boom")]),
                                return_exceptions=True), 10)
         finally:
             await admission.close()
@@ -734,7 +735,7 @@ def test_a_chunk_spread_over_threads_writes_down_successes_while_it_still_runs(
 
     async def scenario() -> str:
         admission, other = RedisAdmission(settings), RedisAdmission(settings)
-        scheduler = local_scheduler([GUARDED], admission=admission,
+        scheduler = local_scheduler([GUARDED], admission=admission, guard=admission.guard,
                                     options=SchedulerOptions(workers=1))
         scheduler.start()
         try:
@@ -746,7 +747,7 @@ def test_a_chunk_spread_over_threads_writes_down_successes_while_it_still_runs(
             call = asyncio.create_task(scheduler.process(batch))
             await asyncio.sleep(0.5)
             assert not call.done(), "the slow record ended too soon to tell"
-            codes = await other.claim(GUARDED, make_items(refs))
+            codes = await other.guard.claim(GUARDED, make_items(refs))
             await call
             return codes
         finally:
@@ -769,7 +770,7 @@ def test_a_chunk_that_succeeded_is_answered_before_its_marks_land_and_its_copy_w
     async def scenario() -> tuple[bool, dict[int, Outcome], bool, Counter[str]]:
         admission = RedisAdmission(settings)
         landed = _hold_finish(admission)
-        scheduler = local_scheduler([GUARDED], admission=admission)
+        scheduler = local_scheduler([GUARDED], admission=admission, guard=admission.guard)
         scheduler.start()
         try:
             call = asyncio.create_task(scheduler.process(make_items(refs)))

@@ -14,9 +14,8 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 from asynctier.platform.binding import Binding
-from asynctier.platform.wire import Item, Outcome
+from asynctier.platform.wire import Item
 from asynctier.scheduler import SchedulerOptions
-from asynctier.scheduler.admission import RUN
 from tests.scheduler_harness import by_id, item, items, local_scheduler
 
 
@@ -32,13 +31,6 @@ class Recording:
         self.quota_on = False
         self.broken = False
         self.lock = threading.Lock()
-
-    async def claim(self, binding: Binding, items: Sequence[Item]) -> str:
-        return RUN * len(items)
-
-    async def finish(self, binding: Binding, items: Sequence[Item],
-                     outcomes: Sequence[Outcome]) -> set[int]:
-        return set()
 
     async def over_quota(self, binding: Binding, items: Sequence[Item]) -> dict[int, float]:
         if self.broken:
@@ -57,6 +49,9 @@ class Recording:
                 yield
             finally:
                 self.running -= 1
+
+    def concurrency_limit(self, binding: Binding) -> int | None:
+        return None
 
     def report(self, binding: Binding, ok: int, failed: int) -> None:
         self.reports.append((ok, failed))

@@ -140,7 +140,8 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
                                    AdmissionConfig(done_ttl_s=settings.run_once_window_s))
         run_scheduler(settings, listen=listen or settings.scheduler_listen,
                       allow_modules=allow or settings.allow_modules, stop=stop,
-                      admission=admission, options=options_from_settings(settings),
+                      admission=admission, guard=admission.guard,
+                      options=options_from_settings(settings),
                       breakers=Breakers.from_settings(settings),
                       tenants=TenantStore.from_settings(settings),
                       ready_callback=_on_serving(health, settings))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -19,6 +20,8 @@ from asynctier.platform.wire import Item, Outcome, decode_items, encode_outcomes
 from asynctier.scheduler.admission import Admission
 from asynctier.scheduler.bounded import BoundedQueue
 from asynctier.scheduler.dispatch import Dispatcher, Report
+from asynctier.scheduler.gates import GATES, GateFactory
+from asynctier.scheduler.guard import Guard
 from asynctier.scheduler.limits.breaker import Breakers
 from asynctier.scheduler.limits.tenants import TenantStore
 from asynctier.scheduler.options import SchedulerOptions
@@ -31,12 +34,17 @@ log = logging.getLogger(__name__)
 
 
 class Scheduler:
-    """Runs submitted batches: admission, fair bounded queue, workers, outcomes."""
+    """Runs submitted batches: admission, fair bounded queue, workers, outcomes.
+
+    ``guard`` runs each record once (none: :class:`~.guard.OpenGuard`, every record runs);
+    ``gates`` is the order admission asks its gates in (:data:`~.gates.GATES`).
+    """
 
     def __init__(self, bindings: BindingSource, runtime: Runtime, admission: Admission,
                  options: SchedulerOptions | None = None,
                  breakers: Breakers | None = None,
-                 tenants: TenantStore | None = None) -> None:
+                 tenants: TenantStore | None = None, guard: Guard | None = None,
+                 gates: Sequence[GateFactory] = GATES) -> None:
         self.options = options = options or SchedulerOptions()
         self.bindings = bindings
         self.runtime = runtime
@@ -49,11 +57,8 @@ class Scheduler:
         self.queue = BoundedQueue(fair, options.max_queued_items)
         sizer = ChunkSizer(options.chunk_target_s, options.min_chunk_items,
                            options.max_chunk_items)
-        self.dispatcher = Dispatcher(runtime, admission, self.queue, sizer, options.workers,
-                                     options.capped_chunks_per_binding,
-                                     options.admission_error_retry_s,
-                                     default_window_s=options.default_start_within_s,
-                                     breakers=breakers)
+        self.dispatcher = Dispatcher(runtime, admission, self.queue, sizer, options,
+                                     guard=guard, breakers=breakers, gates=gates)
         self.breakers = breakers
         self.tenants = (None if tenants is None else
                         TenantFollower(tenants, fair, base=dict(options.tenant_weights)))

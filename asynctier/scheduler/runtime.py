@@ -62,6 +62,8 @@ EARLY_WRITE_S = 0.01
 #: start together). An async function's chunks are this large once it is measured
 #: (:meth:`~asynctier.scheduler.sizing.ChunkSizer.observe`, ``concurrent``).
 ASYNC_LANES = 256
+#: The weight of a new run in a binding's time per item (an EWMA).
+EWMA_WEIGHT = 0.3
 
 
 #: Takes the successes of some items of a chunk that still runs (:meth:`Runtime.run_held`).
@@ -338,7 +340,7 @@ class Runtime:
         without the waits for a free thread and for the busy loop to see the parts end
         (``took``, the wall time, for any other chunk). Sizing chunks from the wall time
         shrank them under load, and small chunks cost more per item: the loop then
-        lagged more (1 ms sync waits, 8-12 items a chunk, 4,200 items/s)."""
+        lagged more."""
         per_item = self._per_item_s.get(job.binding.name)
         if job.function.is_async or job.in_process or per_item is None:
             return took
@@ -416,7 +418,7 @@ class Runtime:
             return
         sample = (run.ended - run.began) / len(run.items)
         old = self._per_item_s.get(binding)
-        self._per_item_s[binding] = sample if old is None else old + 0.3 * (sample - old)
+        self._per_item_s[binding] = sample if old is None else old + EWMA_WEIGHT * (sample - old)
 
     def _count_hung(self, run: SyncRun, future: asyncio.Future[None]) -> None:
         self.hung_threads += 1

@@ -30,6 +30,7 @@ from asynctier.platform.rpcsecurity import add_port, server_interceptors
 from asynctier.platform.rpcserver import SERVER_OPTIONS, advertised
 from asynctier.scheduler.admission import Admission, OpenAdmission
 from asynctier.scheduler.core import Scheduler
+from asynctier.scheduler.guard import Guard
 from asynctier.scheduler.heartbeat import Heartbeat
 from asynctier.scheduler.limits.breaker import Breakers
 from asynctier.scheduler.limits.tenants import TenantStore
@@ -39,6 +40,11 @@ from asynctier.scheduler.runtime import Runtime
 from asynctier.scheduler.streaming import run_handler
 
 log = logging.getLogger(__name__)
+
+#: Finishing the calls under way longer than this is logged with what was left.
+SLOW_STOP_S = 5.0
+#: How often a ``threading.Event`` stop is looked at.
+STOP_POLL_S = 0.1
 
 StopSignal = threading.Event | asyncio.Event
 ReadyCallback = Callable[[str], None]
@@ -50,7 +56,7 @@ def run_scheduler(settings: Settings, *, listen: str | None = None,
                   options: SchedulerOptions | None = None,
                   bindings: BindingSource | None = None,
                   advertise: str | None = None, breakers: Breakers | None = None,
-                  tenants: TenantStore | None = None) -> None:
+                  tenants: TenantStore | None = None, guard: Guard | None = None) -> None:
     """Run a scheduler until ``stop`` is set (or SIGTERM / SIGINT); blocks.
 
     ``listen`` is ``host:port`` (default ``settings.scheduler_listen``; port 0 picks a free
@@ -65,12 +71,13 @@ def run_scheduler(settings: Settings, *, listen: str | None = None,
     this machine's host name). ``bindings`` defaults to the registry, followed live.
     ``breakers``: the bindings' circuit breakers (none: ``--breaker`` is not enforced);
     closed on exit. ``tenants``: where tenants' weights are followed and their usage
-    shared (none: the options' weights only).
+    shared (none: the options' weights only). ``guard``: runs each record once (none:
+    :class:`~.guard.OpenGuard`, every record runs); closed on exit.
     """
     eventloop.run(serve_scheduler(
         settings, listen=listen, allow_modules=allow_modules, admission=admission,
         stop=stop, ready_callback=ready_callback, options=options, bindings=bindings,
-        advertise=advertise, breakers=breakers, tenants=tenants))
+        advertise=advertise, breakers=breakers, tenants=tenants, guard=guard))
 
 
 async def serve_scheduler(settings: Settings, *, listen: str | None = None,
@@ -82,7 +89,8 @@ async def serve_scheduler(settings: Settings, *, listen: str | None = None,
                           bindings: BindingSource | None = None,
                           advertise: str | None = None,
                           breakers: Breakers | None = None,
-                          tenants: TenantStore | None = None) -> None:
+                          tenants: TenantStore | None = None,
+                          guard: Guard | None = None) -> None:
     """:func:`run_scheduler` as a coroutine on the running loop."""
     options = options or SchedulerOptions()
     admission = admission or OpenAdmission()
@@ -96,12 +104,14 @@ async def serve_scheduler(settings: Settings, *, listen: str | None = None,
             await asyncio.to_thread(followed.start)
             source = followed
         scheduler = Scheduler(source, Runtime(resolver, options.workers), admission, options,
-                              breakers, tenants)
+                              breakers, tenants, guard)
         await _serve(settings, scheduler, listen or settings.scheduler_listen, stop,
                      ready_callback, advertise)
     finally:
         if source is not None:
             source.close()
+        if guard is not None:
+            await guard.close()
         await admission.close()
         if breakers is not None:
             await breakers.close()
@@ -135,7 +145,7 @@ async def _serve(settings: Settings, scheduler: Scheduler, listen: str, stop: St
         await heartbeat.stop(leave=True)
         await server.stop(opts.stop_grace_s)
         took = time.monotonic() - started
-        if took > 5.0:  # says what held the stop up, the next time one is slow
+        if took > SLOW_STOP_S:  # says what held the stop up, the next time one is slow
             log.warning("scheduler %s: finishing the calls under way took %.1fs; %d item(s) "
                         "still queued or running", address, took, scheduler.load)
         await scheduler.stop()
@@ -170,4 +180,4 @@ async def _wait(stop: Any) -> None:
         await stop.wait()
         return
     while not stop.is_set():
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(STOP_POLL_S)

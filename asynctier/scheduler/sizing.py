@@ -16,8 +16,8 @@ A sync chunk of a function that waits runs in several threads at once (the runti
 it into parts). Once measured so (``observe(..., spread=True)``, from each thread's own
 time per item), such a binding is sized for ``spread_target_s``: its worker mostly waits
 on threads, while each chunk costs the event loop a wake-up, a write-down and an answer,
-and the loop's time is what slows the threads (they queue for the GIL it holds):
-1 ms waits ran 10,200 items/s at 20 ms a part and 14,300-16,000 at 35-50 ms.
+and the loop's time is what slows the threads (they queue for the GIL it holds), so
+fewer, longer parts ran faster (bench/RESULTS.md).
 """
 
 from __future__ import annotations

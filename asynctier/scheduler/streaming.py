@@ -34,6 +34,12 @@ log = logging.getLogger(__name__)
 
 #: How long ``ctx.checkpoint`` waits for the tailer's confirmation.
 SAVE_TIMEOUT_S = 30.0
+#: ... and a worker thread waits this much longer for the loop to answer.
+SAVE_GRACE_S = 5.0
+#: Items of a run stream that failed in the scheduler come back after this.
+ERROR_RETRY_S = 5.0
+#: At most this much of an error's text is quoted in a refusal or a log line.
+ERROR_EXCERPT = 80
 #: Heartbeats asked for are kept within these bounds (seconds).
 MIN_BEAT_S, MAX_BEAT_S = 0.05, 10.0
 ON_THE_LOOP = ("binding {binding}: ctx.checkpoint blocks, and was called on the event loop "
@@ -56,7 +62,7 @@ class StreamSaver:
             raise CheckpointError(ON_THE_LOOP.format(binding=self.binding))
         future = asyncio.run_coroutine_threadsafe(self.asave(state, kind), session.loop)
         try:
-            future.result(SAVE_TIMEOUT_S + 5.0)
+            future.result(SAVE_TIMEOUT_S + SAVE_GRACE_S)
         except concurrent.futures.CancelledError:
             raise CheckpointError(f"binding {self.binding}: the checkpoint was not saved: the "
                                   "stream to the tailer ended (the item runs again elsewhere)"
@@ -94,7 +100,7 @@ class RunSession:
             items = self._accept(first)
         except Exception as exc:  # the bytes come from outside: anything may be wrong
             raise BadStream(f"its first message is not a run request "
-                            f"({type(exc).__name__}: {str(exc)[:80]})") from None
+                            f"({type(exc).__name__}: {str(exc)[:ERROR_EXCERPT]})") from None
         beat_s = min(MAX_BEAT_S, max(MIN_BEAT_S, first.heartbeat_ms / 1000.0))
         tasks = [asyncio.create_task(self._work(items)),
                  asyncio.create_task(self._beat(beat_s)),
@@ -147,7 +153,7 @@ class RunSession:
         except Exception as exc:  # a bug here must not lose the items: they come back
             log.exception("a run stream of %d item(s) failed in the scheduler", len(items))
             self.report([retry(i["id"], f"scheduler error: {error_text(exc)}",
-                               spends_attempt=False, after_s=5.0) for i in items])
+                               spends_attempt=False, after_s=ERROR_RETRY_S) for i in items])
         finally:
             self.out.put_nowait(None)
 
@@ -168,7 +174,7 @@ class RunSession:
             except Exception as exc:
                 log.error("a run stream sent a message that does not decode (%s: %s); its "
                           "later answers to checkpoints are not read (those wait and fail)",
-                          type(exc).__name__, str(exc)[:80])
+                          type(exc).__name__, str(exc)[:ERROR_EXCERPT])
                 return
             future = self._saves.get(message.seq) if message.kind == "saved" else None
             if future is not None and not future.done():

@@ -40,6 +40,9 @@ STATE_VALUES = {CLOSED: 0, RAMP: 1, OPEN: 2}
 #: Failures that say nothing of the downstream's health: not counted.
 NOT_HEALTH = frozenset({UNDECODABLE, EXPIRED, TOO_LARGE})
 
+#: How long a breaker's Redis call may take before its state is kept as last seen.
+SOCKET_TIMEOUT_S = 2.0
+
 _SPEC_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*/\s*(\S+)\s*$")
 
 
@@ -86,8 +89,8 @@ class Breakers:
     def from_settings(cls, settings: Settings,
                       config: BreakerConfig | None = None) -> Breakers:
         """Breakers on a new client of ``settings.redis_url``."""
-        client = async_client(settings.redis_url, socket_timeout=2.0,
-                                socket_connect_timeout=2.0)
+        client = async_client(settings.redis_url, socket_timeout=SOCKET_TIMEOUT_S,
+                              socket_connect_timeout=SOCKET_TIMEOUT_S)
         return cls(client, settings.names, config, own_client=True)
 
     def key(self, binding: str) -> str:

@@ -25,12 +25,10 @@ the hash tag ``{once:<binding>}``, and every key a script call touches is passed
 Cluster slot, as Redis documents scripts. What this cannot prevent is a function that
 succeeded in a scheduler killed before :data:`FINISH` ran: that record runs again (at
 least once wins over at most once). The cost is one round trip per batch and one per write,
-about 3 µs of Redis CPU per record (claimed, run and written down; ``python -m
-bench.once_cost --batch 300``: 3.0-3.6, against 6.7-7.9 before the claims hash was kept as
-a hash table, see :data:`HT_FIELD`), and under a byte of Redis memory per success for
-``done_ttl_s`` to ``4/3 done_ttl_s`` (0.3 bytes of ``used_memory`` per success; a hash
-field per success, as before the bitmaps, cost 83 bytes): a binding whose function is
-idempotent should say so (``asynctier bind --idempotent``) and skip all of it.
+a little Redis CPU per record and under a byte of Redis memory per success for
+``done_ttl_s`` to ``4/3 done_ttl_s`` (the figures are in docs/guarantees.md, Run once): a
+binding whose function is idempotent should say so (``asynctier bind --idempotent``) and
+skip all of it.
 """
 
 from __future__ import annotations
@@ -49,7 +47,7 @@ from asynctier.platform.names import Names
 from asynctier.platform.redis_client import REDIS_DOWN, AsyncRedis
 from asynctier.platform.scripts import lua
 from asynctier.platform.wire import Item, Outcome
-from asynctier.scheduler.admission import BUSY, RUN, TAKEN_OVER
+from asynctier.scheduler.guard import BUSY, RUN, TAKEN_OVER
 from asynctier.scheduler.limits.quota import as_text, join_refs
 
 log = logging.getLogger(__name__)
@@ -69,8 +67,8 @@ MINE: Final = "4"
 #:   records running;
 #: - successes of a Kafka record (a reference ``<topic>/<partition>/<offset>``) as one bit
 #:   in a bitmap per block of :data:`BLOCK` offsets, at ``<key>:<topic>/<partition>:<block>``:
-#:   about a bit per record where a hash field cost 80-100 bytes (at 60,000 records/s a
-#:   15-minute window was 5 GB of Redis memory, and every AOF rewrite wrote it all out);
+#:   about a bit per record, where a field per success made a busy binding's window
+#:   weigh gigabytes (and every AOF rewrite wrote it all out);
 #: - the success of any other reference as the value ``d`` of its hash field.
 #:
 #: A record is done when a kept span has its bit or its ``d``; else its state is its claim
@@ -87,8 +85,7 @@ BLOCK: Final = 8192
 #: from its first write. Left to itself Redis keeps a hash of up to
 #: ``hash-max-listpack-entries`` (512) fields as a flat list searched from the start, and a
 #: scheduler's claims are a few hundred records: each HMGET, HSET or HDEL of a batch then
-#: walked the list (``python -m bench.once_cost --batch 300``: 6.7-7.9 us of Redis CPU
-#: per record that way, 3.0-3.6 as a table).
+#: walked the list, about twice the Redis CPU per record of a table.
 HT_FIELD: Final = "\n"
 HT_PAD: Final = 512
 

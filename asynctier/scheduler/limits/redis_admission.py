@@ -4,58 +4,56 @@ Per chunk of items of one binding, each step is at most one Redis round trip:
 ``over_quota`` (quota and idempotency keys, one script), ``take_tokens`` (token bucket, one
 script) and ``slot`` (a lease: one script to take it when free, one command to give it
 back). Nothing is refused for being throttled: items wait, or are delayed without spending
-an attempt when over quota. For a binding that is not ``idempotent``, ``claim`` and
-``finish`` keep a record that succeeded from running again (:mod:`.once`: one script per
-batch, one per chunk).
+an attempt when over quota. Its :attr:`RedisAdmission.guard` (:mod:`.redis_guard`) keeps a
+record that succeeded from running again, on the same client.
 
-When Redis does not answer, each binding follows its ``redis_policy``: ``fail_open`` (the
-default) admits through this scheduler's local limiter (:mod:`.local`) and counts it;
-``fail_closed`` waits, retrying Redis with a growing backoff. Shared limits apply again as
-soon as Redis answers.
+When Redis does not answer, each binding follows its ``redis_policy`` (:mod:`.link`):
+``fail_open`` (the default) admits through this scheduler's local limiter (:mod:`.local`)
+and counts it; ``fail_closed`` waits, retrying Redis with a growing backoff. Shared limits
+apply again as soon as Redis answers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
-
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
-from asynctier.platform.redis_client import REDIS_DOWN, AsyncRedis, async_client
-from asynctier.platform.wire import Item, Outcome
-from asynctier.scheduler.admission import RUN
+from asynctier.platform.redis_client import AsyncRedis
+from asynctier.platform.wire import Item
 from asynctier.scheduler.limits.aimd import Aimd, AimdConfig
 from asynctier.scheduler.limits.bucket import RedisBucket
 from asynctier.scheduler.limits.concurrency import DEFAULT_LEASE_S, LeasePool, LocalLimit
+from asynctier.scheduler.limits.link import RedisLink
 from asynctier.scheduler.limits.local import LocalLimiter
-from asynctier.scheduler.limits.once import DEFAULT_DONE_TTL_S, RunOnce
-from asynctier.scheduler.limits.outage import Backoff, Outage
+from asynctier.scheduler.limits.once import DEFAULT_DONE_TTL_S
 from asynctier.scheduler.limits.quota import (
     DEFAULT_CHARGE_TTL_S,
     DEFAULT_RECHECK_S,
     QuotaStore,
     RedisQuota,
 )
+from asynctier.scheduler.limits.redis_guard import RedisGuard
 from asynctier.scheduler.limits.stats import AdmissionStats
 
-T = TypeVar("T")
+#: How long a Redis call may take before Redis counts as down.
+DEFAULT_SOCKET_TIMEOUT_S = 1.0
+#: While Redis is down, it is tried again at most this often.
+DEFAULT_PROBE_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True)
 class AdmissionConfig:
-    """Tuning of :class:`RedisAdmission`; the defaults suit production."""
+    """Tuning of :class:`RedisAdmission` and its guard; the defaults suit production."""
 
     lease_s: float = DEFAULT_LEASE_S
     charge_ttl_s: int = DEFAULT_CHARGE_TTL_S
     quota_recheck_s: float = DEFAULT_RECHECK_S
-    socket_timeout_s: float = 1.0
-    probe_interval_s: float = 1.0
+    socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S
+    probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S
     done_ttl_s: float = DEFAULT_DONE_TTL_S
     aimd: AimdConfig = field(default_factory=AimdConfig)
 
@@ -88,19 +86,25 @@ class RedisAdmission:
 
     def __init__(self, settings: Settings, config: AdmissionConfig | None = None,
                  client: AsyncRedis | None = None) -> None:
-        self.config = config or AdmissionConfig()
-        self._own_client = client is None
-        self._client = client or _client(settings.redis_url, self.config.socket_timeout_s)
+        config = self.config = config or AdmissionConfig()
         names = self._names = settings.names
+        self._link = (RedisLink.to(settings.redis_url, names, config.socket_timeout_s,
+                                   config.probe_interval_s) if client is None else
+                      RedisLink(client, names, config.probe_interval_s))
+        self._client = self._link.client
         self._bucket = RedisBucket(self._client, names)
-        self._quota = RedisQuota(self._client, names, self.config.charge_ttl_s,
-                                 self.config.quota_recheck_s)
-        self._leases = LeasePool(self._client, names, self.config.lease_s)
-        self._once = RunOnce(self._client, names, self.config.done_ttl_s)
+        self._quota = RedisQuota(self._client, names, config.charge_ttl_s,
+                                 config.quota_recheck_s)
+        self._leases = LeasePool(self._client, names, config.lease_s)
         self._fallback = LocalLimiter()
-        self._outage = Outage(self.config.probe_interval_s)
         self._locals: dict[str, _Local] = {}
-        self.stats = AdmissionStats()
+        #: The run-once guard on this admission's client (pass it to the scheduler).
+        self.guard = RedisGuard(self._link, config.done_ttl_s)
+
+    @property
+    def stats(self) -> AdmissionStats:
+        """The admission's counters (its guard's fallbacks among them)."""
+        return self._link.stats
 
     @property
     def quotas(self) -> QuotaStore:
@@ -110,14 +114,14 @@ class RedisAdmission:
     @property
     def redis_down(self) -> bool:
         """True while Redis does not answer."""
-        return self._outage.down
+        return self._link.outage.down
 
     async def over_quota(self, binding: Binding, items: Sequence[Item]) -> dict[int, float]:
         """Charge the tenant for what fits; ``{item id: seconds to wait}`` for the rest."""
         if not items:
             return {}
-        over = await self._guarded(binding, lambda: self._quota.charge(binding, items),
-                                   _nothing_over)
+        over = await self._link.guarded(binding, lambda: self._quota.charge(binding, items),
+                                        _nothing_over)
         if over:
             self.stats.count_quota_delayed(binding.name, binding.tenant, len(over))
         return over
@@ -126,8 +130,8 @@ class RedisAdmission:
         """Return once ``n`` items may start under the binding's rate limit."""
         if binding.rate_per_s is None or n <= 0:
             return
-        wait_s = await self._guarded(binding, lambda: self._bucket.reserve(binding, n),
-                                     lambda: self._fallback.reserve(binding, n))
+        wait_s = await self._link.guarded(binding, lambda: self._bucket.reserve(binding, n),
+                                          lambda: self._fallback.reserve(binding, n))
         if wait_s > 0:
             self.stats.count_throttled(binding.name, n)
             await asyncio.sleep(wait_s)
@@ -149,35 +153,6 @@ class RedisAdmission:
         finally:
             local.limit.release()
 
-    async def claim(self, binding: Binding, items: Sequence[Item]) -> str:
-        """Claim ``items`` for this scheduler: one code per item (see :mod:`.once`). A
-        binding marked ``idempotent`` runs everything unclaimed, and so does a
-        ``fail_open`` binding while Redis is down."""
-        if binding.idempotent or not items:
-            return RUN * len(items)
-        return await self._guarded(binding, lambda: self._once.claim(binding.name, items),
-                                   lambda: RUN * len(items))
-
-    async def finish(self, binding: Binding, items: Sequence[Item],
-                     outcomes: Sequence[Outcome]) -> set[int]:
-        """After claimed ``items`` ran (or will not run here): remember the successes,
-        release the others; the ids of those another copy completed meanwhile. Redis being
-        down costs only the memory of these successes."""
-        if binding.idempotent or not items:
-            return set()
-        if not self._outage.may_try():  # not now: a claim left behind is told apart later
-            self._once.forget(binding.name, items)
-            self.stats.count_fallback(binding.name)
-            return set()
-        try:
-            elsewhere = await self._once.finish(binding.name, items, outcomes)
-        except REDIS_DOWN as exc:
-            self._outage.failed(binding, exc)
-            self.stats.count_fallback(binding.name)
-            return set()
-        self._outage.recovered()
-        return elsewhere
-
     def report(self, binding: Binding, ok: int, failed: int) -> None:
         """Feed the binding's adaptive limit with a chunk's outcomes."""
         local = self._local(binding)
@@ -189,11 +164,10 @@ class RedisAdmission:
         return self._local(binding).limit.size
 
     async def close(self) -> None:
-        """Give back every lease and close the Redis client (if it was created here)."""
+        """Give back every lease, close the guard and the Redis client (if created here)."""
         await self._leases.close()
-        await self._once.close()
-        if self._own_client:
-            await self._client.aclose()
+        await self.guard.close()
+        await self._link.close()
 
     def _local(self, binding: Binding) -> _Local:
         local = self._locals.get(binding.name)
@@ -207,34 +181,10 @@ class RedisAdmission:
         if binding.max_concurrency is None:
             return None, False
         no_lease: tuple[str | None, bool] = (None, False)
-        return await self._guarded(binding, lambda: self._leases.acquire(binding),
-                                   lambda: no_lease)
-
-    async def _guarded(self, binding: Binding, call: Callable[[], Awaitable[T]],
-                       fallback: Callable[[], T]) -> T:
-        """``call`` Redis; when it does not answer, follow the binding's policy."""
-        backoff = Backoff()
-        while True:
-            if binding.redis_policy == "fail_closed" or self._outage.may_try():
-                try:
-                    value = await call()
-                except REDIS_DOWN as exc:
-                    self._outage.failed(binding, exc)
-                else:
-                    self._outage.recovered()
-                    return value
-            if binding.redis_policy == "fail_open":
-                self.stats.count_fallback(binding.name)
-                return fallback()
-            await asyncio.sleep(backoff.next())
+        return await self._link.guarded(binding, lambda: self._leases.acquire(binding),
+                                        lambda: no_lease)
 
 
 def _nothing_over() -> dict[int, float]:
     """Quotas are not enforced without Redis."""
     return {}
-
-
-def _client(url: str, timeout_s: float) -> AsyncRedis:
-    """A client that fails fast (one immediate retry, for a stale pooled connection)."""
-    return async_client(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                        retry=Retry(NoBackoff(), 1))
