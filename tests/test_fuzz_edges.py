@@ -206,7 +206,7 @@ def test_the_submit_rpc_answers_every_frame_with_a_status(
 def test_the_run_stream_answers_every_frame_with_a_status(
         scheduler: tuple[str, grpc.Channel]) -> None:
     _, channel = scheduler
-    run = channel.stream_stream(stream.RUN, request_serializer=None,
+    run = channel.stream_stream(stream.RUN_STREAM, request_serializer=None,
                                 response_deserializer=None)
     seen: list[grpc.StatusCode] = []
 

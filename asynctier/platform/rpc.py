@@ -39,7 +39,7 @@ import grpc
 from asynctier.platform.errors import BadReply, SchedulerUnavailable
 from asynctier.platform.replies import read_outcomes
 from asynctier.platform.rpcsecurity import RpcSecurity, failure_hint, open_channel
-from asynctier.platform.stream import RUN, STREAM_VERSION, Event, StreamCall
+from asynctier.platform.stream import RUN_STREAM, STREAM_VERSION, Event, StreamCall
 from asynctier.platform.wire import (
     TOO_LARGE,
     Item,
@@ -157,7 +157,7 @@ class _SubmitHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
         method = handler_call_details.method
         if method == SUBMIT:
             return self._submit
-        if method == RUN and self._run is not None:
+        if method == RUN_STREAM and self._run is not None:
             return self._run
         if method.startswith(SUBMIT_PREFIX):
             theirs = _version_of(method)
@@ -363,7 +363,8 @@ class SchedulerClient:
         self._stub(address)
         with self._lock:
             channel = self._channels[address][0]
-        stub = channel.stream_stream(RUN, request_serializer=None, response_deserializer=None)
+        stub = channel.stream_stream(RUN_STREAM, request_serializer=None,
+                                     response_deserializer=None)
         return StreamCall(address, stub, first, events, items)
 
     def stream_failed(self, call: StreamCall, code: grpc.StatusCode | None,

@@ -41,7 +41,8 @@ Kind = Literal["items", "outcomes", "alive", "checkpoint", "saved", "end"]
 
 STREAM_VERSION = fingerprint([schema_json("submit"), schema_json("outcomes"),
                               schema_json("stream")])
-RUN = f"/asynctier.Scheduler/RunV{STREAM_VERSION}"
+#: The run stream's gRPC method (the unary call's is ``rpc.SUBMIT``).
+RUN_STREAM = f"/asynctier.Scheduler/RunV{STREAM_VERSION}"
 
 
 @dataclass
