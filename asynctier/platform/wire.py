@@ -14,7 +14,7 @@ import io
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, TypedDict
 
 import fastavro
 
@@ -54,10 +54,6 @@ class Item(TypedDict):
     record_time_ms: int
     priority: int  # higher runs first within a binding (a queue item's; 0 for a topic's)
     deadline_ms: int | None  # epoch ms by which it should start, when the source says
-    # Never on the wire: set by the scheduler for an item of a run stream
-    # (asynctier.platform.stream), for its ctx.resumed and ctx.checkpoint.
-    resumed: NotRequired[Any]
-    saver: NotRequired[Any]
 
 
 class Outcome(TypedDict):

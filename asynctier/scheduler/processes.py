@@ -25,6 +25,7 @@ from asynctier.platform.errors import CheckpointError
 from asynctier.platform.wire import Item, Outcome, retry
 from asynctier.scheduler import outcomes
 from asynctier.scheduler.frames import CHECKPOINT, LENGTH_BYTES, frame
+from asynctier.scheduler.work import resumed_of, saver_of
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def request_of(item: Item) -> bytes:
     def b64(data: bytes | None) -> str | None:
         return None if data is None else base64.b64encode(data).decode()
 
-    resumed = item.get("resumed")
+    resumed = resumed_of(item)
     if resumed is not None:
         data, kind = encode_checkpoint(item["binding"], resumed)
         resumed = {"kind": kind, "data": b64(data)}
@@ -127,7 +128,7 @@ def request_of(item: Item) -> bytes:
         "headers": [(h["name"], b64(h["value"])) for h in item["headers"]],
         "source": item["source_ref"], "attempt": item["attempt"],
         "record_time": item["record_time_ms"] / 1000.0,
-        "resumed": resumed, "checkpoints": item.get("saver") is not None,
+        "resumed": resumed, "checkpoints": saver_of(item) is not None,
     }).encode()
 
 
@@ -202,7 +203,7 @@ class ProcessPool:
     @staticmethod
     async def _save(item: Item, saved: Saved) -> str:
         """Save a worker's checkpoint as a thread's would be; the error to answer."""
-        saver = item.get("saver")
+        saver = saver_of(item)
         kind, state = saved
         if saver is None or kind not in ("json", "bytes"):
             return (f"binding {item['binding']}: its items cannot be checkpointed here "

@@ -44,6 +44,7 @@ from asynctier.platform.wire import Item, Outcome, ok
 from asynctier.scheduler import outcomes
 from asynctier.scheduler.processes import ProcessPool
 from asynctier.scheduler.resolver import Function, FunctionResolver
+from asynctier.scheduler.work import resumed_of, saver_of
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def context_of(binding: Binding, item: Item, deadline: float) -> Context:
     return Context(binding.name, item["key"],
                    tuple((h["name"], h["value"]) for h in headers) if headers else (),
                    item["source_ref"], item["attempt"], item["record_time_ms"] / 1000.0,
-                   deadline, binding.tenant, item.get("resumed"), item.get("saver"))
+                   deadline, binding.tenant, resumed_of(item), saver_of(item))
 
 
 class SyncRun:

@@ -16,7 +16,7 @@ import itertools
 import logging
 import threading
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
@@ -26,6 +26,7 @@ from asynctier.platform.errors import CheckpointError
 from asynctier.platform.stream import Message, decode, encode
 from asynctier.platform.wire import Item, Outcome, decode_items, encode_outcomes, retry
 from asynctier.scheduler.outcomes import error_text
+from asynctier.scheduler.work import StreamItem
 
 if TYPE_CHECKING:
     from asynctier.scheduler.core import Scheduler
@@ -112,14 +113,16 @@ class RunSession:
             await cancel_and_wait(*tasks)
 
     def _accept(self, first: Message) -> list[Item]:
-        """The stream's items, each with its saver and the state it resumes from; an
-        ``alive`` message naming them all is queued at once (accepted)."""
+        """The stream's items, each with its saver and the state it resumes from
+        (:class:`~asynctier.scheduler.work.StreamItem`); an ``alive`` message naming them
+        all is queued at once (accepted)."""
         items = decode_items(first.body)
         for item in items:
+            kept = cast(StreamItem, item)
             saved = first.resume.get(item["id"])
             if saved is not None:
-                item["resumed"] = decode_checkpoint(saved[1], saved[0])
-            item["saver"] = StreamSaver(self, item["id"], item["binding"])
+                kept["resumed"] = decode_checkpoint(saved[1], saved[0])
+            kept["saver"] = StreamSaver(self, item["id"], item["binding"])
         self.holding = {item["id"] for item in items}
         self._alive()
         return items
