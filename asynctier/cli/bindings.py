@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import click
@@ -18,7 +17,7 @@ from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.allowlist import check_function_allowed
 from asynctier.platform.binding import FORMATS, ISOLATIONS, PRIORITIES, Binding
 from asynctier.platform.config import Settings
-from asynctier.platform.durations import format_duration, parse_duration, parse_ladder
+from asynctier.platform.durations import epoch_ms, format_duration, parse_duration, parse_ladder
 from asynctier.platform.errors import BindingError, ModuleNotAllowed
 from asynctier.platform.kafka import admin, ensure_topics, topic_partitions, topic_replication
 from asynctier.platform.registry import BindingRegistry
@@ -180,7 +179,7 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
             "--queue-after")
     if topic is not None:
         _kafka_topic(settings, topic, create_topic)
-    binding = binding.with_changes(created_ms=int(time.time() * 1000))
+    binding = binding.with_changes(created_ms=epoch_ms())
     if topic is not None:
         ensure_binding_topics(settings, [binding])
     BindingRegistry(settings).put(binding)

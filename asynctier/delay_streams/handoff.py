@@ -28,7 +28,7 @@ from asynctier.platform import metrics
 from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
-from asynctier.platform.durations import format_duration
+from asynctier.platform.durations import epoch_ms, format_duration
 from asynctier.platform.errors import MAX_RETRY_AFTER_S, HandoffError
 from asynctier.platform.kafka import (
     DLQ_MAX_MESSAGE_BYTES,
@@ -107,7 +107,7 @@ def parcel_from_message(msg: Any, now_ms: int | None = None) -> Parcel:
             plat[name] = value
         else:
             user.append((name, value))
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    now_ms = epoch_ms() if now_ms is None else now_ms
     raw = plat.get(n.H_ORIGIN)
     origin = raw.decode("utf-8", "replace") if raw else ""
     if not origin or "\n" in origin or len(origin) > MAX_ORIGIN_CHARS:
@@ -231,7 +231,7 @@ class Handoff:
                              f"platform's headers do not fit the {MAX_MESSAGE_BYTES:,} bytes "
                              "a delay topic takes)", parcel.attempt)
             return "dead_letter"
-        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        now_ms = epoch_ms() if now_ms is None else now_ms
         due_ms = _due_ms(binding, parcel.attempt, outcome["after_s"], now_ms)
         next_attempt = parcel.attempt + 1 if spends else parcel.attempt
         self.delay(binding, parcel, due_ms, next_attempt, error, now_ms)
@@ -255,7 +255,7 @@ class Handoff:
         saves per record in a retry flood: ``python -m bench.handoff_cost``.
         """
         counts: Counter[str] = Counter()
-        now_ms = int(time.time() * 1000)
+        now_ms = epoch_ms()
         plans: dict[tuple[str | None, float | None, bool], _Plan] = {}
         may_retry = binding.max_attempts > 1  # else attempt 1 is the last: a dead letter
         sizes = batch_bytes is None or batch_bytes > FAST_MAX_BYTES  # a record may be large
@@ -309,7 +309,7 @@ class Handoff:
     def delay(self, binding: Binding, parcel: Parcel, due_ms: int, attempt: int,
               error: str, now_ms: int | None = None) -> str:
         """Write the record to the delay topic of its first hop towards ``due_ms``."""
-        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        now_ms = epoch_ms() if now_ms is None else now_ms
         topic, headers = self._delay_record(binding, parcel, due_ms, attempt, error, now_ms)
         self.producer.produce(topic, parcel.value, parcel.key, headers,
                               partition=self.partition(topic))

@@ -54,6 +54,6 @@ def parse_ladder(text: str) -> tuple[float, ...]:
     return steps
 
 
-def now_ms() -> int:
+def epoch_ms() -> int:
     """The wall clock in epoch milliseconds (the unit of record timestamps and due times)."""
     return int(time.time() * 1000)

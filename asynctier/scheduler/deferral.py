@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
+from asynctier.platform.durations import epoch_ms
 from asynctier.platform.wire import Item, Outcome, retry
 from asynctier.scheduler.bounded import BoundedQueue
 
@@ -107,7 +108,7 @@ def defer(binding: Binding, items: list[Item], saturation: Saturation,
     Items must carry their deadline (:func:`~.deadlines.stamp_deadlines`)."""
     if not binding.defer_when_busy or not items or not saturation.saturated():
         return [], items
-    return park(binding, items, int(time.time() * 1000) if now_ms is None else now_ms)
+    return park(binding, items, epoch_ms() if now_ms is None else now_ms)
 
 
 def park(binding: Binding, items: list[Item],

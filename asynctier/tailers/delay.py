@@ -44,7 +44,7 @@ from asynctier.platform import names as n
 from asynctier.platform.binding import Binding, is_binding_name
 from asynctier.platform.calls import CallBuilder
 from asynctier.platform.config import Settings
-from asynctier.platform.durations import format_duration, now_ms
+from asynctier.platform.durations import epoch_ms, format_duration
 from asynctier.platform.errors import AsynctierError, HandoffError, SchedulerUnavailable
 from asynctier.platform.kafka import (
     admin,
@@ -156,11 +156,11 @@ class DelaySource:
         """Resume the partitions whose head is due, then consume; a record that is not due
         pauses its partition (and is read again after the resume)."""
         tailer, consumer = self.tailer, self.consumer
-        due = tailer.pauses.take_due(now_ms())
+        due = tailer.pauses.take_due(epoch_ms())
         if due:
             consumer.resume([TopicPartition(tailer.topic, p) for p in due])
         if wait_s > 0:
-            wait_s = tailer.pauses.wait_s(now_ms(), min(wait_s, tailer.options.longest_wait_s))
+            wait_s = tailer.pauses.wait_s(epoch_ms(), min(wait_s, tailer.options.longest_wait_s))
             first = consumer.consume(1, wait_s)
             got = [*first, *consumer.consume(max_records - 1, 0)] if first else []
         else:
@@ -172,7 +172,7 @@ class DelaySource:
         here: a hop to the next delay topic, or a dead letter when the binding is gone."""
         tailer = self.tailer
         records = [m for m in records if (m.topic(), m.partition()) in tailer.owned]
-        now = now_ms()
+        now = epoch_ms()
         call = CallBuilder()
         sent: list[Any] = []
         entries: list[Entry] = []
@@ -342,7 +342,7 @@ class DelayTailer:
 
     def sort(self, consumer: Any, messages: list[Any]) -> list[Any]:
         """The messages that may leave now; the partition of one that may not is paused."""
-        now = now_ms()
+        now = epoch_ms()
         released = []
         for msg in messages:
             err = msg.error()

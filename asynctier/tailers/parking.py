@@ -29,7 +29,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from asynctier.platform.config import Settings
-from asynctier.platform.durations import now_ms
+from asynctier.platform.durations import epoch_ms
 from asynctier.platform.errors import HandoffError
 from asynctier.platform.redis_client import SyncRedis, sync_client
 
@@ -254,7 +254,7 @@ class ParkingLot:
         """Append records behind their keys (a key without a head becomes ready)."""
         if not waiting:
             return
-        args: list[Any] = [self.wait, now_ms()]
+        args: list[Any] = [self.wait, epoch_ms()]
         for okey, record in waiting:
             args += (okey, record.encode())
         self._run(self._push, self._fixed_and_waits(k for k, _ in waiting), args,
@@ -263,7 +263,7 @@ class ParkingLot:
     def park(self, heads: Sequence[tuple[str, str]]) -> None:
         """(order key, origin): that record went to the delay path; its key waits for it."""
         if heads:
-            args: list[Any] = [now_ms()]
+            args: list[Any] = [epoch_ms()]
             for okey, origin in heads:
                 args += (okey, origin)
             self._run(self._park, [self.head, self.parked, self.ready], args, "parking keys")
@@ -297,7 +297,7 @@ class ParkingLot:
         """(order key, encoded record, parked, origin): a waiting record ran; it leaves
         its list, and its key is parked again behind it (``parked``) or moves on."""
         if results:
-            args: list[Any] = [self.wait, now_ms()]
+            args: list[Any] = [self.wait, epoch_ms()]
             for okey, blob, parked, origin in results:
                 args += (okey, blob, "1" if parked else "0", origin)
             self._run(self._done, self._fixed_and_waits(r[0] for r in results), args,

@@ -9,11 +9,11 @@ begins, the chunks of them then queued, which are taken out of the queue and ans
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.cancel import cancel_and_wait
+from asynctier.platform.durations import epoch_ms
 from asynctier.platform.wire import Item, Outcome
 from asynctier.scheduler.bounded import BoundedQueue, Chunk
 from asynctier.scheduler.deferral import Saturation, defer, may_wait, park
@@ -67,7 +67,7 @@ class DeferralGate(Gate):
         """Saturation began: take the queued chunks of deferring bindings out of the queue
         and park them now, rather than when a worker reaches them (a chunk with a record
         whose deadline is near stays, and is judged when it leaves)."""
-        now_ms = int(time.time() * 1000)
+        now_ms = epoch_ms()
         for chunk in self.queue.remove_where(
                 lambda c: may_wait(c.binding, c.items, now_ms)):
             self.answer(chunk, park(chunk.binding, chunk.items, now_ms)[0])

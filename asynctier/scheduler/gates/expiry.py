@@ -6,16 +6,11 @@ expire while it waits (:mod:`asynctier.scheduler.deadlines`).
 
 from __future__ import annotations
 
-import time
-
 from asynctier.platform.binding import Binding
+from asynctier.platform.durations import epoch_ms
 from asynctier.platform.wire import Item
 from asynctier.scheduler.deadlines import split_expired
 from asynctier.scheduler.gates.base import Admitted, Gate, GateContext
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class ExpiryGate(Gate):
@@ -28,8 +23,8 @@ class ExpiryGate(Gate):
 
     async def admit(self, binding: Binding, items: list[Item]) -> Admitted:
         """The batch's expired records are answered at once."""
-        return split_expired(binding, items, _now_ms())
+        return split_expired(binding, items, epoch_ms())
 
     def dequeue(self, binding: Binding, items: list[Item]) -> Admitted:
         """What expired while queued is answered, not run."""
-        return split_expired(binding, items, _now_ms())
+        return split_expired(binding, items, epoch_ms())
