@@ -8,7 +8,8 @@ per 1,000 items (Avro encode/decode on both sides). ``--core-only``: the core al
 uses the Redis at ``ASYNCTIER_REDIS_URL``, or starts one in a temporary folder. The
 scheduler is built by the tests' harness (``tests/scheduler_harness.py``), so run it from
 the repository root. What the scheduler does with these calls (every item answered once,
-at most ``workers`` chunks at a time) is tested in ``tests/test_scheduler_concurrency.py``.
+at most ``workers`` chunks at a time) is tested in
+``tests/scheduler/test_scheduler_concurrency.py``.
 """
 
 from __future__ import annotations

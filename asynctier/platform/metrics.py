@@ -326,7 +326,7 @@ def record_outcomes(binding: str, tenant: str, counts: Mapping[str, int]) -> Non
 
 
 #: The prometheus_client version whose histogram layout :func:`_layout` was checked against
-#: (``tests/test_metrics.py`` fails when an installed version lays it out otherwise).
+#: (``tests/platform/test_metrics.py`` fails when an installed version lays it out otherwise).
 HISTOGRAM_LAYOUT_CHECKED = "0.26.0"
 
 

@@ -63,7 +63,7 @@ class Call:
 
 
 # The three codecs below are written by hand, byte for byte what fastavro writes and reads
-# for the two schemas (property tests in tests/test_submitter_units.py hold them equal):
+# for the two schemas (property tests in tests/submitter/test_submitter_units.py hold them equal):
 # fastavro's generic path was most of a busy Submitter's time (``bench/submitter.py``;
 # figures in bench/RESULTS.md).
 

@@ -91,7 +91,7 @@ def _scenario(plat: FaultPlatform, settings: Settings, unique_topic: Callable[..
     fn_topic = unique_topic(1)
     _produce(settings, fn_topic, [(b"f1", b'{"id": -1}')])
     plat.cli("bind", "missing-fn", "--topic", fn_topic, "--function", "tests.faults.funcs:nope")
-    outside = Binding(name="outside", topic=fn_topic, function="tests.evil:boom")
+    outside = Binding(name="outside", topic=fn_topic, function="tests.funcs.evil:run")
     ensure_binding_topics(settings, [outside])
     BindingRegistry(settings).put(outside)  # written by someone whose config allows more
     _garbage_bindings(settings)

@@ -1,4 +1,4 @@
-"""Functions for the run stream's tests (tests/test_run_stream.py): what each does is in
+"""Functions for the run stream's tests (tests/scheduler/test_run_stream.py): what each does is in
 its payload."""
 
 from __future__ import annotations
