@@ -15,7 +15,18 @@ from asynctier.cli import settings_of
 from asynctier.cli.lag import read_tailers
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.allowlist import check_function_allowed
-from asynctier.platform.binding import FORMATS, ISOLATIONS, PRIORITIES, Binding
+from asynctier.platform.binding import (
+    DEFAULT_LADDER_S,
+    FORMATS,
+    ISOLATIONS,
+    PRIORITIES,
+    Binding,
+    Isolation,
+    Ordering,
+    PayloadFormat,
+    Priority,
+    RedisPolicy,
+)
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import epoch_ms, format_duration, parse_duration, parse_ladder
 from asynctier.platform.errors import BindingError, ModuleNotAllowed
@@ -119,56 +130,77 @@ def _size(what: str, text: str) -> int:
               help="Create the topic with N partitions when it does not exist.")
 @click.pass_context
 def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | None,
-         lease: str, function: str, tenant: str, priority: str,
-         fmt: str, schema_file: str | None, rate: float | None, burst: int | None,
+         lease: str, function: str, tenant: str, priority: Priority,
+         fmt: PayloadFormat, schema_file: str | None, rate: float | None, burst: int | None,
          concurrency: int | None, max_attempts: int, timeout: str, retry_ladder: str | None,
-         queue_after: str, isolation: str, idempotent: bool, redis_policy: str,
+         queue_after: str, isolation: Isolation, idempotent: bool, redis_policy: RedisPolicy,
          start_within: str | None, expire_after: str | None, defer_when_busy: bool,
-         breaker: str | None, ordering: str, max_payload: str | None,
+         breaker: str | None, ordering: Ordering, max_payload: str | None,
          create_topic: int | None) -> None:
     """Bind topic --topic (or queue topic --queue) to function --function under NAME."""
     settings = settings_of(ctx)
     if (topic is None) == (queue_topic is None):
         raise BindingError("source: give --topic T (a Kafka topic) or --queue Q (a queue "
                            "topic), one of them")
-    schema = None
-    if schema_file is not None:
-        try:
-            schema = Path(schema_file).read_text()
-        except OSError as exc:
-            raise BindingError(f"schema: cannot read {schema_file}: {exc.strerror}") from exc
-    fields: dict[str, object] = {"lease_s": _duration("lease", lease)}
-    if queue_topic is not None:
-        fields["source_kind"] = "queue"
-    if start_within is not None:
-        fields["start_within_s"] = _duration("start within", start_within)
-    if expire_after is not None:
-        fields["expire_after_s"] = _duration("expire after", expire_after)
-    if breaker is not None:
-        try:
-            fields["breaker_ratio"], fields["breaker_window_s"] = parse_breaker(breaker)
-        except ValueError as exc:
-            raise BindingError(f"breaker: {exc}") from exc
-    if max_payload is not None:
-        fields["max_payload_bytes"] = _size("max payload", max_payload)
-    ladder = _ladder(retry_ladder)
-    if ladder is not None:
-        fields["retry_ladder_s"] = ladder
+    ratio, window = _breaker_flag(breaker)
     binding = Binding(
         name=name, topic=topic or queue_topic or "", function=function, tenant=tenant,
-        priority=priority,  # type: ignore[arg-type]
-        format=fmt, schema=schema, rate_per_s=rate, burst=burst,  # type: ignore[arg-type]
-        max_concurrency=concurrency, max_attempts=max_attempts,
+        priority=priority, format=fmt, schema=_schema(schema_file), rate_per_s=rate,
+        burst=burst, max_concurrency=concurrency, max_attempts=max_attempts,
         timeout_s=_duration("timeout", timeout),
-        queue_after_s=_duration("queue after", queue_after),
-        isolation=isolation,  # type: ignore[arg-type]
-        idempotent=idempotent, redis_policy=redis_policy,  # type: ignore[arg-type]
-        ordering=ordering,  # type: ignore[arg-type]
+        retry_ladder_s=_ladder(retry_ladder) or DEFAULT_LADDER_S,
+        idempotent=idempotent, redis_policy=redis_policy,
+        source_kind="kafka" if queue_topic is None else "queue",
+        lease_s=_duration("lease", lease), queue_after_s=_duration("queue after", queue_after),
+        isolation=isolation,
+        max_payload_bytes=None if max_payload is None else _size("max payload", max_payload),
+        start_within_s=_optional_duration("start within", start_within),
+        expire_after_s=_optional_duration("expire after", expire_after),
+        breaker_ratio=ratio, breaker_window_s=window, ordering=ordering,
         defer_when_busy=defer_when_busy,
-        **fields,  # type: ignore[arg-type]
     ).validate()
+    _check_bindable(settings, binding)
+    if topic is not None:
+        _kafka_topic(settings, topic, create_topic)
+    binding = binding.with_changes(created_ms=epoch_ms())
+    if topic is not None:
+        ensure_binding_topics(settings, [binding])
+    BindingRegistry(settings).put(binding)
+    order = ", ordered by key" if binding.ordering == "key" else ""
+    order += ", deferred when busy" if binding.defer_when_busy else ""
+    click.echo(f"bound {name}: {path_of(settings, binding)} -> {function} (tenant {tenant}, "
+               f"{priority}, ladder {','.join(binding.ladder_names)}{order})")
+
+
+def _schema(path: str | None) -> str | None:
+    """The text of the schema file ``--schema`` names."""
+    if path is None:
+        return None
     try:
-        check_function_allowed(function, settings.allow_modules or None)
+        return Path(path).read_text()
+    except OSError as exc:
+        raise BindingError(f"schema: cannot read {path}: {exc.strerror}") from exc
+
+
+def _optional_duration(what: str, text: str | None) -> float | None:
+    return None if text is None else _duration(what, text)
+
+
+def _breaker_flag(text: str | None) -> tuple[float | None, float]:
+    """(failure share, window) of ``--breaker``; no breaker: (None, the default window)."""
+    if text is None:
+        return None, Binding.breaker_window_s
+    try:
+        return parse_breaker(text)
+    except ValueError as exc:
+        raise BindingError(f"breaker: {exc}") from exc
+
+
+def _check_bindable(settings: Settings, binding: Binding) -> None:
+    """What a binding valid on its own still needs from this platform: an allowed module,
+    and a queue shard when its records run from the queue."""
+    try:
+        check_function_allowed(binding.function, settings.allow_modules or None)
     except ModuleNotAllowed as exc:
         raise BindingError(f"function: {exc}") from exc
     if binding.moved_to_queue and not settings.queue_shards:
@@ -177,17 +209,6 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
             f"{binding.queue_after_s:g}s, so the records run from the queue, and no queue "
             "shard is configured: set [queue] shards (ASYNCTIER_QUEUE_SHARDS), or raise "
             "--queue-after")
-    if topic is not None:
-        _kafka_topic(settings, topic, create_topic)
-    binding = binding.with_changes(created_ms=epoch_ms())
-    if topic is not None:
-        ensure_binding_topics(settings, [binding])
-    BindingRegistry(settings).put(binding)
-    source = path_of(settings, binding)
-    order = ", ordered by key" if binding.ordering == "key" else ""
-    order += ", deferred when busy" if binding.defer_when_busy else ""
-    click.echo(f"bound {name}: {source} -> {function} (tenant {tenant}, {priority}, "
-               f"ladder {','.join(binding.ladder_names)}{order})")
 
 
 def path_of(settings: Settings, binding: Binding) -> str:
