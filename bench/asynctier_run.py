@@ -50,6 +50,8 @@ class AsynctierRun:
         self.port = free_port()
         self.extra_env = extra_env or {}
         self.proc: subprocess.Popen[bytes] | None = None
+        #: With :meth:`start_spread`, each component in a process of its own.
+        self.spread: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.log = folder / f"asynctier-{label}.log"
 
     def env(self) -> dict[str, str]:
@@ -100,6 +102,21 @@ class AsynctierRun:
                 env=self.env(), stdout=out, stderr=out, cwd=self.checkout,
                 start_new_session=True)
 
+    def start_spread(self, schedulers: int, tailers: int) -> None:
+        """``schedulers`` schedulers and ``tailers`` tailer processes (and one of delay
+        tailers), each ``asynctier run COMPONENT`` on its own, as a deployment over
+        several machines would run them: the tailers find the schedulers in Redis."""
+        ports = [free_port() for _ in range(schedulers)]
+        self.extra_env["ASYNCTIER_SCHEDULERS"] = ",".join(f"127.0.0.1:{p}" for p in ports)
+        argvs = [["scheduler", "--allow-module", "bench.noop", "--listen", f"127.0.0.1:{p}"]
+                 for p in ports]
+        argvs += [["tailers"]] * tailers + [["delay"]]
+        with open(self.log, "ab") as out:
+            for argv in argvs:
+                self.spread.append((argv[0], subprocess.Popen(
+                    [sys.executable, "-m", "asynctier", "run", *argv], env=self.env(),
+                    stdout=out, stderr=out, cwd=self.checkout, start_new_session=True)))
+
     def component(self, name: str) -> Finder:
         """A finder for the child process that runs ``name`` (scheduler, tailers, delay)."""
         def find() -> list[psutil.Process]:
@@ -132,9 +149,10 @@ class AsynctierRun:
     def check(self) -> Callable[[], None]:
         """A check for :func:`~bench.measure.watch_drain`: raises when the platform died."""
         def alive() -> None:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise BenchError(f"asynctier run exited with {self.proc.returncode}:\n"
-                                 f"{self.log_tail()}")
+            for proc in [p for p in [self.proc] if p is not None] + [p for _, p in self.spread]:
+                if proc.poll() is not None:
+                    raise BenchError(f"asynctier run exited with {proc.returncode}:\n"
+                                     f"{self.log_tail()}")
         return alive
 
     def log_tail(self) -> str:
@@ -143,17 +161,25 @@ class AsynctierRun:
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGTERM (tailers finish and commit, then the scheduler stops); SIGKILL late."""
-        proc = self.proc
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        return proc.returncode
+        # spread: tailers first (they finish their calls), then the delay tailers and
+        # the schedulers; the worst exit code
+        codes = [_stop(proc, timeout_s)
+                 for _, proc in sorted(self.spread, key=lambda c: c[0] != "tailers")]
+        if self.proc is None:
+            return max(codes, key=abs) if codes else None
+        return _stop(self.proc, timeout_s)
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
+    """SIGTERM ``proc``, wait up to ``timeout_s``, then SIGKILL its process group."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode
 
 
 def _runs(proc: psutil.Process, component: str) -> bool:

@@ -1,12 +1,14 @@
 """Urgent work, a small tenant and near deadlines behind a flood (issue 50).
 
     python -m bench.urgency [--cases all|same,tenant,...] [--backlog 300000]
-                            [--rate 30] [--seconds 10] [--start-after 8] [--out FILE]
+                            [--rate 30] [--seconds 10] [--start-after 8]
+                            [--spread SCHEDULERS,TAILERS] [--out FILE]
 
-One ``asynctier run`` per measurement. A *bulk* binding drains a backlog whose function
+One ``asynctier run`` per measurement (``--spread``: each component in a process of its
+own, that many schedulers and tailer processes). A *bulk* binding drains a backlog whose function
 waits 2 ms (``time.sleep``), or keeps the CPU busy 0.2 ms (the ``cpu`` case). Once it is
 under way (its group has committed, and the *probe* binding's warm-up records are done)
-and ``--settle`` seconds more, the probe binding's own topic (4 partitions) receives
+and ``--start-after`` seconds more, the probe binding's own topic (4 partitions) receives
 ``--rate`` records a second for ``--seconds``, each carrying its due time; the probe
 function notes start minus due time. Each case is measured alone (no bulk binding) and
 under the backlog; the ratio is p99 under the backlog over p99 alone.
@@ -126,7 +128,10 @@ def measure(svc: Services, folder: Path, case: Case, bulk_topic: str | None,
             run.bind("bulk", bulk_topic, case.bulk_function, *case.bulk_args)
             bulk_group = GroupProgress(boot, run.group("bulk"), bulk_topic)
         try:
-            run.start()
+            if args.spread:
+                run.start_spread(*args.spread)
+            else:
+                run.start()
             check = run.check()
             started = time.monotonic()
             _wait("the platform's start", lambda: time.monotonic() - started > args.start_after,
@@ -214,9 +219,13 @@ def summary(rows: Sequence[Row], drain_ratio: float | None) -> dict[str, float]:
 def markdown(rows: Sequence[Row], figures: dict[str, float], args: argparse.Namespace,
              speed: float) -> str:
     """The RESULTS.md section."""
-    out = ["## Urgent work behind a flood (issue 50)", "",
+    spread = f" --spread {args.spread[0]},{args.spread[1]}" if args.spread else ""
+    title = "Urgent work behind a flood (issue 50)" + (
+        f", {args.spread[0]} schedulers and {args.spread[1]} tailer processes"
+        if args.spread else "")
+    out = [f"## {title}", "",
            f"`python -m bench.urgency --backlog {args.backlog} --rate {args.rate:g} "
-           f"--seconds {args.seconds:g} --start-after {args.start_after:g}`, "
+           f"--seconds {args.seconds:g} --start-after {args.start_after:g}{spread}`, "
            f"{time.strftime('%Y-%m-%d')}, Python speed {speed:.1f} M loops/s. "
            f"p50 / p99 record-to-start of {int(args.rate * args.seconds)} probe records, "
            "in ms; the bulk binding's backlog drains meanwhile.", "",
@@ -237,7 +246,7 @@ def final_line(figures: dict[str, float]) -> str:
 
 def write_section(path: Path, section: str) -> None:
     """Put ``section`` into ``path`` in place of the one with its heading (or at the end)."""
-    heading = section.splitlines()[0]
+    heading = section.splitlines()[0] + "\n"  # whole line: one heading may begin another
     text = path.read_text() if path.exists() else ""
     start = text.find(heading)
     if start < 0:
@@ -246,6 +255,11 @@ def write_section(path: Path, section: str) -> None:
         end = text.find("\n## ", start + len(heading))
         text = text[:start] + section + ("" if end < 0 else text[end + 1:])
     path.write_text(text)
+
+
+def _spread(text: str) -> tuple[int, int]:
+    schedulers, _, tailers = text.partition(",")
+    return int(schedulers), int(tailers or "1")
 
 
 def main(argv: list[str]) -> int:
@@ -257,6 +271,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rate", type=float, default=30.0)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--start-after", type=float, default=8.0)
+    p.add_argument("--spread", type=_spread, metavar="S,T",
+                   help="S schedulers and T tailer processes, each on its own (and one of "
+                        "delay tailers), instead of one default `asynctier run`")
     p.add_argument("--out", type=Path, help="write the section into this file "
                    "(e.g. bench/RESULTS.md)")
     args = p.parse_args(argv)
