@@ -22,8 +22,8 @@ from asynctier.dev.process import (
     FETCH_S,
     HOST,
     KAFKA_READY_S,
-    STOP_S,
     Daemon,
+    DaemonNode,
     TlsFiles,
     default_cache_dir,
     default_pom,
@@ -165,7 +165,7 @@ logger.started.level = INFO
 
 
 @dataclass
-class KafkaNode:
+class KafkaNode(DaemonNode):
     """One Kafka 4.x node in KRaft combined mode (broker and controller), data kept in
     ``data_dir``."""
 
@@ -298,18 +298,8 @@ class KafkaNode:
         self._format(java)
         return java
 
-    def stop(self, timeout_s: float = STOP_S) -> bool:
-        """Controlled shutdown (SIGTERM, wait, SIGKILL last); data is kept."""
-        return self.daemon.stop(timeout_s)
 
-    def kill(self) -> bool:
-        """SIGKILL the broker (a crash); data is kept."""
-        return self.daemon.kill()
 
-    def restart(self) -> None:
-        """Stop and start again on the same ports with the same data."""
-        self.stop()
-        self.start()
 
     def _java_argv(self, java: str, *main: str) -> list[str]:
         return [java, f"-Xmx{self.heap}", "-Xms256m", "-Djava.awt.headless=true",

@@ -24,8 +24,8 @@ from asynctier.dev.process import (
     HOST,
     INSTALL_COMMANDS,
     POSTGRES_READY_S,
-    STOP_S,
     Daemon,
+    DaemonNode,
     ensure_ports_free,
     port_answers,
 )
@@ -47,7 +47,7 @@ _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes, the socket's name takes ~17
 
 
 @dataclass
-class PostgresNode:
+class PostgresNode(DaemonNode):
     """One ``postgres`` server whose cluster, log and pid file live in ``data_dir``."""
 
     data_dir: Path
@@ -112,18 +112,8 @@ class PostgresNode:
         self._create_database()
         return True
 
-    def stop(self, timeout_s: float = STOP_S) -> bool:
-        """A fast shutdown (clients are disconnected), SIGKILL last; the data is kept."""
-        return self.daemon.stop(timeout_s)
 
-    def kill(self) -> bool:
-        """SIGKILL the server (a crash; it recovers from its WAL at the next start)."""
-        return self.daemon.kill()
 
-    def restart(self) -> None:
-        """Stop and start again on the same port with the same data."""
-        self.stop()
-        self.start()
 
     def _argv(self, bin_dir: Path) -> list[str]:
         argv = [str(bin_dir / "postgres"), "-D", str(self.cluster_dir), "-p", str(self.port),

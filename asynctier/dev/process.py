@@ -295,6 +295,34 @@ def _logs(daemon: Daemon, extra_log: Path | None) -> str:
 # --------------------------------------------------------------------------- services
 
 
+class DaemonNode:
+    """A service run by one :class:`Daemon`, its data kept in a folder: stopping, killing
+    and restarting it are the same for every kind (Kafka, Redis, PostgreSQL)."""
+
+    @property
+    def daemon(self) -> Daemon:
+        """Its process (each kind says how it is found and signalled)."""
+        raise NotImplementedError
+
+    def start(self) -> bool:
+        """Start it (no-op when up); True when it was started now."""
+        raise NotImplementedError
+
+    def stop(self, timeout_s: float = STOP_S) -> bool:
+        """Its own shutdown (SIGTERM: Redis syncs its append-only file, PostgreSQL shuts
+        down fast), a SIGKILL after ``timeout_s``; the data is kept. True when it ran."""
+        return self.daemon.stop(timeout_s)
+
+    def kill(self) -> bool:
+        """SIGKILL it (a crash); the data is kept and recovered at the next start."""
+        return self.daemon.kill()
+
+    def restart(self) -> None:
+        """Stop and start again on the same ports with the same data."""
+        self.stop()
+        self.start()
+
+
 class Service(Protocol):
     """What the stack needs from each of its services."""
 

@@ -10,8 +10,8 @@ from asynctier.dev.process import (
     DEFAULT_REDIS_PORT,
     HOST,
     REDIS_READY_S,
-    STOP_S,
     Daemon,
+    DaemonNode,
     TlsFiles,
     ensure_ports_free,
     port_answers,
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class RedisNode:
+class RedisNode(DaemonNode):
     """One ``redis-server`` with append-only persistence in ``data_dir``."""
 
     data_dir: Path
@@ -94,18 +94,8 @@ class RedisNode:
         wait_ready("Redis", self.healthy, self.daemon, REDIS_READY_S)
         return True
 
-    def stop(self, timeout_s: float = STOP_S) -> bool:
-        """SIGTERM (Redis syncs its append-only file), wait, SIGKILL last; data is kept."""
-        return self.daemon.stop(timeout_s)
 
-    def kill(self) -> bool:
-        """SIGKILL the server (a crash)."""
-        return self.daemon.kill()
 
-    def restart(self) -> None:
-        """Stop and start again on the same port with the same data."""
-        self.stop()
-        self.start()
 
     def _conf(self) -> str:
         lines = [f"port {self.port}", f"bind {HOST}", f"dir {self.data_dir}",
