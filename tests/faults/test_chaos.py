@@ -472,3 +472,21 @@ def test_chaos_ten_minutes_of_random_kills(services: Services, prefix: str, tmp_
           flush=True)
     run_chaos(plan, "chaos: 10 min of random SIGKILLs", _settings(services, prefix),
               services, tmp_path, fault_results)
+
+
+def test_a_duplicate_counts_against_the_last_kill_before_it() -> None:
+    """Pure: the second success of an id goes to the kill before it; first successes and
+    failures (no ``D`` line) count nowhere."""
+    kills = [Kill(Step("tailers", 1.0, 10.0), at=10.0), Kill(Step("redis", 1.0, 10.0), at=20.0)]
+    calls = [Call(1, 1, 5.0, "D", 7), Call(1, 1, 12.0, "D", 8), Call(2, 1, 15.0, "S", 8),
+             Call(2, 1, 16.0, "D", 8), Call(2, 1, 25.0, "D", 9), Call(3, 1, 26.0, "D", 9)]
+    assert duplicates_per_kill(calls, kills) == [0, 1, 1]
+
+
+def test_a_seed_replays_the_same_plan() -> None:
+    """Pure: the long plan is a function of its seed, and covers the time asked for."""
+    plan = long_plan(41)
+    assert plan == long_plan(41) and plan != long_plan(42)
+    assert sum(s.every_s for s in plan) >= LONG_S > sum(s.every_s for s in plan[:-1])
+    assert {s.victim for s in plan} <= set(SHORT_ORDER)
+    assert all(0.2 <= s.pause_s <= 5.0 and 3.0 <= s.every_s <= 25.0 for s in plan)
