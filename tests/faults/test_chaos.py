@@ -41,7 +41,7 @@ from asynctier import dev as devstack
 from asynctier.dev.process import port_answers
 from asynctier.dev.replica import crash
 from asynctier.platform.config import Settings
-from asynctier.platform.errors import QueueError, ServiceError
+from asynctier.platform.errors import QueueUnavailable, ServiceError
 from asynctier.platform.kafka import admin, ensure_topics
 from asynctier.queue.items import NewItem
 from asynctier.queue.store import QueueStore
@@ -210,6 +210,10 @@ class Feeder:
         assert not any(t.is_alive() for t in self.threads), "a feeder did not finish"
         assert not self.errors, self.errors[:3]
 
+    def check(self) -> None:
+        """Fails the test at once when a feeder thread failed."""
+        assert not self.errors, f"a feeder failed: {self.errors[:3]}"
+
     def _guarded(self, feed: Callable[[], None]) -> None:
         try:
             feed()
@@ -259,8 +263,8 @@ class Feeder:
                 try:
                     self.store.enqueue(self.namespace, chunk)
                     break
-                except QueueError:
-                    assert time.monotonic() < deadline, "the queue refused items for 120 s"
+                except QueueUnavailable:  # a refusal (QueueError) fails the test
+                    assert time.monotonic() < deadline, "the queue was down for 120 s"
                     time.sleep(0.5)
             self.items.extend(range(ident, ident + n))
             ident += n
@@ -296,9 +300,10 @@ def allowed(victim: str) -> int:
 class Chaos:
     """Kills victims by a plan and brings each back as a supervisor would."""
 
-    def __init__(self, plat: FaultPlatform, services: Services) -> None:
+    def __init__(self, plat: FaultPlatform, services: Services, feeder: Feeder) -> None:
         self.plat = plat
         self.services = services
+        self.feeder = feeder
         self.kills: list[Kill] = []
         self.began = time.time()
 
@@ -333,6 +338,7 @@ class Chaos:
         records, items = successes(self.plat.calls())
 
         def again() -> bool:
+            self.feeder.check()  # no progress to wait for once a feeder stopped
             now_records, now_items = successes(self.plat.calls())
             return now_records >= records + need and now_items >= items + need
 
@@ -358,7 +364,7 @@ def settled(plat: FaultPlatform, feeder: Feeder, store: QueueStore,
             return "records wait in a delay topic"
         try:
             counts = store.counts(ns, "jobs")
-        except QueueError as exc:
+        except QueueUnavailable as exc:
             return f"queue unreadable: {exc}"
         busy = [(c.ready, c.delayed, c.leased, c.dead) for c in counts
                 if (c.ready, c.delayed, c.leased, c.dead) != (0, 0, 0, 0)]
@@ -376,7 +382,7 @@ def run_chaos(plan: list[Step], scenario: str, settings: Settings, services: Ser
                          env={"ASYNCTIER_QUEUE_SHARDS": services.postgres.dsn})
     store = QueueStore(services.postgres.dsn)
     feeder = Feeder(settings, topic, store, ns, "jobs")
-    chaos = Chaos(plat, services)
+    chaos = Chaos(plat, services, feeder)
     try:
         store.migrate()
         plat.bind("orders", topic, *RETRIES)
