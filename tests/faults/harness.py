@@ -1,6 +1,6 @@
 """The fault harness: the real processes (``tests.platform_harness.Platform``) plus what a
 fault scenario needs: a ledger function, restarts on the same port, a supervisor that
-restarts a dying scheduler (as systemd or Kubernetes would), and the read-back of dead
+restarts a dying process (as systemd or Kubernetes would), and the read-back of dead
 letters and of records still waiting in delay topics.
 """
 
@@ -37,7 +37,10 @@ class FaultPlatform(Platform):
         super().__init__(settings, folder, allow=("tests.faults",), env=env)
         self.ports: dict[str, int] = {}
         self.restarts: dict[str, int] = {}
-        self._supervised: set[str] = set()
+        self._commands: dict[str, tuple[str, tuple[str, ...], dict[str, str]]] = {}
+        self._supervised: dict[str, float] = {}  # name -> pause before a restart (s)
+        self._dead_since: dict[str, float] = {}
+        self._lock = threading.Lock()  # a kill and the supervisor's restart take turns
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
 
@@ -49,6 +52,7 @@ class FaultPlatform(Platform):
 
     def start(self, component: str, name: str | None = None, *args: str) -> str:
         name = super().start(component, name, *args)
+        self._commands[name] = (component, args, dict(self.extra_env))
         if component == "scheduler":
             self.ports[name] = self.scheduler_ports[-1]
         return name
@@ -72,18 +76,42 @@ class FaultPlatform(Platform):
                                             cwd=REPO)
         self.restarts[name] = self.restarts.get(name, 0) + 1
 
-    def supervise(self, name: str) -> None:
-        """Restart the scheduler ``name`` whenever it dies, until :meth:`stop_all`."""
-        self._supervised.add(name)
+    def restart(self, name: str) -> None:
+        """Start the process ``name`` again as it was started (a scheduler on its port)."""
+        if name in self.ports:
+            self.restart_scheduler(name)
+            return
+        component, args, env = self._commands[name]
+        saved, self.extra_env = self.extra_env, env
+        try:
+            Platform.start(self, component, name, *args)
+        finally:
+            self.extra_env = saved
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a process and reap it (the supervisor restarts it only after)."""
+        with self._lock:
+            super().kill(name)
+
+    def supervise(self, name: str, pause_s: float = 0.0) -> None:
+        """Restart the process ``name`` whenever it dies, ``pause_s`` after it was seen
+        dead (as systemd's ``RestartSec``), until :meth:`stop_all`."""
+        self._supervised[name] = pause_s
         if self._supervisor is None:
             self._supervisor = threading.Thread(target=self._watch, daemon=True)
             self._supervisor.start()
 
     def _watch(self) -> None:
         while not self._stopping.wait(0.1):
-            for name in list(self._supervised):
-                if self.procs[name].poll() is not None and not self._stopping.is_set():
-                    self.restart_scheduler(name)
+            for name, pause_s in list(self._supervised.items()):
+                with self._lock:
+                    if self.procs[name].poll() is None:
+                        continue
+                    dead = self._dead_since.setdefault(name, time.monotonic())
+                    if time.monotonic() - dead >= pause_s and not self._stopping.is_set():
+                        del self._dead_since[name]
+                        self.restart(name)
 
     def stop_all(self) -> None:
         self._stopping.set()
