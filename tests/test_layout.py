@@ -161,3 +161,29 @@ def test_a_planted_circle_is_found(tmp_path: Path) -> None:
     (copy / "tailers" / "one.py").write_text("from asynctier.tailers import two\n")
     (copy / "tailers" / "two.py").write_text("from asynctier.tailers.one import X\n")
     assert import_circles(copy) == [["asynctier.tailers.one", "asynctier.tailers.two"]]
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_no_room_holds_more_than_a_quarter_of_the_code() -> None:
+    """The heart of the platform is found by its name, not hidden in a room that holds
+    everything (issue 42): no room over 25% of the package's lines."""
+    total = sum(_lines(p) for p in PACKAGE.rglob("*.py"))
+    sizes = {room: sum(_lines(p) for p in (PACKAGE / room).rglob("*.py"))
+             for room in _SUBPACKAGES}
+    over = {room: f"{n / total:.0%}" for room, n in sizes.items() if n > total / 4}
+    assert not over, f"rooms over a quarter of {total} lines: {over}"
+
+
+def test_no_function_is_over_60_lines() -> None:
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > 60:
+                    long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} "
+                                f"{node.name} ({length} lines)")
+    assert not long, "functions over 60 lines:\n" + "\n".join(long)
