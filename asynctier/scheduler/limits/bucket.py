@@ -12,6 +12,7 @@ that every scheduler draws from one bucket per binding, one round trip per take.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -19,7 +20,11 @@ from collections.abc import Callable
 from asynctier.platform.binding import Binding
 from asynctier.platform.names import Names
 from asynctier.platform.redis_client import AsyncRedis
+from asynctier.scheduler.limits.bad_values import BadValues
+from asynctier.scheduler.limits.quota import as_text
 from asynctier.scheduler.limits.scripts import TAKE_TOKENS
+
+log = logging.getLogger(__name__)
 
 
 def burst_of(binding: Binding) -> float:
@@ -80,6 +85,7 @@ class RedisBucket:
         self._take = client.register_script(TAKE_TOKENS)
         self._clock = clock
         self._spare: dict[str, tuple[int, float]] = {}  # binding: (tokens, usable until)
+        self._bad = BadValues(log)
 
     def key(self, binding: str) -> str:
         """The bucket's Redis key."""
@@ -99,8 +105,21 @@ class RedisBucket:
         burst = burst_of(binding)
         want = int(min(burst, rate * SPARE_S))
         want = want if want >= MIN_SPARE else 0
-        wait_us, granted = await self._take(keys=[self.key(name)],
-                                            args=[rate, burst, n, want])
+        wait_us, granted, refused = await self._take(keys=[self.key(name)],
+                                                     args=[rate, burst, n, want])
+        self._refused(name, as_text(refused))
         if int(granted) > 0:
             self._spare[name] = (int(granted), now + SPARE_S)
         return int(wait_us) / 1_000_000
+
+    def _refused(self, binding: str, refused: str) -> None:
+        """Say once each value of the bucket the script refused (it filled the bucket
+        afresh and wrote it anew)."""
+        key = self.key(binding)
+        if not refused:
+            self._bad.good(key)
+            return
+        self._bad.refused(key, "", refused.replace("\n", ", "),
+                          "not a token bucket's tokens or time; the bucket started full "
+                          "again and was written anew", "nothing to do (or delete the key)",
+                          binding=binding)

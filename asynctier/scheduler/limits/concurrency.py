@@ -26,6 +26,8 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.names import Names
 from asynctier.platform.redis_client import REDIS_DOWN, AsyncRedis
+from asynctier.scheduler.limits.bad_values import BadValues
+from asynctier.scheduler.limits.quota import as_text
 from asynctier.scheduler.limits.scripts import ACQUIRE_LEASE, RENEW_LEASES
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,7 @@ class LeasePool:
         self._gates: dict[str, asyncio.Lock] = {}
         self._freed: dict[str, asyncio.Event] = {}
         self._heartbeat: asyncio.Task[None] | None = None
+        self._bad = BadValues(log)
 
     def key(self, binding: str) -> str:
         """The Redis key of a binding's leases."""
@@ -127,13 +130,24 @@ class LeasePool:
         args: list[int | str] = [cap, lease, self._lease_ms]
         while True:
             freed.clear()
-            if await self._acquire(keys=[self.key(binding.name)], args=args):
+            taken, refused = await self._acquire(keys=[self.key(binding.name)], args=args)
+            if refused:
+                self._refused(binding.name, as_text(refused))
+            if int(taken):
                 return waited
             waited = True
             with contextlib.suppress(TimeoutError):  # not wait_for: it can lose a cancel
                 async with asyncio.timeout(delay * random.uniform(0.5, 1.0)):
                     await freed.wait()
             delay = min(delay * 2, POLL_MAX_S)
+
+    def _refused(self, binding: str, refused: str) -> None:
+        """Say once each lease the script refused (dropped: it held its slot for ever)."""
+        for lease in refused.split("\n"):
+            name, _, expiry = lease.rpartition("=")
+            self._bad.refused(self.key(binding), name, expiry, "an expiry no heartbeat "
+                              "sets (it would hold its slot for ever); the lease was dropped",
+                              "nothing to do", binding=binding)
 
     async def release(self, binding: str, lease: str) -> None:
         """Give a lease back (if Redis is down it expires by itself)."""

@@ -48,6 +48,7 @@ from asynctier.platform.redis_client import REDIS_DOWN, AsyncRedis
 from asynctier.platform.scripts import lua
 from asynctier.platform.wire import Item, Outcome
 from asynctier.scheduler.guard import BUSY, RUN, TAKEN_OVER
+from asynctier.scheduler.limits.bad_values import BadValues
 from asynctier.scheduler.limits.quota import as_text, join_refs
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,7 @@ class RunOnce:
         # per binding, the finish() calls waiting for the next write to land
         self._waiters: dict[str, list[asyncio.Future[set[str]]]] = {}
         self._writer: asyncio.Task[None] | None = None
+        self._bad = BadValues(log)
 
     def prefix(self, binding: str) -> str:
         """The prefix of ``binding``'s hashes (the span number follows)."""
@@ -221,6 +223,9 @@ class RunOnce:
         blocks = each_block(joined)
         text = await self._call(self._claim, binding, {b for b in blocks if b is not None}, [
             self.holder, self._holder_ms, self._span_ms, self.prefix(binding), joined])
+        text, _, refused = text.partition("\n")
+        if refused:
+            self._refused(binding, refused)
         running = self._running.setdefault(binding, {})
         if text.count(RUN) == len(text):
             running.update(zip(refs, blocks, strict=True))
@@ -235,6 +240,21 @@ class RunOnce:
             text = "".join(out)
         self._ensure_heartbeat()
         return text
+
+    def _refused(self, binding: str, refused: str) -> None:
+        """Say once each value CLAIM refused: a record's value that is neither ``d`` nor
+        ``r<holder>`` (the record ran, and its claim replaced the value) or a holder's
+        expiry no heartbeat sets (the holder was dropped, its records taken over)."""
+        for line in refused.split("\n"):
+            key, value, field = line.split("\t", 2)
+            if key == self.holders(binding):
+                why = ("an expiry no heartbeat sets (its records would wait for ever); the "
+                       "holder was dropped and its records taken over")
+            else:
+                why = ("neither d (done) nor r<holder> (claimed); the record ran, its claim "
+                       "replacing the value")
+            self._bad.refused(key, field, value, why, "nothing to do (or delete the key)",
+                              binding=binding)
 
     def forget(self, binding: str, items: Sequence[Item]) -> None:
         """``items`` no longer run here (their claims, if still in Redis, are stale)."""
