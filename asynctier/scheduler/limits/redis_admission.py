@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from asynctier.platform.binding import Binding
@@ -85,7 +85,8 @@ class RedisAdmission:
     """
 
     def __init__(self, settings: Settings, config: AdmissionConfig | None = None,
-                 client: AsyncRedis | None = None) -> None:
+                 client: AsyncRedis | None = None,
+                 clock: Callable[[], int] | None = None) -> None:
         config = self.config = config or AdmissionConfig()
         names = self._names = settings.names
         self._link = (RedisLink.to(settings.redis_url, names, config.socket_timeout_s,
@@ -93,8 +94,9 @@ class RedisAdmission:
                       RedisLink(client, names, config.probe_interval_s))
         self._client = self._link.client
         self._bucket = RedisBucket(self._client, names)
+        self._clock = clock  # epoch ms of the quota's windows (tests); Redis TIME when None
         self._quota = RedisQuota(self._client, names, config.charge_ttl_s,
-                                 config.quota_recheck_s)
+                                 config.quota_recheck_s, clock=clock)
         self._leases = LeasePool(self._client, names, config.lease_s)
         self._fallback = LocalLimiter()
         self._locals: dict[str, _Local] = {}
@@ -109,7 +111,7 @@ class RedisAdmission:
     @property
     def quotas(self) -> QuotaStore:
         """The tenants' quotas, on this admission's Redis client."""
-        return QuotaStore(self._client, self._names)
+        return QuotaStore(self._client, self._names, self._clock)
 
     @property
     def redis_down(self) -> bool:
