@@ -22,10 +22,12 @@ import random
 import uuid
 from collections import deque
 
+from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
 from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.names import Names
 from asynctier.platform.redis_client import REDIS_DOWN, AsyncRedis
+from asynctier.platform.supervise import RestartPolicy, supervise_task
 from asynctier.scheduler.limits.bad_values import BadValues
 from asynctier.scheduler.limits.quota import as_text
 from asynctier.scheduler.limits.scripts import ACQUIRE_LEASE, RENEW_LEASES
@@ -88,8 +90,10 @@ class LocalLimit:
 class LeasePool:
     """Leases of concurrency slots in Redis, global across schedulers, renewed while held."""
 
-    def __init__(self, client: AsyncRedis, names: Names, lease_s: float = DEFAULT_LEASE_S) -> None:
+    def __init__(self, client: AsyncRedis, names: Names, lease_s: float = DEFAULT_LEASE_S,
+                 policy: RestartPolicy | None = None) -> None:
         self._names = names
+        self._policy = policy  # how the heartbeat restarts after a failure (tests shorten it)
         self._lease_ms = int(lease_s * 1000)
         self._acquire = client.register_script(ACQUIRE_LEASE)
         self._renew = client.register_script(RENEW_LEASES)
@@ -161,6 +165,7 @@ class LeasePool:
         """Stop the heartbeat and give back every lease still held."""
         if self._heartbeat is not None:
             await cancel_and_wait(self._heartbeat)
+            self._heartbeat = None
         for binding, leases in self._held.items():
             if leases:
                 with contextlib.suppress(*REDIS_DOWN):
@@ -168,11 +173,17 @@ class LeasePool:
         self._held.clear()
 
     def _ensure_heartbeat(self) -> None:
-        if self._heartbeat is None or self._heartbeat.done():
-            self._heartbeat = asyncio.create_task(self._beat(), name="asynctier-lease-heartbeat")
+        if self._heartbeat is None:
+            self._heartbeat = supervise_task(
+                "asynctier-lease-heartbeat", self._beat, policy=self._policy,
+                what="the concurrency leases' heartbeat",
+                hint="Leases held here lapse meanwhile and their slots may be taken twice; "
+                     "check Redis and the error above.", on_restart=metrics.count_task_restart)
 
     async def _beat(self) -> None:
-        while any(self._held.values()):
+        """The heartbeat's loop (supervised): renew the leases held, every third of the
+        lease time."""
+        while True:
             await asyncio.sleep(self._lease_ms / 3000)
             for binding, leases in list(self._held.items()):
                 if leases:
