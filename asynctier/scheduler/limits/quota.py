@@ -30,7 +30,7 @@ from asynctier.platform.names import Names
 from asynctier.platform.redis_client import AsyncRedis
 from asynctier.platform.wire import Item
 from asynctier.scheduler.limits.bad_values import BadValues
-from asynctier.scheduler.limits.scripts import CHARGE_QUOTA
+from asynctier.scheduler.limits.scripts import CHARGE_QUOTA, QUOTA_AND_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,7 @@ class RedisQuota:
         self._names = names
         self._store = QuotaStore(client, names, clock)
         self._charge = client.register_script(CHARGE_QUOTA)
+        self._combined = client.register_script(QUOTA_AND_TOKENS)
         self._ttl_s = charge_ttl_s
         self._recheck_s = recheck_s
         self._monotonic = monotonic
@@ -156,21 +157,45 @@ class RedisQuota:
         source reference; under its tenant's tag)."""
         return self._names.tenant_key(binding.tenant, "charges", binding.name, str(window))
 
+    def known_free(self, tenant: str) -> bool:
+        """Whether ``tenant`` was found without a quota less than ``recheck_s`` ago (its
+        chunks cost no round trip)."""
+        return self._no_quota_until.get(tenant, 0.0) > self._monotonic()
+
     async def charge(self, binding: Binding, items: Sequence[Item]) -> dict[int, float]:
         """Charge what fits; ``{item id: seconds until it may run}`` for the rest."""
-        tenant = binding.tenant
-        if not items or self._no_quota_until.get(tenant, 0.0) > self._monotonic():
+        if not items or self.known_free(binding.tenant):
             return {}
+        over, _ = await self._run(binding, items, self._charge, None)
+        return over
+
+    async def charge_and_take(self, binding: Binding, items: Sequence[Item], bucket: str,
+                              take: list[float]) -> tuple[dict[int, float], list[Any]]:
+        """:meth:`charge`, and in the same call take the tokens of the items admitted from
+        the bucket ``bucket`` (``take``: its rate, burst and spare wanted; see
+        :data:`~.scripts.QUOTA_AND_TOKENS`, one Redis server only): the items over quota,
+        and the bucket's answer."""
+        return await self._run(binding, items, self._combined, (bucket, take))
+
+    async def _run(self, binding: Binding, items: Sequence[Item], script: Any,
+                   take: tuple[str, list[float]] | None) -> tuple[dict[int, float], list[Any]]:
+        """Call ``script`` with the charge windows' keys of this clock; asked again once
+        with Redis' window when that is another."""
+        tenant = binding.tenant
         refs = join_refs([item["source_ref"] for item in items])
         mine = int(self._wall() // self._ttl_s)
         first = mine + self._skew - 2
         for _ in range(2):
             keys = [self._store.key(tenant), self._store.usage_key(tenant),
                     *(self.charges_key(binding, w) for w in range(first, first + 4))]
-            args: list[int | str] = [self._ttl_s, first, refs]
-            if self._clock is not None:
+            args: list[Any] = [self._ttl_s, first, refs]
+            if take is not None:
+                keys.append(take[0])
+                args += [self._clock() if self._clock is not None else "", *take[1]]
+            elif self._clock is not None:
                 args.append(self._clock())
-            flat = await self._charge(keys=keys, args=args)
+            reply = await script(keys=keys, args=args)
+            flat, taken = (reply[0], reply[1]) if take is not None else (reply, [])
             self._said(tenant, as_text(flat[1]))
             if int(flat[0]) != _SKEW:
                 break
@@ -183,10 +208,10 @@ class RedisQuota:
                 "this scheduler")
         if not int(flat[0]):
             self._no_quota_until[tenant] = self._monotonic() + self._recheck_s
-            return {}
+            return {}, taken
         self._no_quota_until.pop(tenant, None)
         return {items[int(flat[i]) - 1]["id"]: int(flat[i + 1]) / 1000
-                for i in range(2, len(flat), 2)}
+                for i in range(2, len(flat), 2)}, taken
 
     def _said(self, tenant: str, refused: str) -> None:
         """Say each value the script refused, once (see :mod:`.bad_values`)."""
