@@ -47,3 +47,24 @@ async def until(predicate: Callable[[], T], timeout: float = 5.0, message: str =
                 f"(last value: {value!r})"
             )
         await asyncio.sleep(interval)
+
+
+class MinuteClock:
+    """A clock in epoch ms that runs in real time from a chosen point of a minute (the
+    next one, so that keys it dates expire in the future): a test says where in the
+    window it starts, and jumps, instead of sleeping or skipping around a minute's turn."""
+
+    def __init__(self, in_minute_ms: int = 1_000) -> None:
+        self.jump_to(in_minute_ms)
+
+    def jump_to(self, in_minute_ms: int, minutes_on: int = 0) -> None:
+        """From now on, time runs from ``in_minute_ms`` into the minute ``minutes_on``
+        after the one it started in."""
+        self._real_start = time.monotonic()
+        if not hasattr(self, "minute"):
+            self.minute = int(time.time() // 60) + 1
+        self.minute += minutes_on
+        self._start_ms = self.minute * 60_000 + in_minute_ms
+
+    def __call__(self) -> int:
+        return self._start_ms + int((time.monotonic() - self._real_start) * 1000)

@@ -1,12 +1,16 @@
 """The Lua scripts that keep the shared counters in Redis, read from ``lua/*.lua``.
 
-Each script takes its time from Redis ``TIME`` (so processes' clocks never matter), does
-O(1) work per item, and is registered once per Redis client (``register_script``: EVALSHA,
-loaded again by itself after a Redis restart). Numbers are written back with
-``string.format`` so that no precision is lost to Lua's ``tostring``. Each file's header
-says what its KEYS and ARGV are and what it returns. The rooms that run a script name it
-where they use it (admission in :mod:`asynctier.scheduler.limits.scripts`, membership,
-the Submitter's enqueue capacity).
+Each script takes its time from Redis ``TIME`` (so processes' clocks never matter; some
+take an optional time argument instead, a clock tests move), does O(1) work per item, and
+is registered once per Redis client (``register_script``: EVALSHA, loaded again by itself
+after a Redis restart). Numbers are written back with ``string.format`` so that no
+precision is lost to Lua's ``tostring``. Each file's header says what its KEYS and ARGV
+are and what it returns; a file that defines a function (``charge_quota.lua``,
+``take_tokens.lua``) is joined with one that calls it, alone or with another
+(``quota_and_tokens.lua``). The rooms that run a script name it where they use it
+(admission in :mod:`asynctier.scheduler.limits.scripts`, membership, the Submitter's
+enqueue capacity). The admission's and the run-once scripts check each value they read
+from Redis and answer what they refused beside their result.
 """
 
 from __future__ import annotations

@@ -54,7 +54,8 @@ class Chunk:
 class BoundedQueue:
     """A :class:`FairQueue` of chunks holding at most ``max_items`` items."""
 
-    def __init__(self, fair: FairQueue[Chunk], max_items: int) -> None:
+    def __init__(self, fair: FairQueue[Chunk], max_items: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if max_items < 1:
             raise ValueError("max_items must be at least 1")
         self.fair = fair
@@ -63,6 +64,7 @@ class BoundedQueue:
         self._waiting: dict[int, tuple[Chunk, asyncio.Future[None]]] = {}
         self._getters: deque[asyncio.Future[None]] = deque()
         self._seq = itertools.count()
+        self.clock = clock  # seconds, monotonic: when firm work came and left (tests move it)
         self.firm_items = 0  # items queued of bindings without --defer-when-busy
         self.firm_since: float | None = None  # monotonic: since when some have waited
         self.firm_emptied_at = -math.inf  # monotonic: when the last of them left ...
@@ -123,7 +125,7 @@ class BoundedQueue:
         """``cost`` items of firm work left the queue."""
         self.firm_items -= cost
         if self.firm_items <= 0:
-            now = time.monotonic()
+            now = self.clock()
             self.firm_last_wait_s = now - (self.firm_since or now)
             self.firm_items, self.firm_since, self.firm_emptied_at = 0, None, now
 
@@ -138,7 +140,7 @@ class BoundedQueue:
         self.peak_items = max(self.peak_items, self.fair.items)
         if not chunk.binding.defer_when_busy:
             if self.firm_since is None:
-                self.firm_since = time.monotonic()
+                self.firm_since = self.clock()
             self.firm_items += chunk.cost
         while self._getters:
             getter = self._getters.popleft()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable
 
 from asynctier.platform import metrics
@@ -58,7 +57,8 @@ class Saturation:
 
     def saturated(self) -> bool:
         """True while firm work waits (or waited until ``hold_s`` ago) for a worker."""
-        now, queue = time.monotonic(), self.queue
+        queue = self.queue
+        now = queue.clock()
         since = queue.firm_since
         busy = ((since is not None and now - since >= self.settle_s)
                 or (queue.firm_last_wait_s >= self.settle_s

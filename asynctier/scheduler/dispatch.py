@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
 from asynctier.platform.cancel import cancel_and_wait
+from asynctier.platform.supervise import supervise_task
 from asynctier.platform.wire import Item, Outcome, retry
 from asynctier.scheduler.admission import Admission
 from asynctier.scheduler.bounded import BoundedQueue, Chunk
@@ -81,8 +82,10 @@ class Dispatcher:
 
     def start(self) -> None:
         """Start the worker tasks, and the gates, on the running loop."""
-        self._tasks = [asyncio.create_task(self._work(), name=f"scheduler-worker-{n}")
-                       for n in range(self.workers)]
+        self._tasks = [supervise_task(
+            f"scheduler-worker-{n}", self._work, what=f"scheduler worker {n}",
+            hint="The scheduler runs with one worker less meanwhile.",
+            on_restart=metrics.count_task_restart) for n in range(self.workers)]
         self.gates.start()
 
     async def stop(self) -> None:

@@ -40,6 +40,7 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.context import Context
 from asynctier.platform.errors import DecodeError
 from asynctier.platform.payloads import Decoder, decoder_for
+from asynctier.platform.supervise import RestartPolicy, supervise_task
 from asynctier.platform.wire import Item, Outcome, ok
 from asynctier.scheduler import outcomes
 from asynctier.scheduler.processes import ProcessPool
@@ -286,6 +287,9 @@ class Runtime:
         self.hung_threads = 0
         self._harvests: set[_Harvest] = set()  # running spread chunks with ``early``
         self._harvester: asyncio.Task[None] | None = None
+        self._harvest_wanted = asyncio.Event()  # sync chunks spread over threads run
+        #: How the harvester restarts after a failure (tests shorten it).
+        self.restart_policy: RestartPolicy | None = None
 
     def job(self, binding: Binding) -> Job:
         """The job of ``binding``; ModuleNotAllowed / FunctionNotFound when refused."""
@@ -365,18 +369,31 @@ class Runtime:
         if harvest is not None:
             harvest.runs = [run for run, _ in running]
             self._harvests.add(harvest)
-            if self._harvester is None or self._harvester.done():
-                self._harvester = loop.create_task(self._harvest())
+            self._ensure_harvester()
         try:
             return await self._watch_parts(job, parts, running, harvest)
         finally:
             if harvest is not None:
                 self._harvests.discard(harvest)
 
+    def _ensure_harvester(self) -> None:
+        """Wake the harvester (started on first use, on the running loop)."""
+        self._harvest_wanted.set()
+        if self._harvester is None:
+            self._harvester = supervise_task(
+                "asynctier-harvester", self._harvest, policy=self.restart_policy,
+                what="the early write-downs of sync chunks spread over threads",
+                hint="Those chunks' successes are written down when they end meanwhile.",
+                on_restart=metrics.count_task_restart)
+
     async def _harvest(self) -> None:
         """Every :data:`EARLY_WRITE_S` while sync chunks spread over threads run, hand
-        over their successes so far (one wake-up for all of them)."""
-        while self._harvests:
+        over their successes so far (one wake-up for all of them); the loop is supervised
+        and sleeps while there are none."""
+        while True:
+            if not self._harvests:
+                self._harvest_wanted.clear()
+                await self._harvest_wanted.wait()
             await asyncio.sleep(EARLY_WRITE_S)
             for harvest in list(self._harvests):
                 harvest.take()
@@ -446,7 +463,11 @@ class Runtime:
         future.add_done_callback(back)
 
     def close(self) -> None:
-        """Stop the pool without waiting for late (hung) calls; kill the worker processes."""
+        """Stop the pool without waiting for late (hung) calls; kill the worker processes;
+        stop the harvester."""
+        if self._harvester is not None:
+            self._harvester.cancel()
+            self._harvester = None
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.processes.close()
 

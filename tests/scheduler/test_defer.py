@@ -69,26 +69,41 @@ def _chunk(binding: Binding, n: int) -> Chunk:
     return Chunk(binding, _items(binding, n, None), future)  # type: ignore[arg-type]
 
 
+class Clock:
+    """A monotonic clock the test moves by hand: no sleep decides a judgement."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_saturated_only_while_work_that_does_not_defer_waits() -> None:
     async def scenario() -> None:
-        queue = BoundedQueue(FairQueue(), 1000)
+        clock = Clock()
+        queue = BoundedQueue(FairQueue(), 1000, clock=clock)
         sat = Saturation(queue, settle_s=0.05, hold_s=0.3)
         await queue.put(_chunk(COLD, 50))  # deferrable work waiting: not saturated
-        await asyncio.sleep(0.1)
+        clock.now += 0.1
         assert not sat.saturated()
         await queue.put(_chunk(HOT, 10))
         assert not sat.saturated()  # it has just come: a worker may take it at once
-        await asyncio.sleep(0.1)
+        clock.now += 0.04
+        assert not sat.saturated()  # not settled yet
+        clock.now += 0.02
         assert sat.saturated()
         while queue.items:
             await queue.get()
+        clock.now += 0.29
         assert sat.saturated()  # held a moment after the firm work left ...
-        await asyncio.sleep(0.4)
+        clock.now += 0.02
         assert not sat.saturated()  # ... then released
         for _ in range(10):  # a trickle taken at once never saturates
             await queue.put(_chunk(HOT, 1))
+            clock.now += 0.01
             await queue.get()
-            await asyncio.sleep(0.02)
+            clock.now += 0.02
         assert not sat.saturated()
     asyncio.run(scenario())
 

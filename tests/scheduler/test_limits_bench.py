@@ -56,18 +56,21 @@ def test_admission_costs_at_most_one_round_trip_per_step_per_chunk(settings: Set
                       rate_per_s=1_000_000.0)
     free = charged.with_changes(name="free", tenant="nobody")
     capped = charged.with_changes(name="capped", max_concurrency=1000)
+    metered = charged.with_changes(name="metered", rate_per_s=1000.0)  # spare: 50 < 100
+    counts: dict[str, int] = {}
 
     async def scenario() -> dict[str, tuple[float, float]]:
         client = cast(CountingRedis, CountingRedis.from_url(settings.redis_url))
         admission = RedisAdmission(settings, client=client)
         try:
             await admission.quotas.set("acme", Quota(per_minute=10**9, per_day=10**9))
-            for binding in (charged, free):  # load the scripts
-                await admission.over_quota(binding, chunk_of(binding, -1))
-                await admission.take_tokens(binding, 1)
             # spare tokens last 50 ms: a frozen clock keeps a loaded machine from
             # letting them lapse between these steps (it is not what is counted)
             admission._bucket._clock = lambda: 0.0
+            for binding in (charged, free, metered):  # load the scripts
+                await admission.over_quota(binding, chunk_of(binding, -1))
+                await admission.take_tokens(binding, 1)
+            await admission.over_quota(charged, chunk_of(charged, -4))  # the quota's own
             before = client.calls
             await admission.over_quota(charged, chunk_of(charged, -2))
             assert client.calls - before == 1
@@ -76,12 +79,20 @@ def test_admission_costs_at_most_one_round_trip_per_step_per_chunk(settings: Set
             await admission.over_quota(free, chunk_of(free, -2))
             assert client.calls - before == 1  # a tenant known to have no quota: none
             admission._bucket._clock = time.monotonic
+            # A binding too slow for spare tokens: its quota and its tokens are one call
+            # per chunk (two before they were combined).
+            before = client.calls
+            await admission.over_quota(metered, chunk_of(metered, -3))
+            await admission.take_tokens(metered, CHUNK)
+            counts["quota+tokens, no spare"] = client.calls - before
+            assert counts["quota+tokens, no spare"] == 1
             async with admission.slot(capped):
                 pass
             before = client.calls
             async with admission.slot(capped):
                 assert client.calls - before == 1
-            assert client.calls - before == 2  # take and give back the lease
+            counts["slot of a capped binding, per item"] = client.calls - before
+            assert counts["slot of a capped binding, per item"] == 2  # take, give back
             times = {"open": await per_chunk_s(OpenAdmission(), charged),
                      "quota+rate": await per_chunk_s(admission, charged),
                      "rate, tenant without quota": await per_chunk_s(admission, free)}
@@ -98,6 +109,7 @@ def test_admission_costs_at_most_one_round_trip_per_step_per_chunk(settings: Set
             await client.aclose()
 
     times = asyncio.run(scenario())
+    print("\nRedis round trips:", ", ".join(f"{k} {v}" for k, v in counts.items()))
     print(f"\nadmission per chunk of {CHUNK} items ({CHUNKS} chunks, one process, local Redis):")
     for name, (wall, cpu) in times.items():
         print(f"  {name:<28} wall {wall * 1e6:7.0f} us/chunk ({wall * 1e6 / CHUNK:5.2f} us/item)"

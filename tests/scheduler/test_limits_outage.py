@@ -22,6 +22,7 @@ from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
 from asynctier.platform.wire import Item
 from asynctier.scheduler.limits import AdmissionConfig, Quota, RedisAdmission
+from tests.helpers import MinuteClock
 
 BASE = Binding(name="orders", topic="orders", function="app.jobs:handle", tenant="acme",
                rate_per_s=50.0, burst=5, max_concurrency=2)
@@ -120,7 +121,7 @@ def test_fail_closed_pauses_admission_until_redis_returns(own_redis: devstack.Re
     binding = BASE.with_changes(redis_policy="fail_closed")
 
     async def scenario() -> None:
-        admission = RedisAdmission(settings, FAST)
+        admission = RedisAdmission(settings, FAST, clock=MinuteClock(1_000))  # one minute
         try:
             await admission.quotas.set("acme", Quota(per_minute=1000))
             await admission.take_tokens(binding, 5)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import redis
 from redis.asyncio import Redis
@@ -25,7 +25,7 @@ from asynctier.platform.config import Settings
 from asynctier.platform.wire import Item
 from asynctier.scheduler.limits import AdmissionConfig, Quota, RedisAdmission
 from asynctier.scheduler.limits.quota import QuotaStore, RedisQuota
-from tests.helpers import wait_until
+from tests.helpers import MinuteClock, wait_until
 
 BASE = Binding(name="orders", topic="orders", function="app.jobs:handle", tenant="acme")
 
@@ -39,9 +39,10 @@ def make_items(refs: Sequence[str], start_id: int = 0) -> list[Item]:
 
 
 @contextlib.asynccontextmanager
-async def admissions(settings: Settings, n: int,
-                     config: AdmissionConfig | None = None) -> AsyncIterator[list[RedisAdmission]]:
-    made = [RedisAdmission(settings, config) for _ in range(n)]
+async def admissions(settings: Settings, n: int, config: AdmissionConfig | None = None,
+                     clock: Callable[[], int] | None = None,
+                     ) -> AsyncIterator[list[RedisAdmission]]:
+    made = [RedisAdmission(settings, config, clock=clock) for _ in range(n)]
     try:
         yield made
     finally:
@@ -310,20 +311,14 @@ def test_failures_shrink_the_local_limit_and_successes_grow_it_back(
 # -- quotas -------------------------------------------------------------------------------
 
 
-def wait_for_fresh_minute(client: redis.Redis, margin_s: int = 10) -> None:
-    """Wait (if needed) until the Redis minute has ``margin_s`` seconds left, so a test's
-    charges fall into one window."""
-    wait_until(lambda: client.time()[0] % 60 < 60 - margin_s, 15, "a fresh minute")
-
-
 def test_quota_500_per_minute_delays_from_the_501st_and_never_charges_twice(
         settings: Settings, redis_client: redis.Redis) -> None:
     binding = BASE
     refs = [f"orders/0/{offset}" for offset in range(700)]
-    wait_for_fresh_minute(redis_client)
+    clock = MinuteClock(1_000)  # one minute for the whole test, whatever the real time
 
     async def scenario() -> tuple[dict[int, float], dict[int, float], int]:
-        async with admissions(settings, 2) as (a, b):
+        async with admissions(settings, 2, clock=clock) as (a, b):
             store = a.quotas
             await store.set("acme", Quota(per_minute=500, per_day=100_000))
             over: dict[int, float] = {}

@@ -26,7 +26,7 @@ from asynctier.submitter.capacity import EnqueueCapacity
 from asynctier.submitter.protocol import METHOD, RETRY_AFTER_KEY, Call, Workload, encode_call
 from asynctier.submitter.server import serve_submitter
 from asynctier.submitter.service import SubmitterOptions
-from tests.helpers import wait_until
+from tests.helpers import MinuteClock, wait_until
 
 AVRO_SCHEMA = json.dumps({"type": "record", "name": "Job", "fields": [
     {"name": "n", "type": "long"}]})
@@ -43,23 +43,6 @@ class Served:
     def client(self, **options: object) -> Client:
         """A Client of this Submitter."""
         return Client([self.address], **options)  # type: ignore[arg-type]
-
-
-class MinuteClock:
-    """The capacity's clock (epoch ms): real time running from a chosen point of a minute,
-    so that a test says where in the window it starts instead of dodging the turn."""
-
-    def __init__(self, in_minute_ms: int = 1_000) -> None:
-        self.jump_to(in_minute_ms)
-
-    def jump_to(self, in_minute_ms: int) -> None:
-        """From now on, time runs from ``in_minute_ms`` into the next minute."""
-        self._real_start = time.monotonic()
-        self.minute = int(time.time() // 60) + 1
-        self._start_ms = self.minute * 60_000 + in_minute_ms
-
-    def __call__(self) -> int:
-        return self._start_ms + int((time.monotonic() - self._real_start) * 1000)
 
 
 def serve(settings: Settings, postgres: str, bindings: list[Binding],

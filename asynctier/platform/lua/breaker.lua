@@ -12,10 +12,22 @@
 -- ARGV[7]  admit: n, the records offered; report: ok, the successes (not probes)
 -- ARGV[8]  report: bad, the failures (not probes)
 -- ARGV[9]  report: probes that succeeded     ARGV[10] report: probes that failed
+-- ARGV[11] optional: the time in epoch ms (a clock tests move); Redis TIME when absent
 -- Returns  {state, admit: records let through (report: 0), 1 when this call changed the
---           state else 0, whether those let through are probes (1) or not (0)}.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--           state else 0, whether those let through are probes (1) or not (0), the
+--           values refused ('' for none: "<field>=<value>", one a line)}.
+--
+-- A hash holding a value that is no such value (anything may write to Redis: a state
+-- other than closed, open or ramp, a count that is not a whole number >= 0, a time that
+-- is not one or is ahead of now) is refused whole: the breaker starts afresh, closed, and
+-- the call says what it refused (the hash written back is a good one).
+local now
+if ARGV[11] then
+  now = tonumber(ARGV[11])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local op = ARGV[1]
 local ratio = tonumber(ARGV[2])
 local window = tonumber(ARGV[3])
@@ -24,6 +36,25 @@ local probe_every = tonumber(ARGV[5])
 local ramp = tonumber(ARGV[6])
 local h = redis.call('HMGET', KEYS[1], 'state', 'changed', 'win', 'ok', 'bad', 'pok', 'pbad',
                      'probe')
+-- A time further ahead of now than this was not written by a clock (a failover to a
+-- replica whose clock is a little behind must not reset an open breaker).
+local AHEAD_MS = 60000
+local refused = {}
+local names = {'state', 'changed', 'win', 'ok', 'bad', 'pok', 'pbad', 'probe'}
+local known = {closed = true, open = true, ramp = true}
+if h[1] and not known[h[1]] then
+  refused[#refused + 1] = 'state=' .. string.sub(h[1], 1, 40)
+end
+for i = 2, 8 do
+  local v = h[i] and tonumber(h[i])
+  if h[i] and (v == nil or v ~= v or v < 0 or v ~= math.floor(v) or v == math.huge
+               or (i <= 3 or i == 8) and v > now + AHEAD_MS) then
+    refused[#refused + 1] = names[i] .. '=' .. string.sub(h[i], 1, 40)
+  end
+end
+if #refused > 0 then
+  h = {}
+end
 local state = h[1] or 'closed'
 local changed = tonumber(h[2]) or now
 local win = tonumber(h[3]) or now
@@ -72,4 +103,4 @@ end
 redis.call('HSET', KEYS[1], 'state', state, 'changed', changed, 'win', win, 'ok', ok,
            'bad', bad, 'pok', pok, 'pbad', pbad, 'probe', probe)
 redis.call('PEXPIRE', KEYS[1], math.max(window * 4, ramp * 2, 600000))
-return {state, let, moved, probing}
+return {state, let, moved, probing, table.concat(refused, '\n')}

@@ -13,6 +13,9 @@
 --          runs it), 3 taken over (see asynctier.scheduler.admission), and 4 for a record
 --          this holder claims already, which RunOnce tells apart; or S<span> when Redis'
 --          span is not among the ones given (nothing written: ask again with that span).
+--          The codes are followed by one line per value refused (once_lib.lua's refuse):
+--          a record whose value is neither d nor r<holder> runs (0: its claim replaces
+--          the value), a holder whose expiry is far ahead is dropped (3).
 local me = ARGV[1]
 local span = tonumber(ARGV[3])
 local prefix = ARGV[4]
@@ -22,7 +25,7 @@ if skew then return skew end
 hold(me, tonumber(ARGV[2]))
 local refs = split(ARGV[5])
 local n = #refs
-local state = newest(prefix, cur, refs)
+local state, state_span = newest(prefix, cur, refs)
 local done = done_bits(prefix, cur, refs)
 local mine = 'r' .. me
 local codes = {}
@@ -37,6 +40,9 @@ for i = 1, n do
     codes[i] = '0'
   elseif v == 'd' then
     codes[i] = '1'
+  elseif not well_formed(v) then
+    refuse(prefix .. (state_span[i] or '?'), v, refs[i])
+    codes[i] = '0'
   elseif v == mine then
     codes[i] = '4'  -- this scheduler's: running here, or a claim it could not free
   else
@@ -55,4 +61,4 @@ for i = 1, n do
   end
 end
 write(prefix .. cur, claims, span * (SPANS_KEPT + 1))
-return table.concat(codes)
+return table.concat(codes) .. refused_text()

@@ -44,25 +44,55 @@ local function skewed(prefix, cur)
   return nil
 end
 
+-- Values read that are no such values (anything may write to Redis), refused: one line
+-- each, "<key>\t<value>\t<field>", for the caller to say (see refused_text).
+local refused = {}
+local function refuse(name, value, field)
+  refused[#refused + 1] = name .. '\t' .. string.sub(value, 1, 40) .. '\t' .. field
+end
+local function refused_text()
+  if #refused == 0 then return '' end
+  return '\n' .. table.concat(refused, '\n')
+end
+
 -- Keep holder ``me`` alive ``ttl`` ms more in the holders' sorted set (KEYS[1]: holder ->
 -- expiry, epoch ms), drop the expired ones, and let the set expire with its last member.
+-- A holder whose expiry is more than HOLDER_AHEAD times ``ttl`` ahead was set by no
+-- heartbeat and would keep its claims waiting for ever: refused and dropped here (its
+-- claims are taken over).
+local HOLDER_AHEAD = 10
 local function hold(me, ttl)
   redis.call('ZADD', KEYS[1], string.format('%.0f', now + ttl), me)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  local far = redis.call('ZRANGEBYSCORE', KEYS[1],
+                         '(' .. string.format('%.0f', now + HOLDER_AHEAD * ttl), '+inf',
+                         'WITHSCORES')
+  for i = 1, #far, 2 do
+    refuse(KEYS[1], far[i + 1], far[i])
+    redis.call('ZREM', KEYS[1], far[i])
+  end
   local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
   redis.call('PEXPIREAT', KEYS[1], last[2])
 end
 
--- Whether ``holder`` is alive (its expiry in KEYS[1] is still ahead).
+-- Whether ``holder`` is alive (its expiry in KEYS[1] is still ahead; hold() dropped
+-- those too far ahead).
 local function alive(holder)
   local expiry = redis.call('ZSCORE', KEYS[1], holder)
   return expiry ~= false and expiry ~= nil and tonumber(expiry) > now
 end
 
--- A record's state: its value in the newest of the last SPANS_KEPT hashes that has one.
+-- Whether ``v``, a record's value in a span hash, is one: d (done) or r<holder> (claimed).
+local function well_formed(v)
+  return v == 'd' or (#v > 1 and string.sub(v, 1, 1) == 'r')
+end
+
+-- A record's state: its value in the newest of the last SPANS_KEPT hashes that has one;
+-- and the span of each value found.
 local function newest(prefix, cur, refs)
   local n = #refs
   local state = {}
+  local where = {}  -- the span whose hash holds each state found
   local found = 0
   for b = cur, cur - (SPANS_KEPT - 1), -1 do
     if found == n then break end
@@ -74,13 +104,14 @@ local function newest(prefix, cur, refs)
         for i = s, e do
           if state[i] == nil and got[i - s + 1] then
             state[i] = got[i - s + 1]
+            where[i] = b
             found = found + 1
           end
         end
       end
     end
   end
-  return state
+  return state, where
 end
 
 -- A hash written here is a hash table from the start (see HT_FIELD); one left holding that

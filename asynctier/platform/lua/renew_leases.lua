@@ -16,8 +16,12 @@ for i = 2, #ARGV do
     lost[#lost + 1] = ARGV[i]
   end
 end
+-- The set expires with its latest lease; a lease further ahead than AHEAD lease times
+-- (which acquire_lease.lua refuses and drops) does not push that out.
+local AHEAD = 10
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 if last[2] then
-  redis.call('PEXPIREAT', KEYS[1], last[2])
+  local until_ms = math.min(tonumber(last[2]), now + AHEAD * tonumber(ARGV[1]))
+  redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', until_ms))
 end
 return lost

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
 from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.durations import epoch_ms
+from asynctier.platform.supervise import supervise_task
 from asynctier.platform.wire import Item, Outcome
 from asynctier.scheduler.bounded import BoundedQueue, Chunk
 from asynctier.scheduler.deferral import Saturation, defer, may_wait, park
@@ -49,8 +51,11 @@ class DeferralGate(Gate):
     def start(self) -> None:
         """Look at the saturation now and then, so that an idle scheduler stops being
         saturated though no batch asks."""
-        self._watch = asyncio.create_task(self._watch_saturation(),
-                                          name="scheduler-saturation")
+        self._watch = supervise_task(
+            "scheduler-saturation", self._watch_saturation,
+            what="the look at this scheduler's saturation (--defer-when-busy)",
+            hint="Saturation is judged when batches come meanwhile.",
+            on_restart=metrics.count_task_restart)
 
     async def close(self) -> None:
         """Stop looking."""

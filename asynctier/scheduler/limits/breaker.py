@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from asynctier.platform import metrics
@@ -29,6 +29,8 @@ from asynctier.platform.config import Settings
 from asynctier.platform.names import Names
 from asynctier.platform.redis_client import REDIS_DOWN, AsyncRedis, async_client
 from asynctier.platform.wire import EXPIRED, TOO_LARGE, UNDECODABLE, Item, Outcome, retry
+from asynctier.scheduler.limits.bad_values import BadValues
+from asynctier.scheduler.limits.quota import as_text
 from asynctier.scheduler.limits.scripts import BREAKER
 
 log = logging.getLogger(__name__)
@@ -76,8 +78,10 @@ class Breakers:
     """Every binding's breaker, on one Redis client (created here unless given)."""
 
     def __init__(self, client: AsyncRedis, names: Names, config: BreakerConfig | None = None,
-                 own_client: bool = False) -> None:
+                 own_client: bool = False, clock: Callable[[], int] | None = None) -> None:
         self.client = client
+        self._clock = clock  # epoch ms, a clock tests move; Redis TIME when None
+        self._bad = BadValues(log)
         self.names = names
         self.config = config or BreakerConfig()
         self._own = own_client
@@ -164,14 +168,29 @@ class Breakers:
             raw = await self._script(keys=[self.key(binding.name)], args=[
                 op, binding.breaker_ratio, int(binding.breaker_window_s * 1000),
                 cfg.min_calls, int(cfg.probe_interval_s * 1000), int(cfg.ramp_s * 1000),
-                *args, *([0] * (4 - len(args)))])
+                *args, *([0] * (4 - len(args))),
+                *([] if self._clock is None else [self._clock()])])
         except REDIS_DOWN as exc:
             log.warning("binding %s: the breaker's state cannot be read from Redis (%s); "
                         "it stays %s here", binding.name, exc, self.state(binding.name))
             return None
         state = raw[0].decode() if isinstance(raw[0], bytes) else str(raw[0])
+        self._refused(binding, as_text(raw[4]))
         self._note(binding, state, bool(int(raw[2])))
         return int(raw[1]), int(raw[3])
+
+    def _refused(self, binding: Binding, refused: str) -> None:
+        """Say once each value of the breaker's hash the script refused (it started the
+        breaker afresh, closed)."""
+        key = self.key(binding.name)
+        if not refused:
+            self._bad.good(key)
+            return
+        self._bad.refused(key, "", refused.replace("\n", ", "),
+                          "not a breaker's state (closed, open or ramp), count or time; the "
+                          "breaker started afresh, closed, and the hash was written anew",
+                          "nothing to do (to reset a breaker by hand, delete the key)",
+                          binding=binding.name)
 
     def _note(self, binding: Binding, state: str, changed_here: bool) -> None:
         seen = self._seen.setdefault(binding.name, _Seen())

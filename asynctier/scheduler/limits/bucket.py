@@ -12,14 +12,21 @@ that every scheduler draws from one bucket per binding, one round trip per take.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.names import Names
 from asynctier.platform.redis_client import AsyncRedis
+from asynctier.scheduler.limits.bad_values import BadValues
+from asynctier.scheduler.limits.quota import as_text
 from asynctier.scheduler.limits.scripts import TAKE_TOKENS
+
+log = logging.getLogger(__name__)
 
 
 def burst_of(binding: Binding) -> float:
@@ -57,6 +64,9 @@ class TokenBucket:
         self._tokens = min(self._tokens, burst)
 
 
+#: Tokens taken with a chunk's quota wait for their take this many at most per binding
+#: (those of a chunk that never came to take them are dropped: the rate is kept).
+MAX_PREPAID = 256
 #: A fast binding's scheduler takes this many seconds' worth of its rate ahead ...
 SPARE_S = 0.05
 #: ... when that is at least this many tokens (a slower binding pays a round trip per
@@ -80,6 +90,9 @@ class RedisBucket:
         self._take = client.register_script(TAKE_TOKENS)
         self._clock = clock
         self._spare: dict[str, tuple[int, float]] = {}  # binding: (tokens, usable until)
+        self._bad = BadValues(log)
+        # binding: (tokens, when they may be used), taken with its chunks' quota (prepay)
+        self._prepaid: dict[str, deque[tuple[int, float]]] = {}
 
     def key(self, binding: str) -> str:
         """The bucket's Redis key."""
@@ -90,17 +103,63 @@ class RedisBucket:
         rate = binding.rate_per_s
         assert rate is not None
         name, now = binding.name, self._clock()
+        paid = self._prepaid.get(name)
+        if paid:
+            for entry in paid:
+                if entry[0] == n:  # taken with the chunk's quota (see prepay)
+                    paid.remove(entry)
+                    return max(0.0, entry[1] - now)
         spare = self._spare.pop(name, None)
         if spare is not None and now < spare[1]:
             if spare[0] >= n:
                 self._spare[name] = (spare[0] - n, spare[1])
                 return 0.0
             n -= spare[0]
-        burst = burst_of(binding)
-        want = int(min(burst, rate * SPARE_S))
-        want = want if want >= MIN_SPARE else 0
-        wait_us, granted = await self._take(keys=[self.key(name)],
-                                            args=[rate, burst, n, want])
+        wait_us, granted, refused = await self._take(keys=[self.key(name)],
+                                                     args=[rate, burst_of(binding), n,
+                                                           self._want(binding)])
+        self._refused(name, as_text(refused))
         if int(granted) > 0:
             self._spare[name] = (int(granted), now + SPARE_S)
         return int(wait_us) / 1_000_000
+
+    def plan(self, binding: Binding, n: int) -> list[float] | None:
+        """What a take of up to ``n`` tokens asks the script (rate, burst, spare wanted),
+        to be taken together with another script (:meth:`prepay`); None when this
+        scheduler's spare tokens cover ``n`` (a take then costs no round trip)."""
+        rate = binding.rate_per_s
+        assert rate is not None
+        spare = self._spare.get(binding.name)
+        if spare is not None and self._clock() < spare[1] and spare[0] >= n:
+            return None
+        return [rate, burst_of(binding), self._want(binding)]
+
+    def prepay(self, binding: Binding, n: int, reply: list[Any]) -> None:
+        """Keep the answer of ``n`` tokens taken with another script: the next
+        :meth:`reserve` of ``n`` tokens of ``binding`` waits for them without a round
+        trip."""
+        wait_us, granted, refused = reply
+        self._refused(binding.name, as_text(refused))
+        now = self._clock()
+        if int(granted) > 0:
+            self._spare[binding.name] = (int(granted), now + SPARE_S)
+        self._prepaid.setdefault(binding.name, deque(maxlen=MAX_PREPAID)).append(
+            (n, now + int(wait_us) / 1_000_000))
+
+    def _want(self, binding: Binding) -> int:
+        """The spare tokens a take asks for (0 for a binding slower than
+        :data:`MIN_SPARE` per :data:`SPARE_S`)."""
+        want = int(min(burst_of(binding), (binding.rate_per_s or 0.0) * SPARE_S))
+        return want if want >= MIN_SPARE else 0
+
+    def _refused(self, binding: str, refused: str) -> None:
+        """Say once each value of the bucket the script refused (it filled the bucket
+        afresh and wrote it anew)."""
+        key = self.key(binding)
+        if not refused:
+            self._bad.good(key)
+            return
+        self._bad.refused(key, "", refused.replace("\n", ", "),
+                          "not a token bucket's tokens or time; the bucket started full "
+                          "again and was written anew", "nothing to do (or delete the key)",
+                          binding=binding)

@@ -22,10 +22,14 @@ import random
 import uuid
 from collections import deque
 
+from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
 from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.names import Names
 from asynctier.platform.redis_client import REDIS_DOWN, AsyncRedis
+from asynctier.platform.supervise import RestartPolicy, supervise_task
+from asynctier.scheduler.limits.bad_values import BadValues
+from asynctier.scheduler.limits.quota import as_text
 from asynctier.scheduler.limits.scripts import ACQUIRE_LEASE, RENEW_LEASES
 
 log = logging.getLogger(__name__)
@@ -86,8 +90,10 @@ class LocalLimit:
 class LeasePool:
     """Leases of concurrency slots in Redis, global across schedulers, renewed while held."""
 
-    def __init__(self, client: AsyncRedis, names: Names, lease_s: float = DEFAULT_LEASE_S) -> None:
+    def __init__(self, client: AsyncRedis, names: Names, lease_s: float = DEFAULT_LEASE_S,
+                 policy: RestartPolicy | None = None) -> None:
         self._names = names
+        self._policy = policy  # how the heartbeat restarts after a failure (tests shorten it)
         self._lease_ms = int(lease_s * 1000)
         self._acquire = client.register_script(ACQUIRE_LEASE)
         self._renew = client.register_script(RENEW_LEASES)
@@ -98,6 +104,7 @@ class LeasePool:
         self._gates: dict[str, asyncio.Lock] = {}
         self._freed: dict[str, asyncio.Event] = {}
         self._heartbeat: asyncio.Task[None] | None = None
+        self._bad = BadValues(log)
 
     def key(self, binding: str) -> str:
         """The Redis key of a binding's leases."""
@@ -127,13 +134,24 @@ class LeasePool:
         args: list[int | str] = [cap, lease, self._lease_ms]
         while True:
             freed.clear()
-            if await self._acquire(keys=[self.key(binding.name)], args=args):
+            taken, refused = await self._acquire(keys=[self.key(binding.name)], args=args)
+            if refused:
+                self._refused(binding.name, as_text(refused))
+            if int(taken):
                 return waited
             waited = True
             with contextlib.suppress(TimeoutError):  # not wait_for: it can lose a cancel
                 async with asyncio.timeout(delay * random.uniform(0.5, 1.0)):
                     await freed.wait()
             delay = min(delay * 2, POLL_MAX_S)
+
+    def _refused(self, binding: str, refused: str) -> None:
+        """Say once each lease the script refused (dropped: it held its slot for ever)."""
+        for lease in refused.split("\n"):
+            name, _, expiry = lease.rpartition("=")
+            self._bad.refused(self.key(binding), name, expiry, "an expiry no heartbeat "
+                              "sets (it would hold its slot for ever); the lease was dropped",
+                              "nothing to do", binding=binding)
 
     async def release(self, binding: str, lease: str) -> None:
         """Give a lease back (if Redis is down it expires by itself)."""
@@ -147,6 +165,7 @@ class LeasePool:
         """Stop the heartbeat and give back every lease still held."""
         if self._heartbeat is not None:
             await cancel_and_wait(self._heartbeat)
+            self._heartbeat = None
         for binding, leases in self._held.items():
             if leases:
                 with contextlib.suppress(*REDIS_DOWN):
@@ -154,11 +173,17 @@ class LeasePool:
         self._held.clear()
 
     def _ensure_heartbeat(self) -> None:
-        if self._heartbeat is None or self._heartbeat.done():
-            self._heartbeat = asyncio.create_task(self._beat(), name="asynctier-lease-heartbeat")
+        if self._heartbeat is None:
+            self._heartbeat = supervise_task(
+                "asynctier-lease-heartbeat", self._beat, policy=self._policy,
+                what="the concurrency leases' heartbeat",
+                hint="Leases held here lapse meanwhile and their slots may be taken twice; "
+                     "check Redis and the error above.", on_restart=metrics.count_task_restart)
 
     async def _beat(self) -> None:
-        while any(self._held.values()):
+        """The heartbeat's loop (supervised): renew the leases held, every third of the
+        lease time."""
+        while True:
             await asyncio.sleep(self._lease_ms / 3000)
             for binding, leases in list(self._held.items()):
                 if leases:

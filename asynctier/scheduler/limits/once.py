@@ -34,20 +34,24 @@ skip all of it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from asynctier.platform import metrics
 from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.config import DEFAULT_RUN_ONCE_WINDOW_S
 from asynctier.platform.errors import ServiceError
 from asynctier.platform.names import Names
 from asynctier.platform.redis_client import REDIS_DOWN, AsyncRedis
 from asynctier.platform.scripts import lua
+from asynctier.platform.supervise import RestartPolicy, supervise_task
 from asynctier.platform.wire import Item, Outcome
 from asynctier.scheduler.guard import BUSY, RUN, TAKEN_OVER
+from asynctier.scheduler.limits.bad_values import BadValues
 from asynctier.scheduler.limits.quota import as_text, join_refs
 
 log = logging.getLogger(__name__)
@@ -56,6 +60,8 @@ log = logging.getLogger(__name__)
 DEFAULT_DONE_TTL_S = DEFAULT_RUN_ONCE_WINDOW_S
 #: A scheduler's holder lives this long without a beat (renewed every third of it).
 DEFAULT_HOLDER_TTL_S = 5.0
+#: Closing waits this long at most for the write-downs under way to land.
+CLOSE_WAIT_S = 5.0
 #: CLAIM's code for a record this scheduler claims already (never returned by :class:`RunOnce`).
 MINE: Final = "4"
 
@@ -165,8 +171,10 @@ class RunOnce:
     def __init__(self, client: AsyncRedis, names: Names,
                  done_ttl_s: float = DEFAULT_DONE_TTL_S,
                  holder_ttl_s: float = DEFAULT_HOLDER_TTL_S,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 policy: RestartPolicy | None = None) -> None:
         self._client = client
+        self._policy = policy  # how its loops restart after a failure (tests shorten it)
         self._names = names
         self._claim = client.register_script(CLAIM)
         self._finish = client.register_script(FINISH)
@@ -185,6 +193,10 @@ class RunOnce:
         # per binding, the finish() calls waiting for the next write to land
         self._waiters: dict[str, list[asyncio.Future[set[str]]]] = {}
         self._writer: asyncio.Task[None] | None = None
+        self._write_wanted = asyncio.Event()  # chunks are pending
+        self._idle = asyncio.Event()  # nothing pending, no write under way
+        self._idle.set()
+        self._bad = BadValues(log)
 
     def prefix(self, binding: str) -> str:
         """The prefix of ``binding``'s hashes (the span number follows)."""
@@ -221,6 +233,9 @@ class RunOnce:
         blocks = each_block(joined)
         text = await self._call(self._claim, binding, {b for b in blocks if b is not None}, [
             self.holder, self._holder_ms, self._span_ms, self.prefix(binding), joined])
+        text, _, refused = text.partition("\n")
+        if refused:
+            self._refused(binding, refused)
         running = self._running.setdefault(binding, {})
         if text.count(RUN) == len(text):
             running.update(zip(refs, blocks, strict=True))
@@ -235,6 +250,21 @@ class RunOnce:
             text = "".join(out)
         self._ensure_heartbeat()
         return text
+
+    def _refused(self, binding: str, refused: str) -> None:
+        """Say once each value CLAIM refused: a record's value that is neither ``d`` nor
+        ``r<holder>`` (the record ran, and its claim replaced the value) or a holder's
+        expiry no heartbeat sets (the holder was dropped, its records taken over)."""
+        for line in refused.split("\n"):
+            key, value, field = line.split("\t", 2)
+            if key == self.holders(binding):
+                why = ("an expiry no heartbeat sets (its records would wait for ever); the "
+                       "holder was dropped and its records taken over")
+            else:
+                why = ("neither d (done) nor r<holder> (claimed); the record ran, its claim "
+                       "replacing the value")
+            self._bad.refused(key, field, value, why, "nothing to do (or delete the key)",
+                              binding=binding)
 
     def forget(self, binding: str, items: Sequence[Item]) -> None:
         """``items`` no longer run here (their claims, if still in Redis, are stale)."""
@@ -260,8 +290,14 @@ class RunOnce:
             (done if item["id"] in ok else free).append(item["source_ref"])
         waiter: asyncio.Future[set[str]] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(binding, []).append(waiter)
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write(), name="asynctier-once-writer")
+        self._idle.clear()
+        self._write_wanted.set()
+        if self._writer is None:
+            self._writer = supervise_task(
+                "asynctier-once-writer", self._writes, policy=self._policy,
+                what="the run-once writer (write-downs of the chunks that ran)",
+                hint="Chunks wait for their write-down meanwhile; check Redis and the error "
+                     "above.", on_restart=metrics.count_task_restart)
         try:
             elsewhere = await waiter
         finally:
@@ -273,6 +309,15 @@ class RunOnce:
         return {item["id"] for item in items
                 if item["id"] not in ok and item["source_ref"] in elsewhere}
 
+    async def _writes(self) -> None:
+        """The writer's loop (supervised): write whenever chunks are pending."""
+        while True:
+            if not self._pending:
+                self._idle.set()
+                await self._write_wanted.wait()
+            self._write_wanted.clear()
+            await self._write()
+
     async def _write(self) -> None:
         """Write the pending chunks, binding by binding, until none is left; each binding's
         waiters learn how its own write went (one binding's broken keys fail only its
@@ -280,32 +325,43 @@ class RunOnce:
         while self._pending:
             pending, self._pending = self._pending, {}
             waiters, self._waiters = self._waiters, {}
-            down: Exception | None = None
-            for binding, (done, free) in pending.items():
-                mine = waiters.pop(binding, [])
-                if down is not None:
-                    _settle(mine, exception=down)
-                    continue
-                try:
-                    done_text = join_refs(done) if done else ""
-                    free_text = join_refs(free) if free else ""
-                    args: list[str | int] = [self._span_ms, self.prefix(binding), done_text,
-                                             free_text, self.holder]
-                    text = await self._call(self._finish, binding,
-                                            self._blocks(binding, done, free), args)
-                    elsewhere = ({ref for ref, code in zip(free, text, strict=True)
-                                  if code == "1"} if "1" in text else set())
-                except Exception as exc:
-                    if isinstance(exc, REDIS_DOWN):
-                        down = exc
-                    _settle(mine, exception=exc)
-                    continue
-                except BaseException:  # cancelled: every binding still waiting learns it
-                    cancelled = RuntimeError("the write was cancelled")
-                    for rest in (mine, *waiters.values()):
-                        _settle(rest, exception=cancelled)
-                    raise
-                _settle(mine, result=elsewhere)
+            try:
+                await self._write_each(pending, waiters)
+            except BaseException as exc:  # whatever ends the writer: no waiter waits on
+                failed = RuntimeError(f"the run-once write failed: {exc!r}")
+                for rest in waiters.values():
+                    _settle(rest, exception=failed)
+                raise
+
+    async def _write_each(self, pending: dict[str, tuple[list[str], list[str]]],
+                          waiters: dict[str, list[asyncio.Future[set[str]]]]) -> None:
+        """One write per binding of ``pending``, each settling its ``waiters``."""
+        down: Exception | None = None
+        for binding, (done, free) in pending.items():
+            mine = waiters.pop(binding, [])
+            if down is not None:
+                _settle(mine, exception=down)
+                continue
+            try:
+                done_text = join_refs(done) if done else ""
+                free_text = join_refs(free) if free else ""
+                args: list[str | int] = [self._span_ms, self.prefix(binding), done_text,
+                                         free_text, self.holder]
+                text = await self._call(self._finish, binding,
+                                        self._blocks(binding, done, free), args)
+                elsewhere = ({ref for ref, code in zip(free, text, strict=True)
+                              if code == "1"} if "1" in text else set())
+            except Exception as exc:
+                if isinstance(exc, REDIS_DOWN):
+                    down = exc
+                _settle(mine, exception=exc)
+                continue
+            except BaseException:  # cancelled: every binding still waiting learns it
+                cancelled = RuntimeError("the write was cancelled")
+                for rest in (mine, *waiters.values()):
+                    _settle(rest, exception=cancelled)
+                raise
+            _settle(mine, result=elsewhere)
 
     def _blocks(self, binding: str, *refs: list[str]) -> set[tuple[str, int]]:
         """The bitmap blocks of ``refs``: from their claims, or worked out for those not
@@ -324,9 +380,17 @@ class RunOnce:
         return blocks
 
     async def close(self) -> None:
-        """Stop the heartbeat and drop this holder: claims left here are free at once."""
+        """Stop the heartbeat and the writer (once the writes under way landed, for at
+        most :data:`CLOSE_WAIT_S`) and drop this holder: claims left here are free at
+        once."""
         if self._heartbeat is not None:
             await cancel_and_wait(self._heartbeat)
+        if self._writer is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLOSE_WAIT_S):
+                    await self._idle.wait()
+            await cancel_and_wait(self._writer)
+            self._writer = None
         for binding in self._running:  # one key at a time: each has its own slot
             try:
                 await self._client.zrem(self.holders(binding), self.holder)
@@ -334,16 +398,28 @@ class RunOnce:
                 return  # Redis is away: this holder's expiries lapse by themselves
 
     def _ensure_heartbeat(self) -> None:
-        if self._heartbeat is None or self._heartbeat.done():
-            self._heartbeat = asyncio.create_task(self._beat(), name="asynctier-once-heartbeat")
+        if self._heartbeat is None:
+            self._heartbeat = supervise_task(
+                "asynctier-once-heartbeat", self._beats, policy=self._policy,
+                what="the run-once heartbeat (this scheduler's holder)",
+                hint="Other schedulers take over this one's records if it lapses; check "
+                     "Redis and the error above.", on_restart=metrics.count_task_restart)
 
-    async def _beat(self) -> None:
-        while any(self._running.values()):
+    async def _beats(self) -> None:
+        """The heartbeat's loop (supervised): renew this holder of every binding it holds
+        claims of, every third of the holder's life."""
+        while True:
             await asyncio.sleep(self._holder_ms / 3000)
             for binding in [b for b, refs in self._running.items() if refs]:
-                try:
-                    await self._beat_script(keys=[self.holders(binding)],
-                                            args=[self.holder, self._holder_ms])
-                except REDIS_DOWN as exc:
-                    log.debug("could not renew the run-once holder of %s: %s",
-                              binding, exc)
+                await self._beat(binding)
+
+    async def _beat(self, binding: str) -> None:
+        try:
+            text = as_text(await self._beat_script(keys=[self.holders(binding)],
+                                                   args=[self.holder, self._holder_ms]))
+        except REDIS_DOWN as exc:
+            log.debug("could not renew the run-once holder of %s: %s", binding, exc)
+            return
+        _, _, refused = text.partition("\n")
+        if refused:
+            self._refused(binding, refused)

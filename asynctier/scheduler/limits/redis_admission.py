@@ -1,11 +1,13 @@
 """The Redis-backed :class:`~asynctier.scheduler.admission.Admission`.
 
-Per chunk of items of one binding, each step is at most one Redis round trip:
-``over_quota`` (quota and idempotency keys, one script), ``take_tokens`` (token bucket, one
-script) and ``slot`` (a lease: one script to take it when free, one command to give it
-back). Nothing is refused for being throttled: items wait, or are delayed without spending
-an attempt when over quota. Its :attr:`RedisAdmission.guard` (:mod:`.redis_guard`) keeps a
-record that succeeded from running again, on the same client.
+Per chunk of items of one binding: ``over_quota`` and ``take_tokens`` are one script
+together on one Redis server (the quota charged and the tokens of what it admitted taken,
+:data:`~.scripts.QUOTA_AND_TOKENS`), one each on a Redis Cluster (the quota's keys and the
+bucket's live in different slots); ``slot`` is per item (a lease: one script to take it
+when free, one command to give it back). Nothing is refused for being throttled: items
+wait, or are delayed without spending an attempt when over quota. Its
+:attr:`RedisAdmission.guard` (:mod:`.redis_guard`) keeps a record that succeeded from
+running again, on the same client.
 
 When Redis does not answer, each binding follows its ``redis_policy`` (:mod:`.link`):
 ``fail_open`` (the default) admits through this scheduler's local limiter (:mod:`.local`)
@@ -17,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+
+from redis.asyncio.cluster import RedisCluster
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
@@ -85,7 +89,8 @@ class RedisAdmission:
     """
 
     def __init__(self, settings: Settings, config: AdmissionConfig | None = None,
-                 client: AsyncRedis | None = None) -> None:
+                 client: AsyncRedis | None = None,
+                 clock: Callable[[], int] | None = None) -> None:
         config = self.config = config or AdmissionConfig()
         names = self._names = settings.names
         self._link = (RedisLink.to(settings.redis_url, names, config.socket_timeout_s,
@@ -93,8 +98,12 @@ class RedisAdmission:
                       RedisLink(client, names, config.probe_interval_s))
         self._client = self._link.client
         self._bucket = RedisBucket(self._client, names)
+        # Quota and tokens in one call: only where every key lives on one server (the
+        # quota's keys and the bucket's are in different slots of a Redis Cluster).
+        self._one_server = not isinstance(self._client, RedisCluster)
+        self._clock = clock  # epoch ms of the quota's windows (tests); Redis TIME when None
         self._quota = RedisQuota(self._client, names, config.charge_ttl_s,
-                                 config.quota_recheck_s)
+                                 config.quota_recheck_s, clock=clock)
         self._leases = LeasePool(self._client, names, config.lease_s)
         self._fallback = LocalLimiter()
         self._locals: dict[str, _Local] = {}
@@ -109,7 +118,7 @@ class RedisAdmission:
     @property
     def quotas(self) -> QuotaStore:
         """The tenants' quotas, on this admission's Redis client."""
-        return QuotaStore(self._client, self._names)
+        return QuotaStore(self._client, self._names, self._clock)
 
     @property
     def redis_down(self) -> bool:
@@ -120,10 +129,26 @@ class RedisAdmission:
         """Charge the tenant for what fits; ``{item id: seconds to wait}`` for the rest."""
         if not items:
             return {}
-        over = await self._link.guarded(binding, lambda: self._quota.charge(binding, items),
+        over = await self._link.guarded(binding, lambda: self._charge(binding, items),
                                         _nothing_over)
         if over:
             self.stats.count_quota_delayed(binding.name, binding.tenant, len(over))
+        return over
+
+    async def _charge(self, binding: Binding, items: Sequence[Item]) -> dict[int, float]:
+        """Charge the quota; on one Redis server, take the tokens of a rate-limited
+        binding's admitted items in the same call (its :meth:`take_tokens` then waits for
+        them without a round trip)."""
+        plan = None
+        if (self._one_server and binding.rate_per_s is not None
+                and not self._quota.known_free(binding.tenant)):
+            plan = self._bucket.plan(binding, len(items))
+        if plan is None:
+            return await self._quota.charge(binding, items)
+        over, taken = await self._quota.charge_and_take(
+            binding, items, self._bucket.key(binding.name), plan)
+        if taken and len(items) > len(over):
+            self._bucket.prepay(binding, len(items) - len(over), taken)
         return over
 
     async def take_tokens(self, binding: Binding, n: int) -> None:
