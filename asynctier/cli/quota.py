@@ -41,12 +41,17 @@ def _with_store(settings: Settings, fn: Callable[[QuotaStore], Awaitable[T]]) ->
 
 
 async def quota_rows(store: QuotaStore) -> list[dict[str, Any]]:
-    """Every tenant's quota and its usage in the current minute and UTC day."""
-    rows = []
-    for tenant, quota in (await store.all()).items():
+    """Every tenant's quota and its usage in the current minute and UTC day; a quota
+    refused as read (not applied by the schedulers) has ``refused`` saying why."""
+    quotas = await store.all()
+    rows: list[dict[str, Any]] = []
+    for tenant, quota in quotas.good.items():
         usage = await store.usage(tenant)
-        rows.append({"tenant": tenant, **quota.to_json(),
-                     "used_minute": usage.minute, "used_day": usage.day})
+        rows.append({"tenant": tenant, **quota.to_json(), "used_minute": usage.minute,
+                     "used_day": usage.day, "refused": None})
+    for tenant, why in quotas.refused.items():
+        rows.append({"tenant": tenant, "per_minute": None, "per_day": None,
+                     "used_minute": None, "used_day": None, "refused": why})
     return rows
 
 
@@ -114,6 +119,10 @@ def show(ctx: click.Context, as_json: bool) -> None:
         return
     click.echo(f"{'TENANT':<24} {'PER MINUTE':>12} {'USED':>8} {'PER DAY':>12} {'USED':>10}")
     for row in rows:
+        if row["refused"]:
+            click.echo(f"{row['tenant']:<24} refused: {row['refused']} (the schedulers apply "
+                       f"no limit there; fix it with `asynctier quota set {row['tenant']} ...`)")
+            continue
         click.echo(f"{row['tenant']:<24} {_limit(row['per_minute']):>12} "
                    f"{row['used_minute']:>8} {_limit(row['per_day']):>12} {row['used_day']:>10}")
 

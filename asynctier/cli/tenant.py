@@ -41,7 +41,7 @@ async def tenant_rows(client: AsyncRedis, settings: Settings) -> list[dict[str, 
     quotas = QuotaStore(client, settings.names)
     weights, refused = await tenants.weights()
     now, before = await tenants.usage()
-    limits = await quotas.all()
+    limits = (await quotas.all()).good
     total_before = sum(before.values())
     rows = []
     for name in sorted(set(weights) | set(refused) | set(now) | set(before) | set(limits)):

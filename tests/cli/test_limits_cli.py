@@ -32,9 +32,9 @@ def test_quota_set_then_show(settings: Settings, redis_client: redis.Redis) -> N
     rows = json.loads(out)
     assert rows == [
         {"tenant": "acme", "per_minute": 500, "per_day": 100000, "used_minute": 0,
-         "used_day": 0},
+         "used_day": 0, "refused": None},
         {"tenant": "beta.team", "per_minute": None, "per_day": 20, "used_minute": 0,
-         "used_day": 0},
+         "used_day": 0, "refused": None},
     ]
     code, out = run(settings, "quota", "show")
     assert code == 0 and "acme" in out and "beta.team" in out
@@ -56,3 +56,18 @@ def test_quota_show_names_an_unreachable_redis(settings: Settings) -> None:
     code, out = run(settings.with_overrides(redis_url="redis://127.0.0.1:1/0"), "quota", "show")
     assert code == 2
     assert "redis://127.0.0.1:1/0 does not answer" in out
+
+
+def test_quota_show_lists_a_bad_quota_as_refused_and_the_others(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    """A quota hash written by something else (-1) neither stops `quota show` nor hides
+    the good ones: it is listed as refused, with why and the fix."""
+    assert run(settings, "quota", "set", "acme", "--per-minute", "500")[0] == 0
+    redis_client.hset(settings.names.tenant_key("zeta", "quota"), "per_minute", "-1")
+    code, out = run(settings, "quota", "show", "--json")
+    assert code == 0, out
+    rows = {r["tenant"]: r for r in json.loads(out)}
+    assert rows["acme"]["per_minute"] == 500 and rows["acme"]["refused"] is None
+    assert "not a whole number >= 1" in rows["zeta"]["refused"]
+    code, out = run(settings, "quota", "show")
+    assert code == 0 and "zeta" in out and "refused" in out and "asynctier quota set zeta" in out

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.errors import ServiceError
@@ -69,6 +69,13 @@ class Usage:
     day: int
 
 
+class Quotas(NamedTuple):
+    """The quotas read: those that are good, and why each other one was refused."""
+
+    good: dict[str, Quota]
+    refused: dict[str, str]
+
+
 class QuotaStore:
     """Reads and writes tenants' quotas (the ``asynctier quota`` commands)."""
 
@@ -100,16 +107,22 @@ class QuotaStore:
         raw = await self._client.hgetall(self.key(tenant))
         return _quota(raw) if raw else None
 
-    async def all(self) -> dict[str, Quota]:
-        """Every tenant that has a quota."""
+    async def all(self) -> Quotas:
+        """Every tenant that has a quota: those that read well, and why each other one is
+        refused (one bad hash must not hide the others)."""
         head, tail = self.key("\n").split("\n")
         found: dict[str, Quota] = {}
+        refused: dict[str, str] = {}
         async for key in self._client.scan_iter(match=self.key("*"), count=500):
             tenant = as_text(key)[len(head):-len(tail)]
-            quota = await self.get(tenant)
+            try:
+                quota = await self.get(tenant)
+            except ValueError as exc:
+                refused[tenant] = str(exc)
+                continue
             if quota is not None:
                 found[tenant] = quota
-        return dict(sorted(found.items()))
+        return Quotas(dict(sorted(found.items())), dict(sorted(refused.items())))
 
     async def usage(self, tenant: str) -> Usage:
         """What the tenant used in the current minute and day (by Redis ``TIME``, or the
