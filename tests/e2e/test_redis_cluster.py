@@ -106,7 +106,7 @@ def test_quota_charges_once_on_the_cluster(csettings: Settings) -> None:
             await admission.quotas.set("acme", Quota(per_minute=5))
             first = await admission.over_quota(BASE, make_items([f"o/0/{i}" for i in range(8)]))
             again = await admission.over_quota(BASE, make_items([f"o/0/{i}" for i in range(5)]))
-            listed = await admission.quotas.all()
+            listed = (await admission.quotas.all()).good
             assert listed == {"acme": Quota(per_minute=5)}
             used = await admission.quotas.usage("acme")
             return len(first), len(again), used.minute

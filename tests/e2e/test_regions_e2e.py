@@ -233,6 +233,7 @@ def scenario(plat: Platform, settings: Settings, topic: str, s: Scenario) -> Non
     lines = ran(plat, moving)
     finished = max(r.at for group in lines.values() for r in group)
     unfinished = [group for group in lines.values() if min(r.at for r in group) > killed]
+    assert unfinished, "the kill came after the work: nothing was left to move"
     resumed = min(r.at for group in unfinished for r in group) - killed
     in_a_after = [r for group in lines.values() for r in group
                   if r.region == "a" and r.at > killed + 0.5]
@@ -241,7 +242,6 @@ def scenario(plat: Platform, settings: Settings, topic: str, s: Scenario) -> Non
           f"unfinished at the kill; the first finished in b {resumed:.2f} s after it, the "
           f"last {late:.2f} s after it; {sum(len(g) - 1 for g in lines.values())} ran twice")
     assert not in_a_after, in_a_after[:3]
-    assert unfinished, "the kill came after the work: nothing was left to move"
     assert resumed <= MOVED_WITHIN_S, f"b took {resumed:.2f} s after the kill to take over"
     if s.drained_within_s is not None:
         assert late <= s.drained_within_s, f"the work took {late:.2f} s to finish in b"
