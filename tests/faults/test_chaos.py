@@ -258,14 +258,15 @@ class Feeder:
         for n in self._ticks(QUEUE_PER_S):
             chunk = [NewItem(self.queue_topic, json.dumps(doc(i)).encode(), id=str(i))
                      for i in range(ident, ident + n)]
-            deadline = time.monotonic() + 120.0
-            while True:  # the same ids again when PostgreSQL is down: none is doubled
+            def stored(chunk: list[NewItem] = chunk) -> bool:
                 try:
                     self.store.enqueue(self.namespace, chunk)
-                    break
-                except QueueUnavailable:  # a refusal (QueueError) fails the test
-                    assert time.monotonic() < deadline, "the queue was down for 120 s"
-                    time.sleep(0.5)
+                except QueueUnavailable:  # down: the same ids again, none is doubled
+                    return False          # (a refusal, QueueError, fails the test)
+                return True
+
+            wait_until(stored, 120, "the queue takes items again after PostgreSQL was down",
+                       interval=0.5)
             self.items.extend(range(ident, ident + n))
             ident += n
 
@@ -297,6 +298,15 @@ def allowed(victim: str) -> int:
     return ALLOWED[victim.split("-")[0]]
 
 
+def pace(feeder: Feeder, seconds: float) -> None:
+    """The scenario's own pace (a span of time, not a condition to wait for); it ends at
+    once, failing the test, when a feeder thread failed."""
+    until = time.monotonic() + max(0.0, seconds)
+    wait_until(lambda: feeder.errors or time.monotonic() >= until, seconds + 5,
+               "the scenario's pace", interval=0.05)
+    feeder.check()
+
+
 class Chaos:
     """Kills victims by a plan and brings each back as a supervisor would."""
 
@@ -314,13 +324,13 @@ class Chaos:
             print(f"+{kill.at - self.began:6.1f}s  kill {step.victim}", flush=True)
             if step.victim in SERVICES:
                 self.services.kill(step.victim)
-                time.sleep(step.pause_s)  # the scenario's own pause: the service is down
+                pace(self.feeder, step.pause_s)  # the service stays down that long
                 self.services.restart(step.victim)
             else:
                 self._kill_process(step)
             kill.back = time.time()
             self._progress(step.victim)
-            time.sleep(max(0.0, kill.at + step.every_s - time.time()))  # the plan's pace
+            pace(self.feeder, kill.at + step.every_s - time.time())  # the plan's pace
 
     def _kill_process(self, step: Step) -> None:
         pid = self.plat.procs[step.victim].pid
@@ -396,9 +406,9 @@ def run_chaos(plan: list[Step], scenario: str, settings: Settings, services: Ser
             plat.supervise(name, pause_s=SHORT_PAUSE_S)
         feeder.start()
         wait_until(lambda: min(successes(plat.calls())) > 0, 120, "both bindings run")
-        time.sleep(WARMUP_S)  # the scenario's own pace: work under way before the kills
+        pace(feeder, WARMUP_S)  # work under way before the kills
         chaos.run(plan)
-        time.sleep(TAIL_S)
+        pace(feeder, TAIL_S)
         feeder.finish()
         fed_at = time.time()
         print(f"+{fed_at - chaos.began:6.1f}s  fed {len(feeder.records)} records and "
