@@ -11,10 +11,10 @@ T = TypeVar("T")
 
 
 def wait_until(predicate: Callable[[], T], timeout: float = 30.0, message: str = "",
-               interval: float = 0.05) -> T:
+               interval: float = 0.05, max_interval: float = 0.5) -> T:
     """Call ``predicate`` until it returns something truthy and return that value.
 
-    Polls with a growing interval (at most 0.5 s) until ``timeout`` seconds have passed,
+    Polls with a growing interval (at most ``max_interval``) until ``timeout`` seconds have passed,
     then fails the test with ``message`` and the last value seen.
     """
     deadline = time.monotonic() + timeout
@@ -29,7 +29,7 @@ def wait_until(predicate: Callable[[], T], timeout: float = 30.0, message: str =
                 f"(last value: {value!r})"
             )
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 1.5, 0.5)
+        delay = min(delay * 1.5, max_interval)
 
 
 async def until(predicate: Callable[[], T], timeout: float = 5.0, message: str = "",

@@ -223,9 +223,12 @@ def scenario(plat: Platform, settings: Settings, topic: str, s: Scenario) -> Non
     # 3. a's schedulers SIGKILLed mid-stream: all work in b within 5 s, nothing lost
     moving = range(200_000, 200_000 + s.failover)
     produce(settings, topic, moving, s.slow_s)
+    # Polled every 20 ms: the phase holds about a second of a's work, and a poll that
+    # grows to 0.5 s can see the tenth record only after the last one ran.
     wait_until(lambda: sum(1 for lines in ran(plat, moving).values()
                            if lines[0].region == "a") >= 10, 30,
-               "region a runs the records of the failover phase")
+               "region a runs the records of the failover phase", interval=0.02,
+               max_interval=0.02)
     plat.kill("scheduler-a1")
     plat.kill("scheduler-a2")
     killed = time.time()
