@@ -56,6 +56,7 @@ class Case:
     probe_args: tuple[str, ...] = ("--priority", "urgent")
     bulk_function: str = "sleep2ms"
     bulk_args: tuple[str, ...] = ("--priority", "batch")
+    config: str = ""  # the run's config file (TOML), when it needs one
 
 
 CASES: tuple[Case, ...] = (
@@ -67,6 +68,8 @@ CASES: tuple[Case, ...] = (
     Case("defer", "batch bound --defer-when-busy --start-within 2h",
          bulk_args=("--priority", "batch", "--defer-when-busy", "--start-within", "2h")),
     Case("cpu", "batch function CPU-bound (0.2 ms busy loop)", bulk_function="burn"),
+    Case("cpu-threads", "the same, kept in threads ([scheduler] cpu_bound_item_ms = 0)",
+         bulk_function="burn", config="[scheduler]\ncpu_bound_item_ms = 0\n"),
     Case("small", "both normal: tenant small at the rate behind tenant big's backlog",
          probe_args=("--priority", "normal", "--tenant", "small"),
          bulk_args=("--priority", "normal", "--tenant", "big")),
@@ -119,7 +122,12 @@ def measure(svc: Services, folder: Path, case: Case, bulk_topic: str | None,
     create_topic(boot, topic)
     samples = folder / f"urgency-{case.key}-{uuid.uuid4().hex[:6]}.txt"
     label = f"urgency-{case.key}-{'loaded' if bulk_topic else 'alone'}"
-    with platform(svc, folder, label, {"BENCH_LATENCY_FILE": str(samples)}) as run:
+    env = {"BENCH_LATENCY_FILE": str(samples)}
+    if case.config:
+        config = folder / f"{label}.toml"
+        config.write_text(case.config)
+        env["ASYNCTIER_CONFIG"] = str(config)
+    with platform(svc, folder, label, env) as run:
         run.bind("probe", topic, case.probe_function, *case.probe_args)
         producer = warm_producer(boot, topic, WARM)
         probe_group = GroupProgress(boot, run.group("probe"), topic)

@@ -136,9 +136,11 @@ def local_scheduler(bindings: list[Binding], allow: tuple[str, ...] = ALLOW,
                     gates: Sequence[GateFactory] = GATES) -> Scheduler:
     """A Scheduler without a server, for tests that drive ``process`` on their own loop;
     ``gates``: the order its admission asks its gates in."""
-    return Scheduler(StaticBindings(bindings),
-                     Runtime(FunctionResolver(allow), (options or SchedulerOptions()).workers),
-                     admission or OpenAdmission(), options, guard=guard, gates=gates)
+    options = options or SchedulerOptions()
+    runtime = Runtime(FunctionResolver(allow), options.workers,
+                      cpu_bound_item_s=options.cpu_bound_item_s)
+    return Scheduler(StaticBindings(bindings), runtime, admission or OpenAdmission(), options,
+                     guard=guard, gates=gates)
 
 
 def run_async(coro: Any) -> Any:

@@ -37,6 +37,7 @@ The file::
     workers = 8                          # chunks running at once
     max_queued_items = 20000             # items it holds: its capacity in the membership
     tier_weights = { urgent = 8, normal = 4, batch = 1 }   # shares under contention
+    cpu_bound_item_ms = 0.1              # CPU-bound sync functions above it: processes (0: never)
     [rpc]                                # the platform's own gRPC: see rpcsecurity.py
     ca = "certs/ca.pem"
     cert = "certs/server.pem"
@@ -170,10 +171,11 @@ TIER_NAMES = ("urgent", "normal", "batch")
 def _scheduler_table(table: dict[str, Any], source: str) -> tuple[int | None,
                                                                   dict[str, float]]:
     """``[scheduler]``: (workers or None, tier weights named there)."""
-    bad = set(table) - {"workers", "tier_weights", "max_queued_items"}
+    known = {"workers", "tier_weights", "max_queued_items", "cpu_bound_item_ms"}
+    bad = set(table) - known
     if bad:
         raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [scheduler]; "
-                          "known keys: ['max_queued_items', 'tier_weights', 'workers']")
+                          f"known keys: {sorted(known)}")
     workers = table.get("workers")
     if workers is not None and (not isinstance(workers, int) or not 1 <= workers <= 1024):
         raise ConfigError(f"{source}: [scheduler] workers = {workers!r}: give 1 to 1024")
@@ -237,6 +239,9 @@ class Settings:
     #: ``[scheduler] max_queued_items``: the items a scheduler holds (None: its default);
     #: the capacity it registers, full when its queued and running items reach it.
     scheduler_max_queued: int | None = None
+    #: ``[scheduler] cpu_bound_item_ms``: a sync function measured CPU-bound above this
+    #: much CPU an item runs in worker processes (0: never; None: the scheduler's default).
+    cpu_bound_item_ms: float | None = None
     #: This process's region: a scheduler registers in it, a tailer prefers it.
     region: str = DEFAULT_REGION
     #: The share of its calls a tailer sends out of its region while that region is full
@@ -343,6 +348,7 @@ class Settings:
                 topic_min_insync_replicas=int(main.get("topic_min_insync_replicas", 0)),
                 rpc=rpc,
                 scheduler_max_queued=_max_queued(doc.get("scheduler", {})),
+                cpu_bound_item_ms=_cpu_bound_item_ms(doc.get("scheduler", {})),
                 region=check_region(main.get("region", DEFAULT_REGION)),
                 spill_share=check_spill_share(main.get("spill_share", DEFAULT_SPILL_SHARE)),
                 spill_window=_spill_window(main.get("spill_window", DEFAULT_SPILL_WINDOW)),
@@ -405,6 +411,16 @@ def _max_queued(table: Any) -> int | None:
     if not isinstance(value, int) or not 1 <= value <= 10_000_000:
         raise ValueError(f"[scheduler] max_queued_items = {value!r}: give 1 to 10000000")
     return value
+
+
+def _cpu_bound_item_ms(table: Any) -> float | None:
+    value = dict(table).get("cpu_bound_item_ms")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1e6:
+        raise ValueError(f"[scheduler] cpu_bound_item_ms = {value!r}: give a number of "
+                         "milliseconds, 0 to keep CPU-bound functions in threads")
+    return float(value)
 
 
 def _region_env(env: Mapping[str, str]) -> dict[str, Any]:

@@ -151,6 +151,12 @@ DEFERRED = Counter(
     "their scheduler was saturated by other work.",
     ["binding"],
 )
+IN_PROCESSES = Gauge(
+    "asynctier_binding_in_processes",
+    "1 for a sync binding bound --isolation thread that this scheduler measured CPU-bound "
+    "and now runs in worker processes.",
+    ["binding"],
+)
 SATURATED = Gauge(
     "asynctier_scheduler_saturated",
     "1 while this scheduler's workers are saturated by work that does not defer (it then "
@@ -519,6 +525,11 @@ def count_deferred(binding: str, n: int = 1) -> None:
     """Count ``n`` items of ``binding`` deferred while their scheduler was saturated."""
     if n:
         DEFERRED.labels(binding).inc(n)
+
+
+def set_in_processes(binding: str, moved: bool) -> None:
+    """Whether ``binding``, measured CPU-bound, runs in worker processes."""
+    IN_PROCESSES.labels(binding).set(1 if moved else 0)
 
 
 def set_saturated(saturated: bool) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from asynctier.platform.config import Settings
 from asynctier.scheduler.queues import DEFAULT_TIER_WEIGHTS
+from asynctier.scheduler.runtime import CPU_BOUND_ITEM_S
 
 
 @dataclass(frozen=True)
@@ -40,15 +41,22 @@ class SchedulerOptions:
     stop_grace_s: float = 30.0
     heartbeat_interval_s: float = 1.0
     membership_ttl_s: float = 5.0
+    #: A sync function measured CPU-bound that takes at least this much CPU an item runs
+    #: in worker processes (:mod:`.runtime`); None keeps every binding in its threads.
+    cpu_bound_item_s: float | None = CPU_BOUND_ITEM_S
 
 
 def options_from_settings(settings: Settings,
                           base: SchedulerOptions | None = None) -> SchedulerOptions:
     """``base`` (default :class:`SchedulerOptions`) with the config file's ``[scheduler]``
-    table applied: ``workers``, ``max_queued_items`` and ``tier_weights`` (tiers not named
-    keep theirs)."""
+    table applied: ``workers``, ``max_queued_items``, ``tier_weights`` (tiers not named
+    keep theirs) and ``cpu_bound_item_ms``."""
     base = base or SchedulerOptions()
     weights = {**base.tier_weights, **settings.tier_weights}
     workers = settings.scheduler_workers or base.workers
     queued = settings.scheduler_max_queued or base.max_queued_items
-    return replace(base, workers=workers, tier_weights=weights, max_queued_items=queued)
+    cpu_bound = base.cpu_bound_item_s
+    if settings.cpu_bound_item_ms is not None:
+        cpu_bound = settings.cpu_bound_item_ms / 1000 if settings.cpu_bound_item_ms else None
+    return replace(base, workers=workers, tier_weights=weights, max_queued_items=queued,
+                   cpu_bound_item_s=cpu_bound)

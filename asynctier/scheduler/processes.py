@@ -6,6 +6,11 @@ first use and kept for the next items). Past the binding's timeout the worker is
 (SIGKILL) and the item is an attempt failed with reason ``timeout``; the next item gets a
 fresh worker. A worker that dies on its own (``os._exit``, a crash, the OOM killer) costs
 its item one attempt and nothing else: the scheduler goes on.
+
+A worker runs at the niceness of its binding's tier (:data:`NICENESS`): the kernel shares
+the CPU between runnable processes by their niceness' weights, so CPU-bound work of a
+lower tier yields the cores to the scheduler's own loop and to urgent work, in about the
+tiers' 8:4:1. Workers are kept per niceness (one cannot lower its own).
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ MAX_ANSWER_BYTES = 1 << 20
 #: How long a worker may take to start an item's function (a new worker imports Python,
 #: asynctier and the function's module first); the binding's timeout runs from then.
 START_TIMEOUT_S = 60.0
+#: A worker's niceness by its binding's tier: the kernel weighs nice 0, 3 and 9 as 1024,
+#: 526 and 137, about the 8:4:1 the tiers share the workers in.
+NICENESS = {"urgent": 0, "normal": 3, "batch": 9}
 
 
 class WorkerDied(Exception):
@@ -52,10 +60,11 @@ class WorkerProcess:
         self.proc = proc
 
     @classmethod
-    async def start(cls, allow_modules: Sequence[str]) -> WorkerProcess:
-        """Start a worker that may run functions of ``allow_modules`` only."""
+    async def start(cls, allow_modules: Sequence[str], nice: int = 0) -> WorkerProcess:
+        """Start a worker that may run functions of ``allow_modules`` only, ``nice`` above
+        the scheduler's niceness."""
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", WORKER_MODULE, json.dumps(list(allow_modules)),
+            sys.executable, "-m", WORKER_MODULE, json.dumps(list(allow_modules)), str(nice),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         return cls(proc)
 
@@ -138,7 +147,7 @@ class ProcessPool:
     def __init__(self, allow_modules: Iterable[str], size: int = 8) -> None:
         self.allow_modules = tuple(allow_modules)
         self.size = size
-        self._idle: list[WorkerProcess] = []
+        self._idle: dict[int, list[WorkerProcess]] = {}  # by niceness
         self._all: set[WorkerProcess] = set()
         self._slots: asyncio.Semaphore | None = None
         self.killed = 0  # workers killed past a timeout (for tests and the log)
@@ -161,20 +170,22 @@ class ProcessPool:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.size)
         async with self._slots:
-            worker = self._idle.pop() if self._idle else await self._start()
+            nice = NICENESS.get(job.binding.priority, 0)
+            idle = self._idle.setdefault(nice, [])
+            worker = idle.pop() if idle else await self._start(nice)
             keep = False
             try:
                 outcome, keep = await self._call(job, item, worker)
             finally:
                 if keep:
-                    self._idle.append(worker)
+                    idle.append(worker)
                 else:
                     self._all.discard(worker)
                     await worker.kill()
             return outcome
 
-    async def _start(self) -> WorkerProcess:
-        worker = await WorkerProcess.start(self.allow_modules)
+    async def _start(self, nice: int) -> WorkerProcess:
+        worker = await WorkerProcess.start(self.allow_modules, nice)
         self._all.add(worker)
         return worker
 

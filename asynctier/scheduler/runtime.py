@@ -18,6 +18,14 @@ and item), counted
 a concurrency cap, keeps its slot until it returns (:meth:`Runtime.run_one_held`). A sync
 call that returns late (past the timeout) is a ``timeout`` failure too.
 
+A sync function that keeps a worker thread on the CPU holds the GIL the event loop needs
+for everything else (urgent work, replies, admission): once its binding is measured
+**CPU-bound** (its threads keep at least :data:`CPU_BOUND_SHARE` of a core busy, at
+least ``cpu_bound_item_s`` of CPU an item, more than handing an item to a process
+costs), its chunks run in worker processes, as if it were bound ``--isolation process``;
+it is logged and shown in ``asynctier_binding_in_processes``. ``cpu_bound_item_s=None``
+keeps every binding where it was bound.
+
 An async chunk runs its items concurrently on the loop in up to :data:`ASYNC_LANES` lanes
 (one task per lane, the first lane in the caller's task) under one timer per chunk
 (:class:`AsyncRun`): an item past the binding's timeout is cancelled and fails with reason
@@ -32,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from asynctier.platform import metrics
@@ -66,6 +74,16 @@ EARLY_WRITE_S = 0.01
 ASYNC_LANES = 256
 #: The weight of a new run in a binding's time per item (an EWMA).
 EWMA_WEIGHT = 0.3
+#: A sync binding whose threads, together, keep at least this share of a core busy is
+#: CPU-bound: it holds the GIL the event loop needs at least that share of the time (a
+#: share of a core, not of each thread's time: threads that wait for the GIL are not on
+#: the CPU either).
+CPU_BOUND_SHARE = 0.5
+#: ... when its items also take at least this much CPU each: handing an item to a worker
+#: process costs the loop about this, so quicker functions stay in threads.
+CPU_BOUND_ITEM_S = 0.0001
+#: The window a binding's CPU time is summed over before it is judged.
+CPU_WINDOW_S = 1.0
 
 
 #: Takes the successes of some items of a chunk that still runs (:meth:`Runtime.run_held`).
@@ -79,12 +97,15 @@ class Job:
     binding: Binding
     function: Function
     decode: Decoder
-    binding_bytes: bytes = b""  # --isolation process: the binding, for the worker
+    binding_bytes: bytes = b""  # in worker processes: the binding, for the worker
+    cpu_bound: bool = False  # measured CPU-bound: it runs in worker processes
 
     @property
     def in_process(self) -> bool:
-        """True when its items run in worker processes (a sync function, isolated)."""
-        return self.binding.isolation == "process" and not self.function.is_async
+        """True when its items run in worker processes (a sync function, isolated or
+        measured CPU-bound)."""
+        return ((self.binding.isolation == "process" or self.cpu_bound)
+                and not self.function.is_async)
 
 
 def context_of(binding: Binding, item: Item, deadline: float) -> Context:
@@ -108,6 +129,7 @@ class SyncRun:
         self.results: list[Outcome] = []
         self.started = 0.0
         self.began = self.ended = 0.0  # when its thread took it up, and finished it
+        self.cpu_s = 0.0  # its thread's CPU time while it ran
         self.finished = False  # ended without being abandoned
         self.abandoned = False
         self.error: BaseException | None = None  # raised outside the function: a bug
@@ -141,6 +163,7 @@ class SyncRun:
         monotonic, lock, results = time.monotonic, self._lock, self.results
         wall_offset = time.time() - monotonic()
         self.began = monotonic()
+        cpu_began = time.thread_time()
         outcome: Outcome | None = None
         for item in self.items:
             with lock:
@@ -163,6 +186,7 @@ class SyncRun:
                 outcome = ok(item_id)
             if monotonic() - started > timeout:
                 outcome = outcomes.timed_out(item_id, timeout)
+        self.cpu_s = time.thread_time() - cpu_began
         with lock:
             if not self.abandoned and outcome is not None:
                 results.append(outcome)
@@ -276,7 +300,8 @@ class Runtime:
     threads: a function that waits 1 ms on I/O runs up to 32 at a time by default."""
 
     def __init__(self, resolver: FunctionResolver, threads: int = 8,
-                 processes: int | None = None, spread: int = SYNC_SPREAD) -> None:
+                 processes: int | None = None, spread: int = SYNC_SPREAD,
+                 cpu_bound_item_s: float | None = CPU_BOUND_ITEM_S) -> None:
         self.resolver = resolver
         self.spread = max(1, spread)
         self.threads = threads * self.spread
@@ -284,6 +309,8 @@ class Runtime:
         self.processes = ProcessPool(resolver.allow_modules, processes or threads)
         self._jobs: dict[str, Job] = {}
         self._per_item_s: dict[str, float] = {}  # sync bindings: measured seconds per item
+        self.cpu_bound_item_s = cpu_bound_item_s
+        self._cpu: dict[str, tuple[float, float, int]] = {}  # window: began, CPU s, items
         self.hung_threads = 0
         self._harvests: set[_Harvest] = set()  # running spread chunks with ``early``
         self._harvester: asyncio.Task[None] | None = None
@@ -413,6 +440,7 @@ class Runtime:
                     run.raise_error()
                     results.extend(run.results)
                     self._measure(job.binding.name, run)
+                    self._judge_cpu(job, run)
                 elif not parts.abandon_if_overdue(run):
                     still.append((run, future))
                 else:
@@ -437,6 +465,32 @@ class Runtime:
         sample = (run.ended - run.began) / len(run.items)
         old = self._per_item_s.get(binding)
         self._per_item_s[binding] = sample if old is None else old + EWMA_WEIGHT * (sample - old)
+
+    def _judge_cpu(self, job: Job, run: SyncRun) -> None:
+        """Add a run's CPU time to its binding's window; at the end of a window of
+        :data:`CPU_WINDOW_S`, a binding CPU-bound in it runs its next chunks in worker
+        processes."""
+        if self.cpu_bound_item_s is None or not run.items:
+            return
+        name = job.binding.name
+        began, cpu_s, items = self._cpu.get(name, (run.began, 0.0, 0))
+        cpu_s, items = cpu_s + run.cpu_s, items + len(run.items)
+        window = run.ended - began
+        if window < CPU_WINDOW_S:
+            self._cpu[name] = (began, cpu_s, items)
+            return
+        self._cpu.pop(name, None)
+        share, per_item = cpu_s / window, cpu_s / items
+        if (share >= CPU_BOUND_SHARE and per_item >= self.cpu_bound_item_s
+                and job.binding.isolation == "thread"):
+            self._jobs[name] = replace(job, cpu_bound=True, binding_bytes=job.binding.encode())
+            metrics.set_in_processes(name, True)
+            log.warning("binding %s: %s is CPU-bound (its threads kept %.0f%% of a core busy, "
+                        "%.2f ms of CPU an item): in threads it holds the GIL the scheduler's "
+                        "loop needs, so its items now run in worker processes at the niceness "
+                        "of tier %s. Set [scheduler] cpu_bound_item_ms = 0 to keep CPU-bound "
+                        "functions in threads.", name, job.function.path, share * 100,
+                        per_item * 1000, job.binding.priority, extra={"binding": name})
 
     def _count_hung(self, run: SyncRun, future: asyncio.Future[None]) -> None:
         self.hung_threads += 1

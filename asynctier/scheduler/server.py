@@ -103,8 +103,9 @@ async def serve_scheduler(settings: Settings, *, listen: str | None = None,
             followed = FollowedBindings(settings)
             await asyncio.to_thread(followed.start)
             source = followed
-        scheduler = Scheduler(source, Runtime(resolver, options.workers), admission, options,
-                              breakers, tenants, guard)
+        runtime = Runtime(resolver, options.workers,
+                          cpu_bound_item_s=options.cpu_bound_item_s)
+        scheduler = Scheduler(source, runtime, admission, options, breakers, tenants, guard)
         await _serve(settings, scheduler, listen or settings.scheduler_listen, stop,
                      ready_callback, advertise)
     finally:

@@ -1,14 +1,14 @@
 """The worker process of ``--isolation process`` bindings: runs one item at a time.
 
 Started by :class:`~asynctier.scheduler.processes.ProcessPool` as ``python -m
-asynctier.scheduler.worker_main ALLOW_JSON``. It reads requests on stdin and
-answers on the stdout it had at start; the function's own prints go to stderr (the
-scheduler's log). Every message is data: JSON and raw bytes in length-prefixed frames,
-never pickle. A request is three frames (the item's context as JSON, the binding as its
-Avro record, the payload). The answer is an empty frame when the function starts (its
-module imported and the payload decoded: the scheduler's clock for the timeout starts
-there), then any checkpoint frames (``ctx.checkpoint``: each waits for the scheduler's
-reply on stdin), then one frame, the item's outcome as JSON.
+asynctier.scheduler.worker_main ALLOW_JSON NICE`` (NICE: added to its niceness first).
+It reads requests on stdin and answers on the stdout it had at start; the function's own
+prints go to stderr (the scheduler's log). Every message is data: JSON and raw bytes in
+length-prefixed frames, never pickle. A request is three frames (the item's context as
+JSON, the binding as its Avro record, the payload). The answer is an empty frame when
+the function starts (its module imported and the payload decoded: the scheduler's clock
+for the timeout starts there), then any checkpoint frames (``ctx.checkpoint``: each
+waits for the scheduler's reply on stdin), then one frame, the item's outcome as JSON.
 
 The function is resolved here with the scheduler's allowed modules
 (:class:`~asynctier.scheduler.resolver.FunctionResolver`): a module not allowed
@@ -116,6 +116,8 @@ def main(argv: list[str]) -> None:
     answers = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # the function's prints go to the log, not into the answers
     requests = sys.stdin.buffer
+    if len(argv) > 2 and int(argv[2]) > 0:
+        os.nice(int(argv[2]))
     worker = Worker(json.loads(argv[1]) if len(argv) > 1 else [])
     while True:
         header = read_frame(requests)

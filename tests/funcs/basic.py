@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -152,3 +153,15 @@ async def async_stubborn(payload: Any, ctx: Context) -> None:
         await asyncio.sleep(payload["sleep"])
     except asyncio.CancelledError:
         await asyncio.sleep(payload["after"])
+
+
+def spin(payload: Any, ctx: Context) -> None:
+    """Keeps the CPU busy ``payload["cpu_ms"]`` ms of its own CPU time and sleeps
+    ``payload["sleep_ms"]``, then appends "id pid niceness" to the file ``payload["out"]``
+    (it may run in a worker process)."""
+    end = time.thread_time() + payload.get("cpu_ms", 0) / 1000.0
+    while time.thread_time() < end:
+        pass
+    time.sleep(payload.get("sleep_ms", 0) / 1000.0)
+    with open(payload["out"], "a") as out:
+        out.write(f"{payload['id']} {os.getpid()} {os.nice(0)}\n")

@@ -52,7 +52,7 @@ def test_sigterm_finishes_the_call_under_way(settings: Settings, tmp_path: Path)
         started = time.monotonic()
         outcomes = call.result()
         assert sorted(o["id"] for o in outcomes) == [0, 1, 2, 3]
-        assert all(o["status"] == "ok" for o in outcomes)
+        assert all(o["status"] == "ok" for o in outcomes), outcomes
         assert proc.wait(timeout=30) == 0
         print(f"\nexited 0, {time.monotonic() - started:.1f} s after SIGTERM")
         wait_until(lambda: live_schedulers(settings) == [], 5, "the scheduler left")

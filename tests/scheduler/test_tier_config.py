@@ -29,6 +29,14 @@ def test_file_weights_change_the_shares() -> None:
     assert got.count("u") == got.count("b") == 20  # 1:1, not the default 8:1
 
 
+def test_cpu_bound_item_ms_sets_the_move_and_0_turns_it_off() -> None:
+    assert options_from_settings(Settings.from_mapping({})).cpu_bound_item_s == 0.0001
+    assert options_from_settings(Settings.from_mapping(
+        {"scheduler": {"cpu_bound_item_ms": 2}})).cpu_bound_item_s == 0.002
+    assert options_from_settings(Settings.from_mapping(
+        {"scheduler": {"cpu_bound_item_ms": 0}})).cpu_bound_item_s is None
+
+
 def test_without_the_table_the_defaults_hold() -> None:
     options = options_from_settings(Settings.from_mapping({}))
     assert options.workers == 8 and options.tier_weights["urgent"] == 8.0
@@ -39,6 +47,8 @@ def test_without_the_table_the_defaults_hold() -> None:
     ({"tier_weights": {"urgent": 0}}, "tier_weights.urgent = 0"),
     ({"workers": 0}, "workers = 0"),
     ({"weights": {}}, "unknown key(s) ['weights'] in [scheduler]"),
+    ({"cpu_bound_item_ms": "fast"}, "cpu_bound_item_ms = 'fast'"),
+    ({"cpu_bound_item_ms": -1}, "cpu_bound_item_ms = -1"),
 ])
 def test_a_bad_table_says_what_to_fix(table: dict[str, object], says: str) -> None:
     with pytest.raises(ConfigError) as err:
