@@ -11,8 +11,9 @@ trickling one either. A chunk larger than the whole room is let in when the queu
 empty.
 
 It also keeps count of the items queued of bindings that do not defer (*firm* work, not
-``--defer-when-busy``) and since when some have been waiting: :mod:`.deferral` reads
-whether the scheduler is saturated from that.
+``--defer-when-busy``), since when some have been waiting, and when a firm chunk last
+left after waiting at least ``firm_wait_s`` (from its ``put`` to its ``get``, room and
+worker both): :mod:`.deferral` reads whether the scheduler is busy from that.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ class BoundedQueue:
         self.clock = clock  # seconds, monotonic: when firm work came and left (tests move it)
         self.firm_items = 0  # items queued of bindings without --defer-when-busy
         self.firm_since: float | None = None  # monotonic: since when some have waited
-        self.firm_emptied_at = -math.inf  # monotonic: when the last of them left ...
-        self.firm_last_wait_s = 0.0  # ... after waiting this long without a break
+        self.firm_wait_s = math.inf  # a firm chunk that waited this long ...
+        self.firm_waited_at = -math.inf  # ... last left the queue then
 
     @property
     def items(self) -> int:
@@ -82,6 +83,7 @@ class BoundedQueue:
 
     async def put(self, chunk: Chunk) -> None:
         """Queue ``chunk``, waiting for room when the queue is full."""
+        chunk.queued_at = self.clock()
         if not self._waiting and self._fits(chunk):
             self._push(chunk)
             return
@@ -106,6 +108,9 @@ class BoundedQueue:
                     self._getters.remove(woken)
         chunk = self.fair.pop()
         if not chunk.binding.defer_when_busy:
+            now = self.clock()
+            if now - chunk.queued_at >= self.firm_wait_s:
+                self.firm_waited_at = now
             self._firm_left(chunk.cost)
         self._admit_waiting()
         return chunk
@@ -125,9 +130,7 @@ class BoundedQueue:
         """``cost`` items of firm work left the queue."""
         self.firm_items -= cost
         if self.firm_items <= 0:
-            now = self.clock()
-            self.firm_last_wait_s = now - (self.firm_since or now)
-            self.firm_items, self.firm_since, self.firm_emptied_at = 0, None, now
+            self.firm_items, self.firm_since = 0, None
 
     def _fits(self, chunk: Chunk) -> bool:
         """True when ``chunk`` fits in the room its tier may fill."""

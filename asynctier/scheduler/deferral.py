@@ -1,11 +1,14 @@
 """Shifting out of peaks: ``--defer-when-busy`` (docs/design.md, Shifting out of peaks).
 
-A scheduler is **saturated** when work of bindings that do not defer (*firm* work) has
-waited in its queue for a worker, without a break, for at least ``settle_s``; it stays
-saturated until ``hold_s`` after the last of that work left the queue, so that the gap
-between two batches does not let the deferred work back in. Each scheduler judges its own
-queue: a tailer spreads a binding's calls over every live scheduler, so firm work that
-saturates one saturates them all, and a scheduler with room runs deferred work at once.
+A scheduler is **busy** (saturated) when work of bindings that do not defer (*firm*
+work) waits: a firm chunk waited at least ``waited_s`` from its arrival in the queue to
+its start on a worker (all workers were taken, or the loop was behind), or firm work has
+sat in the queue that long without a break. It stays busy until ``hold_s`` after the last
+such wait, so that deferred work does not come back between two firm batches. A free
+worker takes a chunk within a turn of the loop, so a wait of :data:`WAITED_S` means the
+deferring work competes with the firm work. Each scheduler judges its own queue: a
+tailer spreads a binding's calls over every live scheduler, so firm work that waits in
+one waits in them all, and a scheduler with room runs deferred work at once.
 
 While saturated, the records of a ``--defer-when-busy`` binding are **parked**: answered
 ``retry`` after :func:`park_s`, spending no attempt (Kafka: the delay path; queue: a nack
@@ -31,9 +34,9 @@ from asynctier.scheduler.bounded import BoundedQueue
 
 log = logging.getLogger(__name__)
 
-#: Firm work must have waited this long, without a break, for the scheduler to be saturated.
-SETTLE_S = 0.1
-#: ... and the scheduler stays saturated this long after the last of it left the queue.
+#: A firm chunk that waited this long for a worker makes the scheduler busy ...
+WAITED_S = 0.01
+#: ... and it stays busy this long after the last such wait.
 HOLD_S = 1.0
 #: A record is released (never parked) once less than this share of its window is left.
 RELEASE_SHARE = 0.25
@@ -43,37 +46,37 @@ MAX_PARK_S = 60.0
 
 
 class Saturation:
-    """Whether one scheduler's queue says it is saturated by firm work (logged and
-    exported as ``asynctier_scheduler_saturated`` at each change)."""
+    """Whether one scheduler's queue says it is busy with firm work (logged and exported
+    as ``asynctier_scheduler_saturated`` at each change)."""
 
-    def __init__(self, queue: BoundedQueue, settle_s: float = SETTLE_S,
+    def __init__(self, queue: BoundedQueue, waited_s: float = WAITED_S,
                  hold_s: float = HOLD_S,
                  on_start: Callable[[], None] | None = None) -> None:
         self.queue = queue
-        self.settle_s = settle_s
+        self.waited_s = waited_s
         self.hold_s = hold_s
         self.on_start = on_start  # called when it becomes saturated
         self._was = False
+        queue.firm_wait_s = waited_s
 
     def saturated(self) -> bool:
-        """True while firm work waits (or waited until ``hold_s`` ago) for a worker."""
+        """True while firm work waits for a worker, and ``hold_s`` after it last did."""
         queue = self.queue
         now = queue.clock()
         since = queue.firm_since
-        busy = ((since is not None and now - since >= self.settle_s)
-                or (queue.firm_last_wait_s >= self.settle_s
-                    and now - queue.firm_emptied_at < self.hold_s))
+        busy = ((since is not None and now - since >= self.waited_s)
+                or now - queue.firm_waited_at < self.hold_s)
         if busy != self._was:
             self._was = busy
             metrics.set_saturated(busy)
             if busy:
-                log.info("scheduler saturated: work that does not defer has waited %gs for a "
-                         "worker; records of --defer-when-busy bindings are parked until "
-                         "it has not waited for %gs", self.settle_s, self.hold_s)
+                log.info("scheduler busy: work that does not defer has waited %gs or more "
+                         "for a worker; records of --defer-when-busy bindings are parked "
+                         "until it has not waited for %gs", self.waited_s, self.hold_s)
                 if self.on_start is not None:
                     self.on_start()
             else:
-                log.info("scheduler no longer saturated: --defer-when-busy records run again")
+                log.info("scheduler no longer busy: --defer-when-busy records run again")
         return busy
 
 

@@ -191,7 +191,6 @@ class Dispatcher:
         chunk = Chunk(binding, items, asyncio.get_running_loop().create_future(),
                       deadline=order_key(binding, items, time.time(), self.default_window_s))
         await self.gates.enqueue(chunk)
-        chunk.queued_at = time.monotonic()
         await self.queue.put(chunk)
         return refused, chunk
 

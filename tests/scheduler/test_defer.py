@@ -83,7 +83,7 @@ def test_saturated_only_while_work_that_does_not_defer_waits() -> None:
     async def scenario() -> None:
         clock = Clock()
         queue = BoundedQueue(FairQueue(), 1000, clock=clock)
-        sat = Saturation(queue, settle_s=0.05, hold_s=0.3)
+        sat = Saturation(queue, waited_s=0.05, hold_s=0.3)
         await queue.put(_chunk(COLD, 50))  # deferrable work waiting: not saturated
         clock.now += 0.1
         assert not sat.saturated()
@@ -108,10 +108,31 @@ def test_saturated_only_while_work_that_does_not_defer_waits() -> None:
     asyncio.run(scenario())
 
 
+def test_one_firm_chunk_that_waited_for_a_worker_makes_it_busy_for_hold_s() -> None:
+    """Busy is a firm chunk's wait from its put to its get, even when the firm queue was
+    never non-empty for long: an urgent chunk that found every worker taken."""
+    async def scenario() -> None:
+        clock = Clock()
+        queue = BoundedQueue(FairQueue(), 1000, clock=clock)
+        sat = Saturation(queue, waited_s=0.01, hold_s=1.0)
+        await queue.put(_chunk(HOT, 1))
+        clock.now += 0.005
+        await queue.get()  # taken at once: nothing waited
+        assert not sat.saturated()
+        await queue.put(_chunk(HOT, 1))
+        clock.now += 0.012
+        await queue.get()  # waited 12 ms for a worker
+        clock.now += 0.9
+        assert sat.saturated()
+        clock.now += 0.11
+        assert not sat.saturated()  # 1 s after the wait, with none since
+    asyncio.run(scenario())
+
+
 def test_while_saturated_far_records_park_without_an_attempt_and_near_ones_run() -> None:
     async def scenario() -> None:
         queue = BoundedQueue(FairQueue(), 1000)
-        sat = Saturation(queue, settle_s=0.0, hold_s=0.1)
+        sat = Saturation(queue, waited_s=0.0, hold_s=0.1)
         now_ms = int(time.time() * 1000)
         far = _items(COLD, 3, now_ms + int(2 * HOUR * 1000))
         near = [{**i, "id": 10 + i["id"]}  # type: ignore[typeddict-item]
