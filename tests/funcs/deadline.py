@@ -19,13 +19,17 @@ _lock = threading.Lock()
 
 
 def note(payload: Any, ctx: Context) -> None:
-    """Write down when this record started, then sleep ``payload["sleep"]`` seconds."""
+    """Write down when this record started, then sleep ``payload["sleep"]`` seconds or keep
+    the CPU busy ``payload["burn"]`` seconds."""
     line = (f"{ctx.binding} {payload['id']} {ctx.record_time:.6f} {time.time():.6f} "
             f"{ctx.deadline:.6f}\n")
     with _lock, open(os.environ["ASYNCTIER_TEST_LEDGER"], "a") as fh:
         fh.write(line)
     if payload.get("sleep"):
         time.sleep(float(payload["sleep"]))
+    end = time.thread_time() + float(payload.get("burn", 0))
+    while time.thread_time() < end:
+        pass
 
 
 @dataclass(frozen=True)
