@@ -6,7 +6,10 @@ import itertools
 import re
 import time
 
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+#: Seconds in a minute and in a day (quota windows, usage keys).
+MINUTE_S = 60
+DAY_S = 86_400
+_UNITS = {"ms": 0.001, "s": 1.0, "m": float(MINUTE_S), "h": 3600.0, "d": float(DAY_S)}
 _RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
 

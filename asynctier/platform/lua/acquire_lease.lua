@@ -14,8 +14,7 @@
 -- to Redis; a holder's heartbeat never sets one that far) would hold its slot for ever:
 -- it is refused, dropped like an expired one, and named in the answer.
 local AHEAD = 10
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = redis_now_ms()
 local ttl = tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local refused = {}

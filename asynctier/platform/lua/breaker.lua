@@ -25,8 +25,7 @@ local now
 if ARGV[11] then
   now = tonumber(ARGV[11])
 else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now = redis_now_ms()
 end
 local op = ARGV[1]
 local ratio = tonumber(ARGV[2])

@@ -53,8 +53,7 @@ local function charge_quota(KEYS, ARGV)
   if ARGV[4] then
     now = tonumber(ARGV[4])
   else
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    now = redis_now_ms()
   end
   local minute = math.floor(now / 60000)
   local day = math.floor(now / 86400000)

@@ -10,8 +10,7 @@
 -- ARGV[3]  its load
 -- ARGV[4]  its place (JSON)
 -- Returns  Redis' time now, epoch ms.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = redis_now_ms()
 local ttl = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])

@@ -5,8 +5,7 @@
 -- KEYS[3]  the members' places (hash: address -> JSON {"region": ..., "capacity": ...})
 -- Returns  a flat list: address, load, place, address, load, place ... ('' for no place:
 --          a scheduler of an older version)
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = redis_now_ms()
 local out = {}
 for _, address in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
   out[#out + 1] = address

@@ -22,8 +22,7 @@ local function split(text)
   end
   return out
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = redis_now_ms()
 
 local declared = {}
 for i = 1, #KEYS do declared[KEYS[i]] = true end

@@ -5,8 +5,7 @@
 -- ARGV[1]   lease time, ms
 -- ARGV[2..] the lease ids the caller holds
 -- Returns   the lease ids that were gone.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = redis_now_ms()
 local expiry = string.format('%.0f', now + tonumber(ARGV[1]))
 local lost = {}
 for i = 2, #ARGV do

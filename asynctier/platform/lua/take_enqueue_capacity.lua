@@ -22,8 +22,7 @@ local now
 if ARGV[2] then
   now = tonumber(ARGV[2])
 else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now = redis_now_ms()
 end
 local minute = math.floor(now / 60000)
 local used = redis.call('HMGET', KEYS[2], 'm', 'c')

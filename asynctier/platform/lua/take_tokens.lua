@@ -21,8 +21,7 @@
 local function take_tokens(KEYS, ARGV)
   local MAX_DEBT_S = 86400
   local AHEAD_US = 60000000
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local now = redis_now_us()
   local rate = tonumber(ARGV[1])
   local burst = tonumber(ARGV[2])
   local n = tonumber(ARGV[3])

@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 DEFAULT_LEASE_S = 6.0
 POLL_FIRST_S = 0.005
 POLL_MAX_S = 0.1
+#: Each wait lasts a random share of the delay between these, so that waiters do not ask
+#: Redis in step.
+POLL_JITTER = (0.5, 1.0)
 
 
 class LocalLimit:
@@ -141,7 +144,7 @@ class LeasePool:
                 return waited
             waited = True
             with contextlib.suppress(TimeoutError):  # not wait_for: it can lose a cancel
-                async with asyncio.timeout(delay * random.uniform(0.5, 1.0)):
+                async with asyncio.timeout(delay * random.uniform(*POLL_JITTER)):
                     await freed.wait()
             delay = min(delay * 2, POLL_MAX_S)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.durations import DAY_S, MINUTE_S
 from asynctier.platform.errors import ServiceError
 from asynctier.platform.names import Names
 from asynctier.platform.redis_client import AsyncRedis
@@ -132,7 +133,7 @@ class QuotaStore:
         else:
             seconds = self._clock() // 1000
         raw = await self._client.hmget(self.usage_key(tenant), ["m", "mc", "d", "dc"])
-        minute, day = seconds // 60, seconds // 86400
+        minute, day = seconds // MINUTE_S, seconds // DAY_S
         m, mc, d, dc = (_whole(v) for v in raw)
         return Usage(minute=(mc or 0) if m == minute else 0, day=(dc or 0) if d == day else 0)
 

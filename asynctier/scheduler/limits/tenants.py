@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from asynctier.platform.config import Settings
+from asynctier.platform.durations import MINUTE_S
 from asynctier.platform.names import Names
 from asynctier.platform.redis_client import AsyncRedis, async_client
 from asynctier.scheduler.queues import MAX_WEIGHT, MIN_WEIGHT
@@ -104,7 +105,7 @@ class TenantStore:
         if not started:
             return
         seconds, _ = await self.client.time()
-        key = self.usage_key(int(seconds) // 60)
+        key = self.usage_key(int(seconds) // MINUTE_S)
         async with self.client.pipeline(transaction=False) as pipe:
             for tenant, n in started.items():
                 pipe.hincrby(key, tenant, n)
@@ -114,7 +115,7 @@ class TenantStore:
     async def usage(self) -> tuple[dict[str, int], dict[str, int]]:
         """Items started per tenant in (the current minute, the previous one)."""
         seconds, _ = await self.client.time()
-        minute = int(seconds) // 60
+        minute = int(seconds) // MINUTE_S
         now, before = await self.client.hgetall(self.usage_key(minute)), \
             await self.client.hgetall(self.usage_key(minute - 1))
         return ({_text(k): _count(v) for k, v in now.items()},
