@@ -37,6 +37,7 @@ The file::
     workers = 8                          # chunks running at once
     max_queued_items = 20000             # items it holds: its capacity in the membership
     tier_weights = { urgent = 8, normal = 4, batch = 1 }   # shares under contention
+    stop_grace = "30s"                   # on SIGTERM, how long runs under way may finish
     [rpc]                                # the platform's own gRPC: see rpcsecurity.py
     ca = "certs/ca.pem"
     cert = "certs/server.pem"
@@ -44,7 +45,9 @@ The file::
     token = "..."                        # optional
     insecure = false                     # true: plaintext (loopback development)
 
-Environment overrides: ``ASYNCTIER_KAFKA_BOOTSTRAP``, ``ASYNCTIER_REDIS_URL``,
+Environment overrides: ``ASYNCTIER_KAFKA_BOOTSTRAP``, ``ASYNCTIER_KAFKA_SASL_USERNAME``
+and ``_PASSWORD`` (``[kafka]`` ``sasl.username`` and ``sasl.password``, kept out of the
+file), ``ASYNCTIER_REDIS_URL``,
 ``ASYNCTIER_QUEUE_SHARDS`` (comma separated; a shard's own hosts keep theirs),
 ``ASYNCTIER_PREFIX``, ``ASYNCTIER_ALLOW_MODULES`` (comma separated),
 ``ASYNCTIER_SCHEDULERS`` (comma separated), ``ASYNCTIER_DATA_DIR``,
@@ -93,6 +96,14 @@ def _window(value: Any) -> float:
         raise ValueError(f"run_once_window = {value!r} is too short: a record read again "
                          "after a crash comes back within a minute or more; use 1m or longer")
     return seconds
+
+
+#: The ``[kafka]`` keys that may come from the environment instead of the file: secrets,
+#: which a deployment keeps apart from the configuration (a Kubernetes Secret).
+KAFKA_ENV = {"ASYNCTIER_KAFKA_SASL_USERNAME": "sasl.username",
+             "ASYNCTIER_KAFKA_SASL_PASSWORD": "sasl.password"}
+#: The longest ``[scheduler] stop_grace``.
+MAX_STOP_GRACE_S = 7200.0
 
 
 def redact_url(url: str) -> str:
@@ -170,10 +181,10 @@ TIER_NAMES = ("urgent", "normal", "batch")
 def _scheduler_table(table: dict[str, Any], source: str) -> tuple[int | None,
                                                                   dict[str, float]]:
     """``[scheduler]``: (workers or None, tier weights named there)."""
-    bad = set(table) - {"workers", "tier_weights", "max_queued_items"}
+    bad = set(table) - {"workers", "tier_weights", "max_queued_items", "stop_grace"}
     if bad:
-        raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [scheduler]; "
-                          "known keys: ['max_queued_items', 'tier_weights', 'workers']")
+        raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [scheduler]; known "
+                          "keys: ['max_queued_items', 'stop_grace', 'tier_weights', 'workers']")
     workers = table.get("workers")
     if workers is not None and (not isinstance(workers, int) or not 1 <= workers <= 1024):
         raise ConfigError(f"{source}: [scheduler] workers = {workers!r}: give 1 to 1024")
@@ -237,6 +248,9 @@ class Settings:
     #: ``[scheduler] max_queued_items``: the items a scheduler holds (None: its default);
     #: the capacity it registers, full when its queued and running items reach it.
     scheduler_max_queued: int | None = None
+    #: ``[scheduler] stop_grace``: how long a stopping scheduler lets the calls under way
+    #: finish (None: its default); runs cut then are read again.
+    scheduler_stop_grace_s: float | None = None
     #: This process's region: a scheduler registers in it, a tailer prefers it.
     region: str = DEFAULT_REGION
     #: The share of its calls a tailer sends out of its region while that region is full
@@ -343,6 +357,7 @@ class Settings:
                 topic_min_insync_replicas=int(main.get("topic_min_insync_replicas", 0)),
                 rpc=rpc,
                 scheduler_max_queued=_max_queued(doc.get("scheduler", {})),
+                scheduler_stop_grace_s=_stop_grace(doc.get("scheduler", {})),
                 region=check_region(main.get("region", DEFAULT_REGION)),
                 spill_share=check_spill_share(main.get("spill_share", DEFAULT_SPILL_SHARE)),
                 spill_window=_spill_window(main.get("spill_window", DEFAULT_SPILL_WINDOW)),
@@ -360,6 +375,9 @@ class Settings:
             kafka = dict(self.kafka)
             kafka["bootstrap.servers"] = env["ASYNCTIER_KAFKA_BOOTSTRAP"]
             changes["kafka"] = kafka
+        secret_kafka = {key: env[name] for name, key in KAFKA_ENV.items() if env.get(name)}
+        if secret_kafka:
+            changes["kafka"] = {**changes.get("kafka", self.kafka), **secret_kafka}
         if env.get("ASYNCTIER_REDIS_URL"):
             changes["redis_url"] = env["ASYNCTIER_REDIS_URL"]
         if env.get("ASYNCTIER_PREFIX"):
@@ -405,6 +423,17 @@ def _max_queued(table: Any) -> int | None:
     if not isinstance(value, int) or not 1 <= value <= 10_000_000:
         raise ValueError(f"[scheduler] max_queued_items = {value!r}: give 1 to 10000000")
     return value
+
+
+def _stop_grace(table: Any) -> float | None:
+    value = dict(table).get("stop_grace")
+    if value is None:
+        return None
+    seconds = parse_duration(str(value))
+    if not 1 <= seconds <= MAX_STOP_GRACE_S:
+        raise ValueError(f"[scheduler] stop_grace = {value!r}: give 1s to 2h (the longest "
+                         "binding timeout is 1h)")
+    return seconds
 
 
 def _region_env(env: Mapping[str, str]) -> dict[str, Any]:

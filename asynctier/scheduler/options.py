@@ -45,10 +45,12 @@ class SchedulerOptions:
 def options_from_settings(settings: Settings,
                           base: SchedulerOptions | None = None) -> SchedulerOptions:
     """``base`` (default :class:`SchedulerOptions`) with the config file's ``[scheduler]``
-    table applied: ``workers``, ``max_queued_items`` and ``tier_weights`` (tiers not named
-    keep theirs)."""
+    table applied: ``workers``, ``max_queued_items``, ``stop_grace`` and ``tier_weights``
+    (tiers not named keep theirs)."""
     base = base or SchedulerOptions()
     weights = {**base.tier_weights, **settings.tier_weights}
     workers = settings.scheduler_workers or base.workers
     queued = settings.scheduler_max_queued or base.max_queued_items
-    return replace(base, workers=workers, tier_weights=weights, max_queued_items=queued)
+    grace = settings.scheduler_stop_grace_s or base.stop_grace_s
+    return replace(base, workers=workers, tier_weights=weights, max_queued_items=queued,
+                   stop_grace_s=grace)
