@@ -377,3 +377,12 @@ def test_the_example_image_builds_from_asynctiers_with_its_modules(
     monkeypatch.delitem(sys.modules, "greetings", raising=False)
     function = FunctionResolver(allowed).resolve("greetings:hello")
     assert function.is_async
+
+
+def test_a_mistyped_value_is_refused_not_ignored(helm: Path) -> None:
+    """A typo would leave a default in force unseen (a grace shorter than the drain)."""
+    done = template(helm, sets=("drain.longestBindingTimeout=300",), check=False)
+    assert done.returncode != 0
+    assert "additional properties 'longestBindingTimeout' not allowed" in done.stderr
+    done = template(helm, sets=("roles.tailers.replicas=two",), check=False)
+    assert done.returncode != 0 and "/roles/tailers/replicas" in done.stderr
