@@ -4,7 +4,8 @@
 #      prometheus, maven, a Java 17+ runtime (when not root it prints the exact command
 #      and stops);
 #   2. a virtual environment in .venv with asynctier installed in editable mode;
-#   3. Kafka's jars fetched by Maven into ~/.cache/asynctier (once).
+#   3. Kafka's jars fetched by Maven, and helm and kubecheck built by Go from the Go module
+#      proxy (the chart's tests), into ~/.cache/asynctier (once: minutes on a new machine).
 # Environment: PYTHON (default python3, 3.11+), ASYNCTIER_EXTRAS (default "dev"),
 # ASYNCTIER_VENV (default .venv; `make bench` puts its Kafka-native peers in .venv-peers).
 set -euo pipefail
@@ -40,6 +41,7 @@ missing_packages() {
   command -v mvn >/dev/null 2>&1 || pkgs+=(maven)
   [ "$(java_major)" -ge 17 ] || pkgs+=(openjdk-17-jre-headless)
   command -v make >/dev/null 2>&1 || pkgs+=(make)
+  command -v go >/dev/null 2>&1 || pkgs+=(golang-go)
   if ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then pkgs+=(python3-venv); fi
   echo "${pkgs[@]:-}"
 }
@@ -86,6 +88,7 @@ install_venv() {
   echo "$want" >"$stamp"
 }
 
+if [ -x /usr/local/go/bin/go ]; then PATH="$PATH:/usr/local/go/bin"; fi  # where Go installs itself
 install_packages
 check_python
 install_venv

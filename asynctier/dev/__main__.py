@@ -1,4 +1,5 @@
-"""``python -m asynctier.dev fetch``: prefetch Kafka's jars (scripts/setup.sh)."""
+"""``python -m asynctier.dev fetch``: prefetch Kafka's jars and build the chart's Go tools
+(helm, kubecheck) when missing (scripts/setup.sh)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from asynctier.dev.gotools import HELM, KUBECHECK
 from asynctier.dev.kafka import KafkaJars
 from asynctier.platform.errors import ServiceError
 
@@ -15,16 +17,18 @@ log = logging.getLogger(__name__)
 
 
 def _main(argv: Sequence[str]) -> int:
-    """``python -m asynctier.dev fetch``: prefetch Kafka's jars."""
+    """``python -m asynctier.dev fetch``: prefetch Kafka's jars, build helm and kubecheck."""
     if list(argv) != ["fetch"]:
         print("usage: python -m asynctier.dev fetch", file=sys.stderr)
         return 2
     try:
         libs = KafkaJars().ensure()
+        print(f"Kafka jars ready in {libs}")
+        for tool in (HELM, KUBECHECK):
+            print(f"{tool.name} ready: {tool.ensure()}")
     except ServiceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"Kafka jars ready in {libs}")
     return 0
 
 

@@ -4,6 +4,7 @@ their pid file."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -12,7 +13,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -61,6 +62,17 @@ def default_pom() -> Path:
     if env:
         return Path(env)
     return Path(__file__).resolve().parents[2] / "deploy" / "kafka" / "pom.xml"
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (made when missing): one fetch or build at once."""
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def require_binary(name: str, path: str | None = None) -> str:

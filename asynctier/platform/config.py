@@ -38,6 +38,7 @@ The file::
     max_queued_items = 20000             # items it holds: its capacity in the membership
     tier_weights = { urgent = 8, normal = 4, batch = 1 }   # shares under contention
     cpu_bound_item_ms = 0.1              # CPU-bound sync functions above it: processes (0: never)
+    stop_grace = "30s"                   # on SIGTERM, how long runs under way may finish
     [rpc]                                # the platform's own gRPC: see rpcsecurity.py
     ca = "certs/ca.pem"
     cert = "certs/server.pem"
@@ -45,7 +46,9 @@ The file::
     token = "..."                        # optional
     insecure = false                     # true: plaintext (loopback development)
 
-Environment overrides: ``ASYNCTIER_KAFKA_BOOTSTRAP``, ``ASYNCTIER_REDIS_URL``,
+Environment overrides: ``ASYNCTIER_KAFKA_BOOTSTRAP``, ``ASYNCTIER_KAFKA_SASL_USERNAME``
+and ``_PASSWORD`` (``[kafka]`` ``sasl.username`` and ``sasl.password``, kept out of the
+file), ``ASYNCTIER_REDIS_URL``,
 ``ASYNCTIER_QUEUE_SHARDS`` (comma separated; a shard's own hosts keep theirs),
 ``ASYNCTIER_PREFIX``, ``ASYNCTIER_ALLOW_MODULES`` (comma separated),
 ``ASYNCTIER_SCHEDULERS`` (comma separated), ``ASYNCTIER_DATA_DIR``,
@@ -94,6 +97,14 @@ def _window(value: Any) -> float:
         raise ValueError(f"run_once_window = {value!r} is too short: a record read again "
                          "after a crash comes back within a minute or more; use 1m or longer")
     return seconds
+
+
+#: The ``[kafka]`` keys that may come from the environment instead of the file: secrets,
+#: which a deployment keeps apart from the configuration (a Kubernetes Secret).
+KAFKA_ENV = {"ASYNCTIER_KAFKA_SASL_USERNAME": "sasl.username",
+             "ASYNCTIER_KAFKA_SASL_PASSWORD": "sasl.password"}
+#: The longest ``[scheduler] stop_grace``.
+MAX_STOP_GRACE_S = 7200.0
 
 
 def redact_url(url: str) -> str:
@@ -171,7 +182,8 @@ TIER_NAMES = ("urgent", "normal", "batch")
 def _scheduler_table(table: dict[str, Any], source: str) -> tuple[int | None,
                                                                   dict[str, float]]:
     """``[scheduler]``: (workers or None, tier weights named there)."""
-    known = {"workers", "tier_weights", "max_queued_items", "cpu_bound_item_ms"}
+    known = {"workers", "tier_weights", "max_queued_items", "cpu_bound_item_ms",
+             "stop_grace"}
     bad = set(table) - known
     if bad:
         raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [scheduler]; "
@@ -242,6 +254,9 @@ class Settings:
     #: ``[scheduler] cpu_bound_item_ms``: a sync function measured CPU-bound above this
     #: much CPU an item runs in worker processes (0: never; None: the scheduler's default).
     cpu_bound_item_ms: float | None = None
+    #: ``[scheduler] stop_grace``: how long a stopping scheduler lets the calls under way
+    #: finish (None: its default); runs cut then are read again.
+    scheduler_stop_grace_s: float | None = None
     #: This process's region: a scheduler registers in it, a tailer prefers it.
     region: str = DEFAULT_REGION
     #: The share of its calls a tailer sends out of its region while that region is full
@@ -349,6 +364,7 @@ class Settings:
                 rpc=rpc,
                 scheduler_max_queued=_max_queued(doc.get("scheduler", {})),
                 cpu_bound_item_ms=_cpu_bound_item_ms(doc.get("scheduler", {})),
+                scheduler_stop_grace_s=_stop_grace(doc.get("scheduler", {})),
                 region=check_region(main.get("region", DEFAULT_REGION)),
                 spill_share=check_spill_share(main.get("spill_share", DEFAULT_SPILL_SHARE)),
                 spill_window=_spill_window(main.get("spill_window", DEFAULT_SPILL_WINDOW)),
@@ -366,6 +382,9 @@ class Settings:
             kafka = dict(self.kafka)
             kafka["bootstrap.servers"] = env["ASYNCTIER_KAFKA_BOOTSTRAP"]
             changes["kafka"] = kafka
+        secret_kafka = {key: env[name] for name, key in KAFKA_ENV.items() if env.get(name)}
+        if secret_kafka:
+            changes["kafka"] = {**changes.get("kafka", self.kafka), **secret_kafka}
         if env.get("ASYNCTIER_REDIS_URL"):
             changes["redis_url"] = env["ASYNCTIER_REDIS_URL"]
         if env.get("ASYNCTIER_PREFIX"):
@@ -421,6 +440,17 @@ def _cpu_bound_item_ms(table: Any) -> float | None:
         raise ValueError(f"[scheduler] cpu_bound_item_ms = {value!r}: give a number of "
                          "milliseconds, 0 to keep CPU-bound functions in threads")
     return float(value)
+
+
+def _stop_grace(table: Any) -> float | None:
+    value = dict(table).get("stop_grace")
+    if value is None:
+        return None
+    seconds = parse_duration(str(value))
+    if not 1 <= seconds <= MAX_STOP_GRACE_S:
+        raise ValueError(f"[scheduler] stop_grace = {value!r}: give 1s to 2h (the longest "
+                         "binding timeout is 1h)")
+    return seconds
 
 
 def _region_env(env: Mapping[str, str]) -> dict[str, Any]:

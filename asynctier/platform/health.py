@@ -36,6 +36,10 @@ from asynctier.platform.redis_client import sync_client
 
 log = logging.getLogger(__name__)
 
+#: The paths an orchestrator probes (served on the metrics port, beside ``/metrics``).
+HEALTHZ_PATH = "/healthz"
+READYZ_PATH = "/readyz"
+
 #: None when fine, else why not (one short line).
 Check = Callable[[], str | None]
 Clock = Callable[[], float]
@@ -159,9 +163,9 @@ def wsgi_app(health: Health) -> Callable[..., Iterable[bytes]]:
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
-        if path not in ("/healthz", "/readyz"):
+        if path not in (HEALTHZ_PATH, READYZ_PATH):
             return metrics_app(environ, start_response)  # type: ignore[no-any-return]
-        code, body = health.healthz() if path == "/healthz" else health.readyz()
+        code, body = health.healthz() if path == HEALTHZ_PATH else health.readyz()
         data = json.dumps(body).encode()
         start_response(f"{code} {'OK' if code == 200 else 'Service Unavailable'}",
                        [("Content-Type", "application/json"),

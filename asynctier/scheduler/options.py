@@ -49,8 +49,8 @@ class SchedulerOptions:
 def options_from_settings(settings: Settings,
                           base: SchedulerOptions | None = None) -> SchedulerOptions:
     """``base`` (default :class:`SchedulerOptions`) with the config file's ``[scheduler]``
-    table applied: ``workers``, ``max_queued_items``, ``tier_weights`` (tiers not named
-    keep theirs) and ``cpu_bound_item_ms``."""
+    table applied: ``workers``, ``max_queued_items``, ``stop_grace``, ``tier_weights``
+    (tiers not named keep theirs) and ``cpu_bound_item_ms``."""
     base = base or SchedulerOptions()
     weights = {**base.tier_weights, **settings.tier_weights}
     workers = settings.scheduler_workers or base.workers
@@ -58,5 +58,6 @@ def options_from_settings(settings: Settings,
     cpu_bound = base.cpu_bound_item_s
     if settings.cpu_bound_item_ms is not None:
         cpu_bound = settings.cpu_bound_item_ms / 1000 if settings.cpu_bound_item_ms else None
+    grace = settings.scheduler_stop_grace_s or base.stop_grace_s
     return replace(base, workers=workers, tier_weights=weights, max_queued_items=queued,
-                   cpu_bound_item_s=cpu_bound)
+                   cpu_bound_item_s=cpu_bound, stop_grace_s=grace)

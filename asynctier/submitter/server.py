@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 #: Calls a Submitter serves at once at most.
 MAX_CALLS = 512
-
+#: How long a stopping Submitter lets the calls under way finish.
+STOP_GRACE_S = 30.0
 
 
 class _Handler(grpc.GenericRpcHandler):  # type: ignore[misc]
@@ -48,7 +49,7 @@ def run_submitter(settings: Settings, *, listen: str | None = None,
                   stop: threading.Event | None = None,
                   options: SubmitterOptions | None = None,
                   ready_callback: Callable[[str], None] | None = None,
-                  stop_grace_s: float = 30.0) -> None:
+                  stop_grace_s: float = STOP_GRACE_S) -> None:
     """Run a Submitter until ``stop`` is set; blocks."""
     eventloop.run(serve_submitter(settings, listen=listen, stop=stop or threading.Event(),
                                 options=options, ready_callback=ready_callback,
@@ -58,7 +59,7 @@ def run_submitter(settings: Settings, *, listen: str | None = None,
 async def serve_submitter(settings: Settings, *, listen: str | None, stop: threading.Event,
                           options: SubmitterOptions | None = None,
                           ready_callback: Callable[[str], None] | None = None,
-                          stop_grace_s: float = 30.0,
+                          stop_grace_s: float = STOP_GRACE_S,
                           bindings: BindingSource | None = None,
                           capacity_clock: Callable[[], int] | None = None) -> None:
     """:func:`run_submitter` as a coroutine (``capacity_clock``: see

@@ -105,3 +105,13 @@ def test_a_refused_client_certificate_names_the_certificate_settings() -> None:
     untrusted = KafkaError(KafkaError._SSL, "certificate verify failed")
     assert "ssl.ca.location" in credential_hint(untrusted)
     assert credential_hint(KafkaError(KafkaError._TRANSPORT, "Connection refused")) == ""
+
+
+def test_sasl_credentials_come_from_the_environment() -> None:
+    settings = Settings(kafka={"bootstrap.servers": "b:9092",
+                               "security.protocol": "SASL_SSL"}).from_env(
+        {"ASYNCTIER_KAFKA_SASL_USERNAME": "tailer", "ASYNCTIER_KAFKA_SASL_PASSWORD": "pw",
+         "ASYNCTIER_KAFKA_BOOTSTRAP": "k:9093"})
+    assert dict(settings.kafka) == {"bootstrap.servers": "k:9093",
+                                    "security.protocol": "SASL_SSL",
+                                    "sasl.username": "tailer", "sasl.password": "pw"}

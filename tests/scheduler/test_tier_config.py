@@ -54,3 +54,11 @@ def test_a_bad_table_says_what_to_fix(table: dict[str, object], says: str) -> No
     with pytest.raises(ConfigError) as err:
         Settings.from_mapping({"scheduler": table})
     assert says in str(err.value)
+
+
+def test_stop_grace_comes_from_the_file() -> None:
+    options = options_from_settings(Settings.from_mapping({"scheduler": {"stop_grace": "5m"}}))
+    assert options.stop_grace_s == 300.0
+    assert options_from_settings(Settings.from_mapping({})).stop_grace_s == 30.0
+    with pytest.raises(ConfigError, match="stop_grace = '3h': give 1s to 2h"):
+        Settings.from_mapping({"scheduler": {"stop_grace": "3h"}})
