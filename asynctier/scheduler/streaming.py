@@ -24,6 +24,7 @@ from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.context import decode_checkpoint
 from asynctier.platform.errors import CheckpointError
 from asynctier.platform.stream import Message, decode, encode
+from asynctier.platform.supervise import watch
 from asynctier.platform.wire import Item, Outcome, decode_items, encode_outcomes, retry
 from asynctier.scheduler.outcomes import error_text
 from asynctier.scheduler.work import StreamItem
@@ -103,9 +104,15 @@ class RunSession:
             raise BadStream(f"its first message is not a run request "
                             f"({type(exc).__name__}: {str(exc)[:ERROR_EXCERPT]})") from None
         beat_s = min(MAX_BEAT_S, max(MIN_BEAT_S, first.heartbeat_ms / 1000.0))
-        tasks = [asyncio.create_task(self._work(items)),
-                 asyncio.create_task(self._beat(beat_s)),
-                 asyncio.create_task(self._read(requests))]
+        # One-shot tasks of this stream, cancelled when it ends; an error is logged (the
+        # work's own errors become retry outcomes in _work).
+        tasks = [watch(asyncio.create_task(self._work(items)), "a run stream's work"),
+                 watch(asyncio.create_task(self._beat(beat_s)),
+                       "a run stream's heartbeat (the tailer may take the stream for dead "
+                       "and send its items again)"),
+                 watch(asyncio.create_task(self._read(requests)),
+                       "a run stream's reader of checkpoint answers (its checkpoints then "
+                       "wait and fail)")]
         try:
             while (message := await self.out.get()) is not None:
                 yield message

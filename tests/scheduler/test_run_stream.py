@@ -163,3 +163,33 @@ def test_stream_messages_round_trip() -> None:
     assert decode(encode(message)) == message
     alive = Message("alive", ids=[1, 2, 2**40])
     assert decode(encode(alive)).ids == [1, 2, 2**40]
+
+
+def test_a_reader_that_fails_is_logged_and_the_outcomes_still_come(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The tailer's side of the stream breaks after its first message: the session's
+    reader task fails, says so in the log, and the work's outcomes are still sent."""
+    import asyncio
+    from collections.abc import AsyncIterator
+
+    from asynctier.platform.wire import ok
+    from asynctier.scheduler.streaming import RunSession
+
+    class Quick:  # the scheduler's one method a session calls
+        async def process(self, items: list[Any], report: Any) -> list[Outcome]:
+            await asyncio.sleep(0.05)
+            return [ok(i["id"]) for i in items]
+
+    async def requests() -> AsyncIterator[bytes]:
+        yield items_message(encode_items([item("long", 1)]), {}, 0.1)
+        raise ConnectionResetError("the tailer went away")
+
+    async def scenario() -> list[Message]:
+        session = RunSession(Quick())  # type: ignore[arg-type]
+        return [decode(m) async for m in session.serve(requests())]
+
+    sent = asyncio.run(scenario())
+    outcomes = [o for m in sent if m.kind == "outcomes" for o in decode_outcomes(m.body)]
+    assert [(o["id"], o["status"]) for o in outcomes] == [(1, "ok")]
+    assert "a run stream's reader of checkpoint answers" in caplog.text
+    assert "the tailer went away" in caplog.text
