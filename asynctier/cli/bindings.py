@@ -80,7 +80,12 @@ def _size(what: str, text: str) -> int:
 @click.option("--priority", type=click.Choice(PRIORITIES), default="normal", show_default=True)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="json", show_default=True)
 @click.option("--schema", "schema_file", type=click.Path(dir_okay=False),
-              help="Avro schema file (JSON) for --format avro.")
+              help="Avro schema file (JSON) for --format avro; with --schema-registry the "
+                   "reader schema every writer version is resolved to.")
+@click.option("--schema-registry", "schema_registry", metavar="URL",
+              help="The records are framed for this schema registry (its Confluent-"
+                   "compatible API); --format avro or jsonschema. Credentials and TLS: "
+                   "the config's [schema_registry].")
 @click.option("--rate", type=float, help="Items per second, across all schedulers.")
 @click.option("--burst", type=int, help="Token-bucket burst (default: the rate).")
 @click.option("--concurrency", type=int, help="Items of this binding running at once.")
@@ -131,7 +136,8 @@ def _size(what: str, text: str) -> int:
 @click.pass_context
 def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | None,
          lease: str, function: str, tenant: str, priority: Priority,
-         fmt: PayloadFormat, schema_file: str | None, rate: float | None, burst: int | None,
+         fmt: PayloadFormat, schema_file: str | None, schema_registry: str | None,
+         rate: float | None, burst: int | None,
          concurrency: int | None, max_attempts: int, timeout: str, retry_ladder: str | None,
          queue_after: str, isolation: Isolation, idempotent: bool, redis_policy: RedisPolicy,
          start_within: str | None, expire_after: str | None, defer_when_busy: bool,
@@ -145,7 +151,8 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
     ratio, window = _breaker_flag(breaker)
     binding = Binding(
         name=name, topic=topic or queue_topic or "", function=function, tenant=tenant,
-        priority=priority, format=fmt, schema=_schema(schema_file), rate_per_s=rate,
+        priority=priority, format=fmt, schema=_schema(schema_file),
+        schema_registry=schema_registry, rate_per_s=rate,
         burst=burst, max_concurrency=concurrency, max_attempts=max_attempts,
         timeout_s=_duration("timeout", timeout),
         retry_ladder_s=_ladder(retry_ladder) or DEFAULT_LADDER_S,

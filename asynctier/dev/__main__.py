@@ -1,4 +1,5 @@
-"""``python -m asynctier.dev fetch``: prefetch Kafka's jars (scripts/setup.sh)."""
+"""``python -m asynctier.dev fetch``: prefetch Kafka's jars and the schema registry
+(scripts/setup.sh)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from asynctier.dev.kafka import KafkaJars
+from asynctier.dev.registry import RegistryApp
 from asynctier.platform.errors import ServiceError
 
 log = logging.getLogger(__name__)
@@ -15,16 +17,18 @@ log = logging.getLogger(__name__)
 
 
 def _main(argv: Sequence[str]) -> int:
-    """``python -m asynctier.dev fetch``: prefetch Kafka's jars."""
+    """``python -m asynctier.dev fetch``: prefetch Kafka's jars and the schema registry."""
     if list(argv) != ["fetch"]:
         print("usage: python -m asynctier.dev fetch", file=sys.stderr)
         return 2
     try:
         libs = KafkaJars().ensure()
+        registry = RegistryApp().ensure()
     except ServiceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"Kafka jars ready in {libs}")
+    print(f"Apicurio Registry ready in {registry.parent}")
     return 0
 
 

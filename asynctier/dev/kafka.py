@@ -4,15 +4,13 @@ Central jars, cached under ``~/.cache/asynctier/kafka-<version>/libs``."""
 from __future__ import annotations
 
 import base64
-import contextlib
-import fcntl
 import logging
 import re
 import shutil
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from asynctier.dev.process import (
     default_cache_dir,
     default_pom,
     ensure_ports_free,
+    file_lock,
     port_answers,
     require_binary,
     sha256_of,
@@ -89,7 +88,7 @@ class KafkaJars:
         if self.is_fetched():
             return self.libs
         self.home.mkdir(parents=True, exist_ok=True)
-        with _file_lock(self.home / ".lock"):
+        with file_lock(self.home / ".lock"):
             if not self.is_fetched():
                 self._fetch()
         return self.libs
@@ -113,16 +112,6 @@ class KafkaJars:
         shutil.rmtree(self.libs, ignore_errors=True)
         staging.rename(self.libs)
         self._marker().write_text(sha256_of(self.pom) + "\n")
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def kafka_cluster_id() -> str:

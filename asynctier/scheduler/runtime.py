@@ -39,6 +39,7 @@ from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
 from asynctier.platform.context import Context
 from asynctier.platform.errors import DecodeError
+from asynctier.platform.framed import RegistryClients
 from asynctier.platform.payloads import Decoder, decoder_for
 from asynctier.platform.supervise import RestartPolicy, supervise_task
 from asynctier.platform.wire import Item, Outcome, ok
@@ -153,7 +154,7 @@ class SyncRun:
             try:
                 payload = decode(item["payload"])
             except DecodeError as exc:
-                outcome = outcomes.undecodable(item_id, str(exc))
+                outcome = outcomes.undecodable(item_id, exc)
                 continue
             try:
                 call(payload, context_of(binding, item, started + wall_offset + timeout))
@@ -276,8 +277,12 @@ class Runtime:
     threads: a function that waits 1 ms on I/O runs up to 32 at a time by default."""
 
     def __init__(self, resolver: FunctionResolver, threads: int = 8,
-                 processes: int | None = None, spread: int = SYNC_SPREAD) -> None:
+                 processes: int | None = None, spread: int = SYNC_SPREAD,
+                 registries: RegistryClients | None = None) -> None:
         self.resolver = resolver
+        #: The schema registries' clients (``[schema_registry]`` settings), shared by the
+        #: registry-framed bindings so each writer schema is fetched once.
+        self.registries = registries or RegistryClients()
         self.spread = max(1, spread)
         self.threads = threads * self.spread
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="asynctier-fn")
@@ -296,7 +301,7 @@ class Runtime:
         job = self._jobs.get(binding.name)
         if job is None or job.binding is not binding:
             job = Job(binding, self.resolver.resolve(binding.function),
-                      decoder_for(binding),
+                      decoder_for(binding, self.registries),
                       binding.encode() if binding.isolation == "process" else b"")
             self._jobs[binding.name] = job
         return job
@@ -542,7 +547,7 @@ class AsyncRun:
             try:
                 payload = decode(item["payload"])
             except DecodeError as exc:
-                results.append(outcomes.undecodable(item_id, str(exc)))
+                results.append(outcomes.undecodable(item_id, exc))
                 continue
             self.free -= 1
             if not self.free and self.next < len(items) and len(started) < ASYNC_LANES:

@@ -94,7 +94,7 @@ class Worker:
         try:
             value = decode(payload)
         except DecodeError as exc:
-            return outcomes.undecodable(item_id, str(exc))
+            return outcomes.undecodable(item_id, exc)
         headers = tuple((name, _bytes(value)) for name, value in doc["headers"])
         resumed = doc.get("resumed")
         ctx = Context(binding.name, _bytes(doc["key"]), headers, doc["source"],
