@@ -14,11 +14,12 @@ is sorted here, because it decides what becomes of the record:
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from asynctier.platform.errors import DecodeError, SchemaRegistryUnavailable
+from asynctier.platform.errors import BindingError, DecodeError, SchemaRegistryUnavailable
 from asynctier.platform.wire import NOT_FRAMED, UNDECODABLE, UNKNOWN_SCHEMA
 
 #: The formats a binding may read through a registry.
@@ -105,6 +106,68 @@ def framed_decoder(fmt: str, url: str, topic: str, reader_schema: str | None,
                               f"{exc}"[:300], UNDECODABLE, schema_id) from None
 
     return decode
+
+
+def framed_encoder(fmt: str, url: str, topic: str, schema: str, clients: RegistryClients,
+                   register: bool = False) -> Callable[[Any], bytes]:
+    """An encoder of documents into registry-framed ``fmt`` payloads of ``topic`` with the
+    writer ``schema`` (JSON text), confluent-kafka's serializers: the schema must be
+    registered under the topic's subject (``<topic>-value``), or is with ``register``."""
+    from confluent_kafka.schema_registry import topic_subject_name_strategy
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    client = clients.client(url)
+    conf = {"auto.register.schemas": register,
+            "subject.name.strategy": topic_subject_name_strategy}
+    serialize: Callable[[Any, Any], bytes | None]
+    if fmt == "avro":
+        serialize = AvroSerializer(client, schema, conf=conf)
+    elif fmt == "jsonschema":
+        serialize = JSONSerializer(schema, client, conf=conf)
+    else:
+        raise ValueError(f"{fmt!r} is not a registry format ({', '.join(FRAMED_FORMATS)})")
+    ctx = SerializationContext(topic, MessageField.VALUE)
+
+    def encode(doc: Any) -> bytes:
+        value = serialize(doc, ctx)
+        if value is None:
+            raise ValueError("a null document has no framed payload")
+        return value
+
+    return encode
+
+
+def check_reader_schema(url: str, topic: str, reader: str, clients: RegistryClients,
+                        samples: int = 20) -> None:
+    """Refuse (BindingError, naming the field) an Avro reader schema that cannot read the
+    latest version of the subject ``<topic>-value``: records generated from that version
+    are written with it and read with ``reader`` by fastavro's own schema resolution."""
+    import io
+
+    import fastavro
+    from confluent_kafka.schema_registry import SchemaRegistryError
+    from fastavro.utils import generate_many
+
+    subject = f"{topic}-value"
+    try:
+        latest = clients.client(url).get_latest_version(subject)
+    except SchemaRegistryError as exc:
+        raise BindingError(f"schema: the registry at {url} has no latest version of subject "
+                           f"{subject} ({exc.error_message})") from None
+    writer = fastavro.parse_schema(json.loads(latest.schema.schema_str))
+    parsed = fastavro.parse_schema(json.loads(reader))
+    for record in generate_many(writer, samples):
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, writer, record)
+        buf.seek(0)
+        try:
+            fastavro.schemaless_reader(buf, writer, parsed)
+        except Exception as exc:  # fastavro's SchemaResolutionError and kin
+            raise BindingError(
+                f"schema: the reader schema cannot read version {latest.version} (schema id "
+                f"{latest.schema_id}) of subject {subject}: {exc}") from None
 
 
 def _is_transport(exc: BaseException) -> bool:

@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from asynctier.cli import main
 from asynctier.dev import RegistryNode
 from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
@@ -138,6 +140,43 @@ def test_a_binding_names_its_registry_with_a_registry_format() -> None:
     assert Binding.decode(kept_binding.encode()) == kept_binding
 
 
+def _cli(settings: Settings, *args: str, input: str | None = None) -> Any:
+    env = {"ASYNCTIER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+           "ASYNCTIER_REDIS_URL": settings.redis_url, "ASYNCTIER_PREFIX": settings.prefix,
+           "ASYNCTIER_ALLOW_MODULES": "tests", "ASYNCTIER_CONFIG": ""}
+    return CliRunner().invoke(main, list(args), env=env, input=input)
+
+
+def test_produce_frames_lines_and_bind_checks_the_reader_schema(
+        settings: Settings, schema_registry: RegistryNode, unique_topic: Callable[..., str],
+        tmp_path: Path) -> None:
+    topic, url = unique_topic(1), schema_registry.url
+    files = {name: tmp_path / f"{name}.avsc" for name in ("v2", "strict")}
+    files["v2"].write_text(json.dumps(V2))
+    strict = {**V1, "fields": [*V1["fields"], {"name": "customer", "type": "string"}]}
+    files["strict"].write_text(json.dumps(strict))
+    lines = "".join(json.dumps({"id": i, "note": f"n{i}", "key": f"k{i}"}) + "\n"
+                    for i in range(3))
+    unregistered = _cli(settings, "produce", topic, "--schema-registry", url, "--schema",
+                        str(files["v2"]), input=lines)
+    assert unregistered.exit_code != 0  # not registered, and not asked to
+    assert "line 1 does not fit the schema" in unregistered.output
+    done = _cli(settings, "produce", topic, "--schema-registry", url, "--schema",
+                str(files["v2"]), "--register", input=lines)
+    assert done.exit_code == 0, done.output
+    decode = decoder_for(_binding(topic, url))
+    assert [decode(m.value()) for m in read_topic(settings, topic)] == [  # type: ignore[attr-defined]
+        {"id": i, "note": f"n{i}"} for i in range(3)]
+
+    base = ["bind", "orders", "--topic", topic, "--function", "tests.funcs.shapes:keep",
+            "--format", "avro", "--schema-registry", url, "--check-schema", "--schema"]
+    refused = _cli(settings, *base, str(files["strict"]))
+    assert refused.exit_code != 0
+    assert "cannot read version 1" in refused.output
+    assert "No default value for field customer" in refused.output
+    assert _cli(settings, *base, str(files["v2"])).exit_code == 0
+
+
 # --------------------------------------------------------------------------- the platform
 
 
@@ -222,6 +261,8 @@ def test_framed_records_drain_through_an_outage(
     assert dead["unknown"][n.H_REASON] == b"unknown_schema"
     assert dead["unknown"][n.H_SCHEMA_ID] == str(UNKNOWN_ID).encode()
     assert dead["plain"][n.H_REASON] == b"not_framed"
+    shown = json.loads(platform.cli("dlq", "show", "orders", "0", "--json").stdout)
+    assert shown["decoded"].startswith(("(unknown_schema: ", "(not_framed: "))
     assert _dead_letters(settings, "events") == {}
 
 
