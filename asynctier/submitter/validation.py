@@ -8,7 +8,7 @@ queue's limits (:mod:`asynctier.queue.items`: priority range, id format, delays)
 from __future__ import annotations
 
 from asynctier.platform.binding import Binding
-from asynctier.platform.errors import DecodeError, QueueError
+from asynctier.platform.errors import DecodeError, QueueError, SchemaRegistryUnavailable
 from asynctier.platform.payloads import Decoder, decoder_for
 from asynctier.queue.items import (
     MAX_DELAY_S,
@@ -47,6 +47,8 @@ class Validator:
                     "store big inputs elsewhere and submit their address")
         try:
             self._decode(w.payload)
+        except SchemaRegistryUnavailable:
+            return None  # not the payload's fault: the scheduler decodes it again, retrying
         except DecodeError as exc:
             return (f"the payload does not decode as the binding's format "
                     f"({self.binding.format}): {exc}")

@@ -34,6 +34,8 @@ from asynctier.platform.errors import BindingError, DecodeError, SchemaRegistryU
 from asynctier.platform.framed import RegistryClients, schema_id_of
 from asynctier.platform.payloads import decoder_for
 from asynctier.scheduler.outcomes import undecodable
+from asynctier.submitter.protocol import Workload
+from asynctier.submitter.validation import Validator
 from tests.funcs.shapes import kept
 from tests.helpers import wait_until
 from tests.platform_harness import Platform, read_topic
@@ -126,6 +128,15 @@ def test_a_registry_that_does_not_answer_is_a_retry_not_a_dead_letter(
     outcome = undecodable(7, caught.value)
     assert outcome["status"] == "retry" and not outcome["spends_attempt"]
     assert outcome["reason"] == "registry_unavailable"
+
+
+def test_the_submitter_accepts_while_the_registry_is_out_and_refuses_unframed() -> None:
+    binding = _binding("orders", "http://127.0.0.1:9/apis/ccompat/v7")  # nothing listens
+    check = Validator(binding)
+    framed = Workload(payload=_frame(1, b"\x02"), key=None, headers=())
+    assert check.problem(framed) is None  # the scheduler decodes it again, retrying
+    unframed = check.problem(Workload(payload=b'{"id": 1}', key=None, headers=()))
+    assert unframed is not None and "not framed" in unframed
 
 
 def test_a_binding_names_its_registry_with_a_registry_format() -> None:
