@@ -286,7 +286,8 @@ class Runtime:
         self.spread = max(1, spread)
         self.threads = threads * self.spread
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="asynctier-fn")
-        self.processes = ProcessPool(resolver.allow_modules, processes or threads)
+        self.processes = ProcessPool(resolver.allow_modules, processes or threads,
+                                     self.registries.config)
         self._jobs: dict[str, Job] = {}
         self._per_item_s: dict[str, float] = {}  # sync bindings: measured seconds per item
         self.hung_threads = 0

@@ -4,7 +4,8 @@ written by confluent-kafka's own serializers.
 The decoder alone: writer versions resolved to the reader schema, each failure sorted
 (``unknown_schema``, ``not_framed``, ``undecodable``, the registry down: a retry). Then the
 platform's processes drain Avro v1 and v2 and JSON Schema records; the registry is frozen
-mid-drain and no record is dead-lettered for it. With ``--long`` the registry is stopped
+mid-drain and no record is dead-lettered for it (the JSON Schema binding runs in worker
+processes, which decode with the config's registry settings too). With ``--long`` the registry is stopped
 for 20 s instead (and restarted: its schemas are kept).
 """
 
@@ -230,7 +231,7 @@ def test_framed_records_drain_through_an_outage(
                  "--schema-registry", url, "--retry-ladder", "1s,2s", "--max-attempts", "2")
     platform.cli("bind", "events", "--topic", json_topic, "--function",
                  "tests.funcs.shapes:keep", "--format", "jsonschema",
-                 "--schema-registry", url, "--retry-ladder", "1s")
+                 "--schema-registry", url, "--retry-ladder", "1s", "--isolation", "process")
     v1, v2 = _serializer(url, V1), _serializer(url, V2)
     body = v2({"id": 0, "note": "x"}, avro_topic)[5:]
     _produce(settings, avro_topic, [(f"v1-{i}", v1({"id": i}, avro_topic)) for i in range(3)]
