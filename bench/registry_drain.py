@@ -58,6 +58,7 @@ def _load(svc: Services, url: str, json_topic: str, avro_topic: str, n: int) -> 
 
 def _drain(svc: Services, folder: Path, label: str, topic: str, n: int,
            *extra: str) -> float:
+    folder.mkdir(parents=True, exist_ok=True)
     with platform(svc, folder, label) as run:
         run.bind("noop", topic, "noop", *extra)
         return drain_asynctier(svc, run, topic, n, "noop").rate
@@ -85,7 +86,7 @@ def main() -> None:
                     rate = _drain(svc, folder / f"{kind}{r}", f"{kind}{r}", topics[kind],
                                   args.records, *extra)
                     rates[kind].append(rate)
-                    print(f"round {r + 1} {kind:>4}: {rate:,.0f} records/s")
+                    print(f"round {r + 1} {kind:>4}: {rate:,.0f} records/s", flush=True)
         finally:
             registry.stop()
     j, a = statistics.median(rates["json"]), statistics.median(rates["avro"])
