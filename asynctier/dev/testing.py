@@ -43,12 +43,13 @@ def start_test_redis(root: Path, password: str | None = None, tls: TlsFiles | No
                                       acl_users=acl_users))
 
 
-def start_test_registry(root: Path, cache_dir: Path | None = None) -> RegistryNode:
+def start_test_registry(root: Path, cache_dir: Path | None = None,
+                        tls: TlsFiles | None = None) -> RegistryNode:
     """An Apicurio Registry on a free loopback port with its database under ``root``,
-    started."""
+    started (HTTPS only with ``tls``)."""
     app = RegistryApp(cache_dir=cache_dir or default_cache_dir())
     return _started(lambda: RegistryNode(root / "registry", free_port(), free_port(),
-                                         app=app))
+                                         app=app, tls=tls))
 
 
 def start_test_redis_cluster(root: Path, replicas: int = 0) -> RedisClusterNodes:

@@ -419,6 +419,13 @@ def _registry_table(table: dict[str, Any], source: str) -> dict[str, str]:
     if bad:
         raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [schema_registry]; "
                           f"known keys: {sorted(REGISTRY_KEYS)}")
+    for key in ("timeout", "max.retries", "retries.wait.ms", "retries.max.wait.ms"):
+        try:
+            if key in table and float(table[key]) < 0:
+                raise ValueError
+        except (TypeError, ValueError):
+            raise ConfigError(f"{source}: [schema_registry] {key} = {table[key]!r} is not "
+                              "a number of 0 or more") from None
     return {str(k): str(v) for k, v in table.items()}
 
 

@@ -5,8 +5,9 @@ The decoder alone: writer versions resolved to the reader schema, each failure s
 (``unknown_schema``, ``not_framed``, ``undecodable``, the registry down: a retry). Then the
 platform's processes drain Avro v1 and v2 and JSON Schema records; the registry is frozen
 mid-drain and no record is dead-lettered for it (the JSON Schema binding runs in worker
-processes, which decode with the config's registry settings too). With ``--long`` the registry is stopped
-for 20 s instead (and restarted: its schemas are kept).
+processes, which decode with the config's registry settings too). With ``--long`` the
+registry is stopped for 20 s instead (and restarted: its schemas are kept). An HTTPS
+registry is read with the CA the config names.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from asynctier.cli import main
-from asynctier.dev import RegistryNode
+from asynctier.dev import RegistryNode, start_test_registry
+from asynctier.dev.certs import write_certs
+from asynctier.dev.process import TlsFiles
 from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
@@ -129,6 +132,26 @@ def test_a_registry_that_does_not_answer_is_a_retry_not_a_dead_letter(
     outcome = undecodable(7, caught.value)
     assert outcome["status"] == "retry" and not outcome["spends_attempt"]
     assert outcome["reason"] == "registry_unavailable"
+
+
+def test_an_https_registry_is_read_with_the_configs_ca(tmp_path: Path, prefix: str) -> None:
+    certs = write_certs(tmp_path / "certs")
+    node = start_test_registry(tmp_path, tls=TlsFiles(certs.ca, certs.server,
+                                                      certs.server_key))
+    try:
+        assert node.url.startswith("https://")
+        trusted = RegistryClients({"ssl.ca.location": str(certs.ca), "max.retries": "0"})
+        topic = f"{prefix}.tls"
+        write = AvroSerializer(trusted.client(node.url), json.dumps(V1))
+        framed = write({"id": 5}, SerializationContext(topic, MessageField.VALUE))
+        assert framed is not None
+        assert decoder_for(_binding(topic, node.url), trusted)(framed) == {"id": 5}
+        untrusted = decoder_for(_binding(topic, node.url),
+                                RegistryClients({"max.retries": "0"}))
+        with pytest.raises(SchemaRegistryUnavailable):  # not the record's fault: retried
+            untrusted(framed)
+    finally:
+        node.stop()
 
 
 def test_the_submitter_accepts_while_the_registry_is_out_and_refuses_unframed() -> None:
