@@ -4,8 +4,9 @@
 #      prometheus, maven, a Java 17+ runtime (when not root it prints the exact command
 #      and stops);
 #   2. a virtual environment in .venv with asynctier installed in editable mode;
-#   3. Kafka's jars fetched by Maven, and helm and kubecheck built by Go from the Go module
-#      proxy (the chart's tests), into ~/.cache/asynctier (once: minutes on a new machine).
+#   3. Kafka's jars (with its command-line tools) and Apicurio Registry fetched by Maven,
+#      and helm and kubecheck built by Go from the Go module proxy (the chart's tests),
+#      into ~/.cache/asynctier (once: minutes on a new machine).
 # Environment: PYTHON (default python3, 3.11+), ASYNCTIER_EXTRAS (default "dev"),
 # ASYNCTIER_VENV (default .venv; `make bench` puts its Kafka-native peers in .venv-peers).
 set -euo pipefail

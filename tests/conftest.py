@@ -95,6 +95,19 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devstack.RegistryNode]:
+    """A running Apicurio Registry of our own (``.url``: its Confluent-compatible API)."""
+    try:
+        node = devstack.start_test_registry(tmp_path_factory.mktemp("stack"))
+    except ServiceError as exc:
+        service_unavailable("Apicurio Registry", exc)
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture(scope="session")
 def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """DSN of a running PostgreSQL: the first of ``$ASYNCTIER_QUEUE_SHARDS`` or our own."""
     given = os.environ.get("ASYNCTIER_QUEUE_SHARDS")

@@ -30,6 +30,7 @@ from asynctier.platform.binding import (
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import epoch_ms, format_duration, parse_duration, parse_ladder
 from asynctier.platform.errors import BindingError, ModuleNotAllowed
+from asynctier.platform.framed import RegistryClients, check_reader_schema
 from asynctier.platform.kafka import admin, ensure_topics, topic_partitions, topic_replication
 from asynctier.platform.registry import BindingRegistry
 from asynctier.scheduler.limits.breaker import parse_breaker
@@ -80,7 +81,15 @@ def _size(what: str, text: str) -> int:
 @click.option("--priority", type=click.Choice(PRIORITIES), default="normal", show_default=True)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="json", show_default=True)
 @click.option("--schema", "schema_file", type=click.Path(dir_okay=False),
-              help="Avro schema file (JSON) for --format avro.")
+              help="Avro schema file (JSON) for --format avro; with --schema-registry the "
+                   "reader schema every writer version is resolved to.")
+@click.option("--schema-registry", "schema_registry", metavar="URL",
+              help="The records are framed for this schema registry (its Confluent-"
+                   "compatible API); --format avro or jsonschema. Credentials and TLS: "
+                   "the config's [schema_registry].")
+@click.option("--check-schema", is_flag=True,
+              help="With --schema-registry and --schema: refuse a reader schema that cannot "
+                   "read the latest version of the subject <topic>-value.")
 @click.option("--rate", type=float, help="Items per second, across all schedulers.")
 @click.option("--burst", type=int, help="Token-bucket burst (default: the rate).")
 @click.option("--concurrency", type=int, help="Items of this binding running at once.")
@@ -131,7 +140,8 @@ def _size(what: str, text: str) -> int:
 @click.pass_context
 def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | None,
          lease: str, function: str, tenant: str, priority: Priority,
-         fmt: PayloadFormat, schema_file: str | None, rate: float | None, burst: int | None,
+         fmt: PayloadFormat, schema_file: str | None, schema_registry: str | None,
+         check_schema: bool, rate: float | None, burst: int | None,
          concurrency: int | None, max_attempts: int, timeout: str, retry_ladder: str | None,
          queue_after: str, isolation: Isolation, idempotent: bool, redis_policy: RedisPolicy,
          start_within: str | None, expire_after: str | None, defer_when_busy: bool,
@@ -145,7 +155,8 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
     ratio, window = _breaker_flag(breaker)
     binding = Binding(
         name=name, topic=topic or queue_topic or "", function=function, tenant=tenant,
-        priority=priority, format=fmt, schema=_schema(schema_file), rate_per_s=rate,
+        priority=priority, format=fmt, schema=_schema(schema_file),
+        schema_registry=schema_registry, rate_per_s=rate,
         burst=burst, max_concurrency=concurrency, max_attempts=max_attempts,
         timeout_s=_duration("timeout", timeout),
         retry_ladder_s=_ladder(retry_ladder) or DEFAULT_LADDER_S,
@@ -160,6 +171,8 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
         defer_when_busy=defer_when_busy,
     ).validate()
     _check_bindable(settings, binding)
+    if check_schema:
+        _check_reader(settings, binding)
     if topic is not None:
         _kafka_topic(settings, topic, create_topic)
     binding = binding.with_changes(created_ms=epoch_ms())
@@ -170,6 +183,15 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
     order += ", deferred when busy" if binding.defer_when_busy else ""
     click.echo(f"bound {name}: {path_of(settings, binding)} -> {function} (tenant {tenant}, "
                f"{priority}, ladder {','.join(binding.ladder_names)}{order})")
+
+
+def _check_reader(settings: Settings, binding: Binding) -> None:
+    """``--check-schema``: the reader schema reads the subject's latest version."""
+    if binding.schema_registry is None or binding.schema is None or binding.format != "avro":
+        raise BindingError("schema: --check-schema checks an Avro reader schema: give "
+                           "--format avro, --schema FILE and --schema-registry URL")
+    check_reader_schema(binding.schema_registry, binding.topic, binding.schema,
+                        RegistryClients(settings.schema_registry))
 
 
 def _schema(path: str | None) -> str | None:

@@ -11,7 +11,14 @@ from typing import Any
 import click
 
 from asynctier.cli import settings_of
-from asynctier.dev import DevStack, KafkaJars, postgres_answers, redis_answers, round_trip
+from asynctier.dev import (
+    DevStack,
+    KafkaJars,
+    postgres_answers,
+    redis_answers,
+    registry_answers,
+    round_trip,
+)
 
 
 def _stack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -28,6 +35,9 @@ def _stack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--postgres-port", type=int, envvar="ASYNCTIER_DEV_POSTGRES_PORT",
                      help="PostgreSQL's port (default 5432, a free one when 5432 is taken, "
                           "or the last `dev up`'s) [env ASYNCTIER_DEV_POSTGRES_PORT]."),
+        click.option("--registry-port", type=int, envvar="ASYNCTIER_DEV_REGISTRY_PORT",
+                     help="The schema registry's port (default 8081, a free one when it is "
+                          "taken, or the last `dev up`'s) [env ASYNCTIER_DEV_REGISTRY_PORT]."),
         click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
                      envvar="ASYNCTIER_DATA_DIR",
                      help="Where the data is kept (default: the config's data_dir, "
@@ -39,10 +49,10 @@ def _stack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _stack(ctx: click.Context, kafka_port: int | None, controller_port: int | None,
-           redis_port: int | None, postgres_port: int | None,
+           redis_port: int | None, postgres_port: int | None, registry_port: int | None,
            data_dir: Path | None) -> DevStack:
     return DevStack.resolve(data_dir or settings_of(ctx).data_dir, kafka_port,
-                            controller_port, redis_port, postgres_port)
+                            controller_port, redis_port, postgres_port, registry_port)
 
 
 def _with_stack(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -50,25 +60,25 @@ def _with_stack(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(kafka_port: int | None, controller_port: int | None,
-                redis_port: int | None, postgres_port: int | None, data_dir: Path | None,
-                **kwargs: Any) -> Any:
+                redis_port: int | None, postgres_port: int | None,
+                registry_port: int | None, data_dir: Path | None, **kwargs: Any) -> Any:
         ctx = click.get_current_context()
         return fn(_stack(ctx, kafka_port, controller_port, redis_port, postgres_port,
-                         data_dir), **kwargs)
+                         registry_port, data_dir), **kwargs)
 
     return _stack_options(wrapper)
 
 
 @click.group()
 def dev() -> None:
-    """A local Kafka (KRaft), Redis and PostgreSQL for development, data kept in
-    .asynctier/."""
+    """A local Kafka (KRaft), Redis, PostgreSQL and schema registry for development, data
+    kept in .asynctier/."""
 
 
 @dev.command()
 @_with_stack
 def up(stack: DevStack) -> None:
-    """Start Kafka, Redis and PostgreSQL; return once all answer."""
+    """Start Kafka, Redis, PostgreSQL and the schema registry; return once all answer."""
     for status in stack.up():
         click.echo(status.describe())
     for line in stack.env_lines():
@@ -78,7 +88,8 @@ def up(stack: DevStack) -> None:
 @dev.command()
 @_with_stack
 def down(stack: DevStack) -> None:
-    """Stop Kafka, Redis and PostgreSQL (a clean shutdown); the data is kept."""
+    """Stop Kafka, Redis, PostgreSQL and the registry (a clean shutdown); the data is
+    kept."""
     for name, was_running in stack.down():
         click.echo(f"{name:<6} {'stopped' if was_running else 'was not running'}")
 
@@ -118,7 +129,7 @@ def env(stack: DevStack) -> None:
 @_with_stack
 def check(stack: DevStack) -> None:
     """Prove the stack works: a produce/consume round trip through Kafka, a Redis PING, a
-    PostgreSQL query."""
+    PostgreSQL query, the registry's subjects."""
     offset = round_trip(stack.kafka.bootstrap)
     click.echo(f"kafka  {stack.kafka.bootstrap}: produced and consumed a record "
                f"(asynctier.devcheck, offset {offset})")
@@ -128,6 +139,9 @@ def check(stack: DevStack) -> None:
     if not postgres_answers(stack.postgres.dsn):
         raise SystemExit(f"postgres {stack.postgres.address}: no answer to SELECT 1")
     click.echo(f"postgres {stack.postgres.address}: SELECT 1 answered")
+    if not registry_answers(stack.registry.url):
+        raise SystemExit(f"registry {stack.registry.address}: no answer from {stack.registry.url}")
+    click.echo(f"registry {stack.registry.address}: its subjects listed")
 
 
 @dev.command()

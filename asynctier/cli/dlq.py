@@ -21,7 +21,12 @@ from asynctier.delay_streams.dlq import (
     replay,
     show_dead_letter,
 )
+from asynctier.platform.config import Settings
+from asynctier.platform.errors import DecodeError
+from asynctier.platform.framed import RegistryClients
 from asynctier.platform.membership import default_client
+from asynctier.platform.payloads import decoder_for
+from asynctier.platform.registry import BindingRegistry
 
 
 @click.group()
@@ -70,11 +75,15 @@ def show(ctx: click.Context, binding: str, offset: int, as_json: bool, raw: bool
     first 4,096 characters of a longer value)."""
     if as_json and raw:
         raise click.UsageError("--json and --raw are two ways to print it: give one of them")
-    letter = show_dead_letter(settings_of(ctx), binding, offset)
+    settings = settings_of(ctx)
+    letter = show_dead_letter(settings, binding, offset)
     if raw:
         click.echo(letter.value or b"", nl=False)
         return
     doc = letter.detail()
+    decoded = _decoded(settings, binding, letter.value)
+    if decoded is not None:
+        doc["decoded"] = decoded
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
@@ -84,6 +93,8 @@ def show(ctx: click.Context, binding: str, offset: int, as_json: bool, raw: bool
     click.echo("headers:")
     for header in doc["headers"]:
         click.echo(f"  {header['name']}: {header['value']}")
+    if decoded is not None:
+        click.echo(f"decoded:       {decoded}")
     value = doc["value"]
     size = len(letter.value or b"")
     click.echo(f"value ({doc['value_encoding']}, {size:,} bytes):")
@@ -96,6 +107,19 @@ def show(ctx: click.Context, binding: str, offset: int, as_json: bool, raw: bool
         click.echo(f"... the first {SHOW_VALUE_CHARS:,} of {len(value):,} characters: "
                    f"`asynctier dlq show {binding} {offset} --raw` prints the value whole "
                    "(or --json)")
+
+
+def _decoded(settings: Settings, name: str, value: bytes | None) -> Any:
+    """A registry-framed binding's payload decoded for display (its writer schema, or the
+    binding's reader schema), or why it does not decode; None for other bindings."""
+    binding = BindingRegistry(settings).load().get(name)
+    if binding is None or binding.schema_registry is None:
+        return None
+    decode = decoder_for(binding, RegistryClients(settings.schema_registry))
+    try:
+        return json.loads(json.dumps(decode(value), default=repr))
+    except DecodeError as exc:
+        return f"({exc.reason}: {exc})"
 
 
 @dlq.command("replay")

@@ -30,6 +30,7 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import epoch_ms, format_duration
 from asynctier.platform.errors import MAX_RETRY_AFTER_S, HandoffError
+from asynctier.platform.framed import schema_id_of
 from asynctier.platform.kafka import (
     DLQ_MAX_MESSAGE_BYTES,
     PRODUCE_ANY_PARTITION,
@@ -344,6 +345,9 @@ class Handoff:
         headers = self._headers(binding, parcel, parcel.attempt, error)
         headers.append((n.H_ATTEMPTS_MADE, str(attempts_made).encode()))
         headers.append((n.H_REASON, reason.encode()))
+        schema_id = framed_schema_id(binding, parcel.value)
+        if schema_id is not None:
+            headers.append((n.H_SCHEMA_ID, str(schema_id).encode()))
         if parcel.due_ms:
             headers.append((n.H_DUE, str(parcel.due_ms).encode()))
         need = record_bytes(parcel) + DELAY_OVERHEAD_BYTES
@@ -405,3 +409,11 @@ class Handoff:
                 metrics.record_dead_letters(binding, {reason: count})
         except ValueError:  # a metric must never break the data path
             log.exception("could not count hand-offs in the metrics")
+
+
+def framed_schema_id(binding: Binding | str, value: bytes | None) -> int | None:
+    """The schema id of a registry-framed binding's payload (None: another format, or not
+    framed)."""
+    if isinstance(binding, str) or binding.schema_registry is None:
+        return None
+    return schema_id_of(value)

@@ -27,6 +27,7 @@ from asynctier.dev.process import (
     require_binary,
 )
 from asynctier.dev.redis import RedisNode, redis_answers
+from asynctier.dev.registry import RegistryApp, RegistryNode, registry_answers
 from asynctier.dev.stack import DevStack, ServiceStatus, round_trip
 from asynctier.dev.testing import (
     postgres_data_root,
@@ -34,6 +35,7 @@ from asynctier.dev.testing import (
     start_test_kafka,
     start_test_postgres,
     start_test_redis,
+    start_test_registry,
 )
 
 __all__ = [
@@ -47,6 +49,8 @@ __all__ = [
     "KafkaNode",
     "PostgresNode",
     "RedisNode",
+    "RegistryApp",
+    "RegistryNode",
     "ServiceStatus",
     "default_cache_dir",
     "default_pom",
@@ -59,9 +63,11 @@ __all__ = [
     "process_cmdline",
     "random_password",
     "redis_answers",
+    "registry_answers",
     "require_binary",
     "round_trip",
     "start_test_kafka",
     "start_test_postgres",
     "start_test_redis",
+    "start_test_registry",
 ]

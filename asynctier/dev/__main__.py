@@ -1,5 +1,5 @@
-"""``python -m asynctier.dev fetch``: prefetch Kafka's jars and build the chart's Go tools
-(helm, kubecheck) when missing (scripts/setup.sh)."""
+"""``python -m asynctier.dev fetch``: prefetch Kafka's jars and the schema registry, and
+build the chart's Go tools (helm, kubecheck) when missing (scripts/setup.sh)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from asynctier.dev.gotools import HELM, KUBECHECK
 from asynctier.dev.kafka import KafkaJars
+from asynctier.dev.registry import RegistryApp
 from asynctier.platform.errors import ServiceError
 
 log = logging.getLogger(__name__)
@@ -17,13 +18,16 @@ log = logging.getLogger(__name__)
 
 
 def _main(argv: Sequence[str]) -> int:
-    """``python -m asynctier.dev fetch``: prefetch Kafka's jars, build helm and kubecheck."""
+    """``python -m asynctier.dev fetch``: prefetch Kafka's jars and the schema registry,
+    build helm and kubecheck."""
     if list(argv) != ["fetch"]:
         print("usage: python -m asynctier.dev fetch", file=sys.stderr)
         return 2
     try:
         libs = KafkaJars().ensure()
         print(f"Kafka jars ready in {libs}")
+        registry = RegistryApp().ensure()
+        print(f"Apicurio Registry ready in {registry.parent}")
         for tool in (HELM, KUBECHECK):
             print(f"{tool.name} ready: {tool.ensure()}")
     except ServiceError as exc:

@@ -1,5 +1,5 @@
-"""The local stack of real services: one Apache Kafka node (KRaft), one Redis and one
-PostgreSQL (the queue source's shard).
+"""The local stack of real services: one Apache Kafka node (KRaft), one Redis, one
+PostgreSQL (the queue source's shard) and one Apicurio Registry (registry-framed records).
 
 ``asynctier dev up`` and the test harness both use this module. Kafka's jars come from
 Maven Central through ``deploy/kafka/pom.xml`` and are cached under
@@ -38,11 +38,19 @@ from asynctier.dev.process import (
     port_is_free,
 )
 from asynctier.dev.redis import RedisNode
+from asynctier.dev.registry import (
+    DEFAULT_REGISTRY_MANAGEMENT_PORT,
+    DEFAULT_REGISTRY_PORT,
+    RegistryApp,
+    RegistryNode,
+)
 from asynctier.platform.errors import ServiceError
 
 log = logging.getLogger(__name__)
 
 _STATE_FILE = "stack.json"
+#: Kafka's own command-line tools (``kafka-configs.sh`` ...) run from the cached jars.
+KAFKA_BIN = Path(__file__).resolve().parents[2] / "deploy" / "kafka" / "bin"
 
 
 
@@ -73,7 +81,8 @@ class ServiceStatus:
 
 @dataclass
 class DevStack:
-    """Kafka, Redis and PostgreSQL for development, in one data folder."""
+    """Kafka, Redis, PostgreSQL and a schema registry for development, in one data
+    folder."""
 
     data_dir: Path = Path(".asynctier")
     kafka_port: int = DEFAULT_KAFKA_PORT
@@ -86,12 +95,18 @@ class DevStack:
     #: True when no one chose PostgreSQL's port: ``up`` takes a free one when 5432 is
     #: taken (a system PostgreSQL often holds it), and remembers it.
     postgres_port_auto: bool = False
+    #: The registry's API and management ports; taken ones become free ones (unless
+    #: chosen), remembered like PostgreSQL's.
+    registry_port: int = DEFAULT_REGISTRY_PORT
+    registry_management_port: int = DEFAULT_REGISTRY_MANAGEMENT_PORT
+    registry_port_auto: bool = False
 
     @classmethod
     def resolve(cls, data_dir: Path, kafka_port: int | None = None,
                 controller_port: int | None = None,
                 redis_port: int | None = None,
-                postgres_port: int | None = None) -> DevStack:
+                postgres_port: int | None = None,
+                registry_port: int | None = None) -> DevStack:
         """A stack whose unset ports come from the last ``up`` in ``data_dir``, then the
         defaults."""
         saved = _load_state(data_dir)
@@ -103,6 +118,10 @@ class DevStack:
             redis_port=redis_port or saved.get("redis_port", DEFAULT_REDIS_PORT),
             postgres_port=postgres_port or saved.get("postgres_port", DEFAULT_POSTGRES_PORT),
             postgres_port_auto=postgres_port is None and "postgres_port" not in saved,
+            registry_port=registry_port or saved.get("registry_port", DEFAULT_REGISTRY_PORT),
+            registry_management_port=saved.get("registry_management_port",
+                                               DEFAULT_REGISTRY_MANAGEMENT_PORT),
+            registry_port_auto=registry_port is None and "registry_port" not in saved,
         )
 
     @property
@@ -123,20 +142,34 @@ class DevStack:
         """The PostgreSQL server (the queue's one shard)."""
         return PostgresNode(self.data_dir / "postgres", self.postgres_port, path=self.path)
 
+    @property
+    def registry(self) -> RegistryNode:
+        """The schema registry (Apicurio, its Confluent-compatible API)."""
+        return RegistryNode(self.data_dir / "registry", self.registry_port,
+                            self.registry_management_port,
+                            app=RegistryApp(cache_dir=self.cache_dir, path=self.path),
+                            path=self.path)
+
     def services(self) -> tuple[Service, ...]:
-        """Kafka, Redis and PostgreSQL."""
-        return (self.kafka, self.redis, self.postgres)
+        """Kafka, Redis, PostgreSQL and the schema registry."""
+        return (self.kafka, self.redis, self.postgres, self.registry)
 
     def up(self, only: Collection[str] | None = None) -> list[ServiceStatus]:
         """Start each (those not running yet; with ``only``, those named: ``kafka``,
-        ``redis``, ``postgres``) and return once all answer."""
+        ``redis``, ``postgres``, ``registry``) and return once all answer."""
         chosen = [s for s in self.services() if only is None or s.name in only]
-        self._check_binaries({s.name for s in chosen})
-        if (self.postgres_port_auto and any(s.name == "postgres" for s in chosen)
+        names = {s.name for s in chosen}
+        self._check_binaries(names)
+        if (self.postgres_port_auto and "postgres" in names
                 and not self.postgres.running() and not port_is_free(self.postgres_port)):
             self.postgres_port = free_port()
             log.info("port %d is taken: PostgreSQL listens on %d", DEFAULT_POSTGRES_PORT,
                      self.postgres_port)
+        if self.registry_port_auto and "registry" in names and not self.registry.running():
+            if not port_is_free(self.registry_port):
+                self.registry_port = free_port()
+            if not port_is_free(self.registry_management_port):
+                self.registry_management_port = free_port()
         result = []
         for service in chosen:
             started = service.start()
@@ -162,7 +195,9 @@ class DevStack:
         """Shell lines that point asynctier (and its tests) at this stack."""
         return [f"export ASYNCTIER_KAFKA_BOOTSTRAP={self.kafka.bootstrap}",
                 f"export ASYNCTIER_REDIS_URL={self.redis.url}",
-                f"export ASYNCTIER_QUEUE_SHARDS={self.postgres.dsn}"]
+                f"export ASYNCTIER_QUEUE_SHARDS={self.postgres.dsn}",
+                f"export ASYNCTIER_SCHEMA_REGISTRY={self.registry.url}",
+                f'export PATH="{KAFKA_BIN}:$PATH"']
 
     def _check_binaries(self, names: Collection[str] = ("kafka", "redis", "postgres")) -> None:
         """Every missing binary (of the services ``names``) at once, before anything
@@ -187,7 +222,9 @@ class DevStack:
     def _save_state(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         state = {"kafka_port": self.kafka_port, "controller_port": self.controller_port,
-                 "redis_port": self.redis_port, "postgres_port": self.postgres_port}
+                 "redis_port": self.redis_port, "postgres_port": self.postgres_port,
+                 "registry_port": self.registry_port,
+                 "registry_management_port": self.registry_management_port}
         (self.data_dir / _STATE_FILE).write_text(json.dumps(state) + "\n")
 
 

@@ -14,6 +14,7 @@ from asynctier.dev.postgres import PostgresNode, check_reachable, server_user
 from asynctier.dev.process import TlsFiles, default_cache_dir, free_port
 from asynctier.dev.redis import RedisNode
 from asynctier.dev.redis_cluster import RedisClusterNodes
+from asynctier.dev.registry import RegistryApp, RegistryNode
 from asynctier.dev.replica import StandbyNode, make_synchronous, primary_settings
 from asynctier.platform.errors import ServiceError
 
@@ -40,6 +41,15 @@ def start_test_redis(root: Path, password: str | None = None, tls: TlsFiles | No
     only with ``tls``; ACL users instead of the default user with ``acl_users``)."""
     return _started(lambda: RedisNode(root / "redis", free_port(), password, tls=tls,
                                       acl_users=acl_users))
+
+
+def start_test_registry(root: Path, cache_dir: Path | None = None,
+                        tls: TlsFiles | None = None) -> RegistryNode:
+    """An Apicurio Registry on a free loopback port with its database under ``root``,
+    started (HTTPS only with ``tls``)."""
+    app = RegistryApp(cache_dir=cache_dir or default_cache_dir())
+    return _started(lambda: RegistryNode(root / "registry", free_port(), free_port(),
+                                         app=app, tls=tls))
 
 
 def start_test_redis_cluster(root: Path, replicas: int = 0) -> RedisClusterNodes:

@@ -21,13 +21,15 @@ from asynctier.platform.errors import BindingError
 from asynctier.platform.schemas import decode_stored, encode_stored
 
 Priority = Literal["urgent", "normal", "batch"]
-PayloadFormat = Literal["json", "avro", "bytes"]
+PayloadFormat = Literal["json", "avro", "bytes", "jsonschema"]
 RedisPolicy = Literal["fail_open", "fail_closed"]
 Isolation = Literal["thread", "process"]
 Ordering = Literal["none", "key"]
 
 PRIORITIES: tuple[Priority, ...] = ("urgent", "normal", "batch")
-FORMATS: tuple[PayloadFormat, ...] = ("json", "avro", "bytes")
+FORMATS: tuple[PayloadFormat, ...] = ("json", "avro", "bytes", "jsonschema")
+#: The formats that may be read through a schema registry (``--schema-registry``).
+REGISTRY_FORMATS: tuple[PayloadFormat, ...] = ("avro", "jsonschema")
 REDIS_POLICIES: tuple[RedisPolicy, ...] = ("fail_open", "fail_closed")
 ISOLATIONS: tuple[Isolation, ...] = ("thread", "process")
 #: A Kafka binding whose timeout is above this runs its records from the queue (moved).
@@ -57,6 +59,7 @@ def is_binding_name(name: str) -> bool:
 
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_URL_RE = re.compile(r"^https?://[^\s/]+(/\S*)?$")
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,10 @@ class Binding:
     tenant: str = "default"
     priority: Priority = "normal"
     format: PayloadFormat = "json"
-    schema: str | None = None
+    schema: str | None = None  # avro: the schema (with a registry: the reader schema)
+    #: The Confluent-compatible API of the schema registry the records are framed for
+    #: (``--schema-registry URL``); None: not framed.
+    schema_registry: str | None = None
     rate_per_s: float | None = None
     burst: int | None = None
     max_concurrency: int | None = None
@@ -229,12 +235,21 @@ class Binding:
                    f"comes after {format_duration(before)}")
 
     def _validate_schema(self) -> None:
+        if self.schema_registry is not None:
+            _check(self.format in REGISTRY_FORMATS, "schema_registry",
+                   f"--schema-registry is for --format {' or '.join(REGISTRY_FORMATS)}")
+            _check(_URL_RE.fullmatch(self.schema_registry) is not None, "schema_registry",
+                   f"{self.schema_registry!r} is not an http:// or https:// URL")
+        elif self.format == "jsonschema":
+            raise BindingError("schema_registry: --format jsonschema needs "
+                               "--schema-registry URL (its records are registry-framed)")
         if self.format != "avro":
             _check(self.schema is None, "schema",
                    "--schema is only for --format avro")
             return
-        _check(self.schema is not None, "schema",
-               "--format avro needs --schema FILE (an Avro schema in JSON)")
+        _check(self.schema is not None or self.schema_registry is not None, "schema",
+               "--format avro needs --schema FILE (an Avro schema in JSON) or "
+               "--schema-registry URL")
         try:
             self.parsed_schema()
         except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException,

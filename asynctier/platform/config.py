@@ -30,6 +30,10 @@ The file::
     [redis]
     url = "redis://127.0.0.1:6379/0"
 
+    [schema_registry]                    # confluent-kafka's SchemaRegistryClient keys,
+    "basic.auth.user.info" = "user:secret"  # for every --schema-registry URL
+    "ssl.ca.location" = "certs/ca.pem"
+
     [queue]                              # the queue source's PostgreSQL shards
     shards = ["postgresql://asynctier@127.0.0.1:5432/asynctier"]
 
@@ -268,6 +272,9 @@ class Settings:
     #: How a failed tailer or background loop is restarted, and when it is failing
     #: (``restarts``, :class:`~asynctier.platform.supervise.RestartPolicy`).
     restarts: RestartPolicy = field(default_factory=RestartPolicy)
+    #: ``[schema_registry]``: credentials, TLS files and timeouts of the schema registries
+    #: that registry-framed bindings name (confluent-kafka's SchemaRegistryClient keys).
+    schema_registry: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def names(self) -> Names:
@@ -321,11 +328,12 @@ class Settings:
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any], source: str = "config") -> Settings:
         """Settings from a parsed TOML document."""
-        unknown = set(doc) - {"asynctier", "kafka", "redis", "queue", "scheduler", "rpc"}
+        unknown = set(doc) - {"asynctier", "kafka", "redis", "queue", "scheduler", "rpc",
+                              "schema_registry"}
         if unknown:
             raise ConfigError(
-                f"{source}: unknown table(s) {sorted(unknown)}; "
-                "expected [asynctier], [kafka], [redis], [queue], [scheduler], [rpc]"
+                f"{source}: unknown table(s) {sorted(unknown)}; expected [asynctier], "
+                "[kafka], [redis], [queue], [scheduler], [rpc], [schema_registry]"
             )
         workers, tier_weights = _scheduler_table(dict(doc.get("scheduler", {})), source)
         main = dict(doc.get("asynctier", {}))
@@ -370,6 +378,7 @@ class Settings:
                 spill_window=_spill_window(main.get("spill_window", DEFAULT_SPILL_WINDOW)),
                 spill_order=_spill_order(main.get("spill_order", [])),
                 restarts=RestartPolicy.parse(str(main.get("restarts", ""))),
+                schema_registry=_registry_table(dict(doc.get("schema_registry", {})), source),
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {exc}") from exc
@@ -421,6 +430,28 @@ class Settings:
         if rpc is not self.rpc:
             changes["rpc"] = rpc
         return replace(self, **changes) if changes else self
+
+
+#: The ``[schema_registry]`` keys a process passes to its registry clients.
+REGISTRY_KEYS = frozenset({
+    "basic.auth.user.info", "basic.auth.credentials.source", "ssl.ca.location",
+    "ssl.certificate.location", "ssl.key.location", "ssl.key.password", "timeout",
+    "max.retries", "retries.wait.ms", "retries.max.wait.ms", "proxy"})
+
+
+def _registry_table(table: dict[str, Any], source: str) -> dict[str, str]:
+    bad = set(table) - REGISTRY_KEYS
+    if bad:
+        raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [schema_registry]; "
+                          f"known keys: {sorted(REGISTRY_KEYS)}")
+    for key in ("timeout", "max.retries", "retries.wait.ms", "retries.max.wait.ms"):
+        try:
+            if key in table and float(table[key]) < 0:
+                raise ValueError
+        except (TypeError, ValueError):
+            raise ConfigError(f"{source}: [schema_registry] {key} = {table[key]!r} is not "
+                              "a number of 0 or more") from None
+    return {str(k): str(v) for k, v in table.items()}
 
 
 def _max_queued(table: Any) -> int | None:

@@ -24,7 +24,23 @@ class FunctionNotFound(AsynctierError):
 
 
 class DecodeError(AsynctierError):
-    """A record's payload does not decode with its binding's format."""
+    """A record's payload does not decode with its binding's format: a dead letter for
+    ``reason`` (``undecodable``, ``unknown_schema``, ``not_framed``), ``schema_id`` the
+    registry id it was framed with, when it was."""
+
+    def __init__(self, message: str, reason: str = "undecodable",
+                 schema_id: int | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.schema_id = schema_id
+
+
+class SchemaRegistryUnavailable(DecodeError):
+    """The schema registry did not answer (down, 5xx, refused us): not the record's fault,
+    so it is retried, never dead-lettered."""
+
+    def __init__(self, message: str, schema_id: int | None = None) -> None:
+        super().__init__(message, "registry_unavailable", schema_id)  # wire's reason
 
 
 class HandoffError(AsynctierError):

@@ -40,7 +40,7 @@ OUTCOMES: Final = frozenset({"ok", "retry", "failed", "dead_letter", "undecodabl
 #: The ``reason`` label of :data:`DEAD_LETTERS`.
 DEAD_LETTER_REASONS: Final = frozenset(
     {"undecodable", "rejected", "max_attempts", "function_error", "binding_removed",
-     "too_large", "expired"}
+     "too_large", "expired", "unknown_schema", "not_framed"}
 )
 #: Suggested ``component`` label values.
 COMPONENTS: Final = ("tailer", "scheduler", "delay")

@@ -27,6 +27,8 @@ H_REPLAYED = "asynctier.replayed"
 H_KEY = "asynctier.key"
 #: A dead letter of a ``--ordering key`` binding: the records of its key that run after it.
 H_RAN_AFTER = "asynctier.ran-after"
+#: A dead letter of a registry-framed binding: the schema id its payload is framed with.
+H_SCHEMA_ID = "asynctier.schema-id"
 PLATFORM_HEADERS = (
     H_BINDING,
     H_ATTEMPT,
@@ -40,6 +42,7 @@ PLATFORM_HEADERS = (
     H_REPLAYED,
     H_KEY,
     H_RAN_AFTER,
+    H_SCHEMA_ID,
 )
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")

@@ -1,4 +1,5 @@
-"""Decoding an item's payload by its binding's format: ``json``, ``avro`` or ``bytes``.
+"""Decoding an item's payload by its binding's format: ``json``, ``avro``, ``bytes``, or
+registry-framed ``avro`` / ``jsonschema`` (:mod:`asynctier.platform.framed`).
 
 Records are data: nothing here unpickles or evaluates anything. A payload that does not
 decode raises :class:`DecodeError`; the runtime turns it into ``failed("undecodable: ...")``
@@ -17,6 +18,7 @@ import msgspec
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.errors import DecodeError
+from asynctier.platform.framed import RegistryClients, framed_decoder
 
 TOMBSTONE = "tombstone: the record has no value"
 
@@ -72,8 +74,12 @@ def avro_decoder(schema: Any) -> Decoder:
     return decode
 
 
-def decoder_for(binding: Binding) -> Decoder:
-    """The payload decoder of a binding's format."""
+def decoder_for(binding: Binding, registries: RegistryClients | None = None) -> Decoder:
+    """The payload decoder of a binding's format (``registries``: the clients of the
+    schema registries, for a registry-framed binding)."""
+    if binding.schema_registry is not None:
+        return framed_decoder(binding.format, binding.schema_registry, binding.topic,
+                              binding.schema, registries or RegistryClients())
     if binding.format == "json":
         return decode_json
     if binding.format == "bytes":

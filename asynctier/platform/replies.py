@@ -28,7 +28,8 @@ from asynctier.platform.wire import Outcome
 #: The reasons a scheduler may give (``Outcome.reason``): :mod:`asynctier.platform.wire`'s.
 KNOWN_REASONS = frozenset({
     wire.UNDECODABLE, wire.TOO_LARGE, wire.REJECTED, wire.FUNCTION_ERROR, wire.TIMEOUT,
-    wire.MAX_ATTEMPTS, wire.BINDING_REMOVED, wire.EXPIRED})
+    wire.MAX_ATTEMPTS, wire.BINDING_REMOVED, wire.EXPIRED, wire.UNKNOWN_SCHEMA, wire.NOT_FRAMED,
+    wire.REGISTRY_UNAVAILABLE})
 STATUSES = frozenset({"ok", "retry", "failed"})
 #: How much of a bad value a BadReply's message shows.
 _SHOWN = 80

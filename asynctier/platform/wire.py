@@ -32,6 +32,11 @@ TIMEOUT = "timeout"  # the function ran past the binding's timeout
 MAX_ATTEMPTS = "max_attempts"  # the binding's max attempts are spent
 BINDING_REMOVED = "binding_removed"  # the binding went away while the record waited
 EXPIRED = "expired"  # not started within the binding's --expire-after: never run late
+UNKNOWN_SCHEMA = "unknown_schema"  # framed with a schema id the registry does not have
+NOT_FRAMED = "not_framed"  # a registry binding's record without the registry's framing
+REGISTRY_UNAVAILABLE = "registry_unavailable"  # a retry: the schema registry did not answer
+#: The reasons of a payload that did not decode: they say nothing of a function's health.
+DECODE_REASONS = frozenset({UNDECODABLE, UNKNOWN_SCHEMA, NOT_FRAMED, REGISTRY_UNAVAILABLE})
 
 
 class Header(TypedDict):

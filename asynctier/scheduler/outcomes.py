@@ -6,8 +6,14 @@ attempt; ``Reject(reason)`` fails for good; any other exception retries along th
 
 from __future__ import annotations
 
-from asynctier.platform.errors import MAX_RETRY_AFTER_S, Reject, Retry
-from asynctier.platform.wire import TIMEOUT, UNDECODABLE, Outcome, failed, retry
+from asynctier.platform.errors import (
+    MAX_RETRY_AFTER_S,
+    DecodeError,
+    Reject,
+    Retry,
+    SchemaRegistryUnavailable,
+)
+from asynctier.platform.wire import REGISTRY_UNAVAILABLE, TIMEOUT, Outcome, failed, retry
 
 MAX_ERROR = 500
 
@@ -36,6 +42,10 @@ def timed_out(item_id: int, timeout_s: float) -> Outcome:
     return retry(item_id, f"timed out after {timeout_s:g}s", reason=TIMEOUT)
 
 
-def undecodable(item_id: int, reason: str) -> Outcome:
-    """The outcome of a payload that does not decode: a dead letter at once."""
-    return failed(item_id, f"undecodable: {reason}", UNDECODABLE)
+def undecodable(item_id: int, exc: DecodeError) -> Outcome:
+    """The outcome of a payload that does not decode: a dead letter at once, for the
+    error's reason; while the schema registry does not answer, a retry along the ladder
+    that spends no attempt (an outage never dead-letters a record)."""
+    if isinstance(exc, SchemaRegistryUnavailable):
+        return retry(item_id, str(exc), spends_attempt=False, reason=REGISTRY_UNAVAILABLE)
+    return failed(item_id, f"{exc.reason}: {exc}", exc.reason)

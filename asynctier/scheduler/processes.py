@@ -20,8 +20,9 @@ import base64
 import contextlib
 import json
 import logging
+import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from asynctier.platform import metrics
@@ -31,6 +32,7 @@ from asynctier.platform.wire import Item, Outcome, retry
 from asynctier.scheduler import outcomes
 from asynctier.scheduler.frames import CHECKPOINT, LENGTH_BYTES, frame
 from asynctier.scheduler.work import resumed_of, saver_of
+from asynctier.scheduler.worker_main import REGISTRY_CONFIG_ENV
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +62,17 @@ class WorkerProcess:
         self.proc = proc
 
     @classmethod
-    async def start(cls, allow_modules: Sequence[str], nice: int = 0) -> WorkerProcess:
+    async def start(cls, allow_modules: Sequence[str], nice: int = 0,
+                    registry_config: Mapping[str, str] | None = None) -> WorkerProcess:
         """Start a worker that may run functions of ``allow_modules`` only, ``nice`` above
-        the scheduler's niceness."""
+        the scheduler's niceness; its schema registry clients get ``registry_config`` (in
+        its environment, not on its command line: it may hold credentials)."""
+        env = None
+        if registry_config:
+            env = {**os.environ, REGISTRY_CONFIG_ENV: json.dumps(dict(registry_config))}
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", WORKER_MODULE, json.dumps(list(allow_modules)), str(nice),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env)
         return cls(proc)
 
     async def send(self, header: bytes, binding: bytes, payload: bytes
@@ -144,8 +151,10 @@ def request_of(item: Item) -> bytes:
 class ProcessPool:
     """At most ``size`` worker processes, started when needed, killed past a timeout."""
 
-    def __init__(self, allow_modules: Iterable[str], size: int = 8) -> None:
+    def __init__(self, allow_modules: Iterable[str], size: int = 8,
+                 registry_config: Mapping[str, str] | None = None) -> None:
         self.allow_modules = tuple(allow_modules)
+        self.registry_config = dict(registry_config or {})
         self.size = size
         self._idle: dict[int, list[WorkerProcess]] = {}  # by niceness
         self._all: set[WorkerProcess] = set()
@@ -185,7 +194,7 @@ class ProcessPool:
             return outcome
 
     async def _start(self, nice: int) -> WorkerProcess:
-        worker = await WorkerProcess.start(self.allow_modules, nice)
+        worker = await WorkerProcess.start(self.allow_modules, nice, self.registry_config)
         self._all.add(worker)
         return worker
 

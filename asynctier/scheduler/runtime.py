@@ -47,6 +47,7 @@ from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
 from asynctier.platform.context import Context
 from asynctier.platform.errors import DecodeError
+from asynctier.platform.framed import RegistryClients
 from asynctier.platform.payloads import Decoder, decoder_for
 from asynctier.platform.supervise import RestartPolicy, supervise_task
 from asynctier.platform.wire import Item, Outcome, ok
@@ -176,7 +177,7 @@ class SyncRun:
             try:
                 payload = decode(item["payload"])
             except DecodeError as exc:
-                outcome = outcomes.undecodable(item_id, str(exc))
+                outcome = outcomes.undecodable(item_id, exc)
                 continue
             try:
                 call(payload, context_of(binding, item, started + wall_offset + timeout))
@@ -301,12 +302,17 @@ class Runtime:
 
     def __init__(self, resolver: FunctionResolver, threads: int = 8,
                  processes: int | None = None, spread: int = SYNC_SPREAD,
-                 cpu_bound_item_s: float | None = CPU_BOUND_ITEM_S) -> None:
+                 cpu_bound_item_s: float | None = CPU_BOUND_ITEM_S,
+                 registries: RegistryClients | None = None) -> None:
         self.resolver = resolver
+        #: The schema registries' clients (``[schema_registry]`` settings), shared by the
+        #: registry-framed bindings so each writer schema is fetched once.
+        self.registries = registries or RegistryClients()
         self.spread = max(1, spread)
         self.threads = threads * self.spread
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="asynctier-fn")
-        self.processes = ProcessPool(resolver.allow_modules, processes or threads)
+        self.processes = ProcessPool(resolver.allow_modules, processes or threads,
+                                     self.registries.config)
         self._jobs: dict[str, Job] = {}
         self._per_item_s: dict[str, float] = {}  # sync bindings: measured seconds per item
         self.cpu_bound_item_s = cpu_bound_item_s
@@ -323,7 +329,7 @@ class Runtime:
         job = self._jobs.get(binding.name)
         if job is None or job.binding is not binding:
             job = Job(binding, self.resolver.resolve(binding.function),
-                      decoder_for(binding),
+                      decoder_for(binding, self.registries),
                       binding.encode() if binding.isolation == "process" else b"")
             self._jobs[binding.name] = job
         return job
@@ -596,7 +602,7 @@ class AsyncRun:
             try:
                 payload = decode(item["payload"])
             except DecodeError as exc:
-                results.append(outcomes.undecodable(item_id, str(exc)))
+                results.append(outcomes.undecodable(item_id, exc))
                 continue
             self.free -= 1
             if not self.free and self.next < len(items) and len(started) < ASYNC_LANES:

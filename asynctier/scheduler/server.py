@@ -25,6 +25,7 @@ import grpc
 from asynctier.platform import eventloop
 from asynctier.platform.binding_source import BindingSource, FollowedBindings
 from asynctier.platform.config import Settings
+from asynctier.platform.framed import RegistryClients
 from asynctier.platform.rpc import submit_handler
 from asynctier.platform.rpcsecurity import add_port, server_interceptors
 from asynctier.platform.rpcserver import SERVER_OPTIONS, advertised
@@ -103,8 +104,9 @@ async def serve_scheduler(settings: Settings, *, listen: str | None = None,
             followed = FollowedBindings(settings)
             await asyncio.to_thread(followed.start)
             source = followed
+        registries = RegistryClients(settings.schema_registry)
         runtime = Runtime(resolver, options.workers,
-                          cpu_bound_item_s=options.cpu_bound_item_s)
+                          cpu_bound_item_s=options.cpu_bound_item_s, registries=registries)
         scheduler = Scheduler(source, runtime, admission, options, breakers, tenants, guard)
         await _serve(settings, scheduler, listen or settings.scheduler_listen, stop,
                      ready_callback, advertise)

@@ -33,11 +33,16 @@ from asynctier.platform.errors import (
     FunctionNotFound,
     ModuleNotAllowed,
 )
+from asynctier.platform.framed import RegistryClients
 from asynctier.platform.payloads import Decoder, decoder_for
 from asynctier.platform.wire import FUNCTION_ERROR, Outcome, failed, ok
 from asynctier.scheduler import outcomes
 from asynctier.scheduler.frames import CHECKPOINT, frame, read_frame
 from asynctier.scheduler.resolver import FunctionResolver
+
+#: The worker's ``[schema_registry]`` settings (JSON), for registry-framed bindings: in its
+#: environment, not on its command line, since they may hold credentials.
+REGISTRY_CONFIG_ENV = "ASYNCTIER_WORKER_SCHEMA_REGISTRY"
 
 
 def _bytes(text: str | None) -> bytes | None:
@@ -69,8 +74,10 @@ class PipeSaver:
 class Worker:
     """Runs the items it is sent, with the functions of allowed modules only."""
 
-    def __init__(self, allow_modules: list[str]) -> None:
+    def __init__(self, allow_modules: list[str],
+                 registries: RegistryClients | None = None) -> None:
         self.resolver = FunctionResolver(allow_modules)
+        self.registries = registries or RegistryClients()
         self._bindings: dict[bytes, tuple[Binding, Decoder]] = {}
 
     def binding(self, data: bytes) -> tuple[Binding, Decoder]:
@@ -78,7 +85,7 @@ class Worker:
         found = self._bindings.get(data)
         if found is None:
             binding = Binding.decode(data)
-            found = self._bindings[data] = (binding, decoder_for(binding))
+            found = self._bindings[data] = (binding, decoder_for(binding, self.registries))
         return found
 
     def run(self, doc: dict[str, Any], binding_data: bytes, payload: bytes,
@@ -94,7 +101,7 @@ class Worker:
         try:
             value = decode(payload)
         except DecodeError as exc:
-            return outcomes.undecodable(item_id, str(exc))
+            return outcomes.undecodable(item_id, exc)
         headers = tuple((name, _bytes(value)) for name, value in doc["headers"])
         resumed = doc.get("resumed")
         ctx = Context(binding.name, _bytes(doc["key"]), headers, doc["source"],
@@ -118,7 +125,9 @@ def main(argv: list[str]) -> None:
     requests = sys.stdin.buffer
     if len(argv) > 2 and int(argv[2]) > 0:
         os.nice(int(argv[2]))
-    worker = Worker(json.loads(argv[1]) if len(argv) > 1 else [])
+    registry_config = json.loads(os.environ.get(REGISTRY_CONFIG_ENV, "{}"))
+    worker = Worker(json.loads(argv[1]) if len(argv) > 1 else [],
+                    RegistryClients(registry_config))
     while True:
         header = read_frame(requests)
         binding_data = read_frame(requests) if header is not None else None

@@ -18,6 +18,7 @@ import grpc
 from asynctier.platform import eventloop
 from asynctier.platform.binding_source import BindingSource, FollowedBindings
 from asynctier.platform.config import Settings
+from asynctier.platform.framed import RegistryClients
 from asynctier.platform.redis_client import async_client
 from asynctier.platform.rpcsecurity import add_port, server_interceptors
 from asynctier.platform.rpcserver import SERVER_OPTIONS, advertised
@@ -76,7 +77,8 @@ async def serve_submitter(settings: Settings, *, listen: str | None, stop: threa
     backlog = (None if options.max_backlog is None
                else Backlog(settings, queue, options.max_backlog, options.backlog_recheck_s))
     capacity = EnqueueCapacity(redis, settings.names, capacity_clock)
-    submitter = Submitter(bindings, queue, kafka, capacity, backlog, options)
+    submitter = Submitter(bindings, queue, kafka, capacity, backlog, options,
+                          RegistryClients(settings.schema_registry))
     # calls past MAX_CALLS are refused RESOURCE_EXHAUSTED by gRPC before their bytes are
     # read: with max_pending, what a flood of calls can hold in memory is bounded
     server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=MAX_CALLS,

@@ -23,6 +23,7 @@ from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
 from asynctier.platform.binding_source import BindingSource
 from asynctier.platform.errors import HandoffError, QueueUnavailable
+from asynctier.platform.framed import RegistryClients
 from asynctier.platform.redis_client import REDIS_DOWN
 from asynctier.queue.items import NewItem
 from asynctier.submitter.backlog import Backlog
@@ -80,8 +81,11 @@ class Submitter:
     def __init__(self, bindings: BindingSource, queue: QueueWriter | None,
                  kafka: KafkaWriter | None, capacity: EnqueueCapacity | None,
                  backlog: Backlog | None = None,
-                 options: SubmitterOptions | None = None) -> None:
+                 options: SubmitterOptions | None = None,
+                 registries: RegistryClients | None = None) -> None:
         self.bindings = bindings
+        #: The schema registries' clients (``[schema_registry]``), for registry bindings.
+        self.registries = registries or RegistryClients()
         self.queue = queue
         self.options = options or SubmitterOptions()
         self.group = None if queue is None else GroupCommit(
@@ -144,7 +148,7 @@ class Submitter:
         found = self._validators.get(binding.name)
         if found is None or found.binding != binding:
             found = self._validators[binding.name] = Validator(
-                binding, self.options.max_payload_bytes)
+                binding, self.options.max_payload_bytes, self.registries)
         return found
 
     async def _submit(self, binding: Binding, call: Call) -> list[Result]:

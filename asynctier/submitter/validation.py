@@ -8,7 +8,8 @@ queue's limits (:mod:`asynctier.queue.items`: priority range, id format, delays)
 from __future__ import annotations
 
 from asynctier.platform.binding import Binding
-from asynctier.platform.errors import DecodeError, QueueError
+from asynctier.platform.errors import DecodeError, QueueError, SchemaRegistryUnavailable
+from asynctier.platform.framed import RegistryClients
 from asynctier.platform.payloads import Decoder, decoder_for
 from asynctier.queue.items import (
     MAX_DELAY_S,
@@ -26,11 +27,11 @@ MAX_HEADER_NAME = 256
 class Validator:
     """Checks the workloads of one binding (its decoder is built once)."""
 
-    def __init__(self, binding: Binding, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
-                 ) -> None:
+    def __init__(self, binding: Binding, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+                 registries: RegistryClients | None = None) -> None:
         self.binding = binding
         self.max_payload_bytes = binding.max_payload_bytes or max_payload_bytes
-        self._decode: Decoder = decoder_for(binding)
+        self._decode: Decoder = decoder_for(binding, registries)
         self._queue = binding.source_kind == "queue"
 
     def problem(self, w: Workload) -> str | None:
@@ -47,6 +48,8 @@ class Validator:
                     "store big inputs elsewhere and submit their address")
         try:
             self._decode(w.payload)
+        except SchemaRegistryUnavailable:
+            return None  # not the payload's fault: the scheduler decodes it again, retrying
         except DecodeError as exc:
             return (f"the payload does not decode as the binding's format "
                     f"({self.binding.format}): {exc}")

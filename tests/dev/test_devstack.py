@@ -24,6 +24,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from asynctier import dev as devstack
 from asynctier.cli import main
+from asynctier.dev.stack import KAFKA_BIN
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
 from asynctier.queue import NewItem, QueueStore
@@ -33,7 +34,8 @@ from tests.helpers import wait_until
 @pytest.fixture
 def ports() -> dict[str, int]:
     return {"kafka": devstack.free_port(), "controller": devstack.free_port(),
-            "redis": devstack.free_port(), "postgres": devstack.free_port()}
+            "redis": devstack.free_port(), "postgres": devstack.free_port(),
+            "registry": devstack.free_port()}
 
 
 @pytest.fixture
@@ -55,7 +57,8 @@ def dev(data_dir: Path, ports: dict[str, int]) -> Iterator[Callable[..., Result]
     def run(*args: str, input: str | None = None) -> Result:
         argv = ["dev", *args, "--data-dir", str(data), "--kafka-port", str(ports["kafka"]),
                 "--controller-port", str(ports["controller"]),
-                "--redis-port", str(ports["redis"]), "--postgres-port", str(ports["postgres"])]
+                "--redis-port", str(ports["redis"]), "--postgres-port", str(ports["postgres"]),
+                "--registry-port", str(ports["registry"])]
         return runner.invoke(main, argv, input=input)
 
     yield run
@@ -117,7 +120,8 @@ def test_up_round_trip_down_up_keeps_topics_and_records(
 
     again = dev("up")
     assert again.exit_code == 0, again.output
-    assert again.output.count("already up") == 3
+    assert again.output.count("already up") == 4
+    assert "its subjects listed" in check.output
 
     stack = devstack.DevStack(data_dir, ports["kafka"], ports["controller"],
                               ports["redis"], postgres_port=ports["postgres"])
@@ -178,6 +182,8 @@ def test_env_prints_export_lines(tmp_path: Path) -> None:
         "export ASYNCTIER_KAFKA_BOOTSTRAP=127.0.0.1:19999",
         "export ASYNCTIER_REDIS_URL=redis://127.0.0.1:16999/0",
         "export ASYNCTIER_QUEUE_SHARDS=postgresql://asynctier@127.0.0.1:5432/asynctier",
+        "export ASYNCTIER_SCHEMA_REGISTRY=http://127.0.0.1:8081/apis/ccompat/v7",
+        f'export PATH="{KAFKA_BIN}:$PATH"',
     ]
     chosen = CliRunner().invoke(main, ["dev", "env", "--data-dir", str(tmp_path),
                                        "--postgres-port", "15999"])
@@ -272,7 +278,7 @@ def test_status_of_a_stack_that_is_down(tmp_path: Path) -> None:
                                        "--redis-port", str(devstack.free_port()),
                                        "--postgres-port", str(devstack.free_port())])
     assert result.exit_code == 1
-    assert result.output.count("down") == 3
+    assert result.output.count("down") == 4
 
 
 def test_a_pid_file_of_another_program_is_ignored(tmp_path: Path) -> None:

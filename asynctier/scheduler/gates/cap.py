@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from asynctier.platform.binding import Binding
-from asynctier.platform.wire import UNDECODABLE, Item, Outcome
+from asynctier.platform.wire import DECODE_REASONS, Item, Outcome
 from asynctier.scheduler.admission import Admission
 from asynctier.scheduler.bounded import Chunk
 from asynctier.scheduler.gates.base import Gate, GateContext
@@ -75,7 +75,7 @@ class CapGate(Gate):
         nothing about the downstream's health."""
         reasons = Counter([o["reason"] for o in outcomes if o["status"] != "ok"])
         good = len(outcomes) - reasons.total()
-        bad = reasons.total() - reasons[UNDECODABLE]
+        bad = reasons.total() - sum(reasons[r] for r in DECODE_REASONS)
         try:
             self.admission.report(binding, good, bad)
         except Exception:

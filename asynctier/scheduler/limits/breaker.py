@@ -28,7 +28,7 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.names import Names
 from asynctier.platform.redis_client import REDIS_DOWN, AsyncRedis, async_client
-from asynctier.platform.wire import EXPIRED, TOO_LARGE, UNDECODABLE, Item, Outcome, retry
+from asynctier.platform.wire import DECODE_REASONS, EXPIRED, TOO_LARGE, Item, Outcome, retry
 from asynctier.scheduler.limits.bad_values import BadValues
 from asynctier.scheduler.limits.quota import as_text
 from asynctier.scheduler.limits.scripts import BREAKER
@@ -40,7 +40,7 @@ CLOSED, OPEN, RAMP = "closed", "open", "ramp"
 STATE_VALUES = {CLOSED: 0, RAMP: 1, OPEN: 2}
 
 #: Failures that say nothing of the downstream's health: not counted.
-NOT_HEALTH = frozenset({UNDECODABLE, EXPIRED, TOO_LARGE})
+NOT_HEALTH = DECODE_REASONS | {EXPIRED, TOO_LARGE}
 
 #: How long a breaker's Redis call may take before its state is kept as last seen.
 SOCKET_TIMEOUT_S = 2.0

@@ -1,0 +1,314 @@
+"""Registry-framed records against a real Apicurio Registry (its Confluent-compatible API),
+written by confluent-kafka's own serializers.
+
+The decoder alone: writer versions resolved to the reader schema, each failure sorted
+(``unknown_schema``, ``not_framed``, ``undecodable``, the registry down: a retry). Then the
+platform's processes drain Avro v1 and v2 and JSON Schema records; the registry is frozen
+mid-drain and no record is dead-lettered for it (the JSON Schema binding runs in worker
+processes, which decode with the config's registry settings too). With ``--long`` the
+registry is stopped for 20 s instead (and restarted: its schemas are kept). An HTTPS
+registry is read with the CA the config names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.json_schema import JSONSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from asynctier.cli import main
+from asynctier.dev import RegistryNode, start_test_registry
+from asynctier.dev.certs import write_certs
+from asynctier.dev.process import TlsFiles
+from asynctier.platform import names as n
+from asynctier.platform.binding import Binding
+from asynctier.platform.config import Settings
+from asynctier.platform.errors import BindingError, DecodeError, SchemaRegistryUnavailable
+from asynctier.platform.framed import RegistryClients, schema_id_of
+from asynctier.platform.payloads import decoder_for
+from asynctier.scheduler.outcomes import undecodable
+from asynctier.submitter.protocol import Workload
+from asynctier.submitter.validation import Validator
+from tests.funcs.shapes import kept
+from tests.helpers import wait_until
+from tests.platform_harness import Platform, read_topic
+
+V1 = {"type": "record", "name": "Order", "namespace": "shop",
+      "fields": [{"name": "id", "type": "long"}]}
+V2 = {"type": "record", "name": "Order", "namespace": "shop",
+      "fields": [{"name": "id", "type": "long"},
+                 {"name": "note", "type": "string", "default": "none"}]}
+V3 = {"type": "record", "name": "Order", "namespace": "shop",
+      "fields": [{"name": "id", "type": "long"},
+                 {"name": "note", "type": "string", "default": "none"},
+                 {"name": "qty", "type": "int", "default": 1}]}
+JSON_SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"}},
+               "required": ["id"]}
+UNKNOWN_ID = 987_654
+FREEZE_S = 4.0
+OUTAGE_S = 20.0
+
+
+def _frame(schema_id: int, body: bytes) -> bytes:
+    return b"\x00" + schema_id.to_bytes(4, "big") + body
+
+
+def _serializer(url: str, schema: dict[str, Any], json_schema: bool = False) -> Callable[
+        [dict[str, Any], str], bytes]:
+    client = SchemaRegistryClient({"url": url})
+    text = json.dumps(schema)
+    ser = JSONSerializer(text, client) if json_schema else AvroSerializer(client, text)
+
+    def write(doc: dict[str, Any], topic: str) -> bytes:
+        value = ser(doc, SerializationContext(topic, MessageField.VALUE))
+        assert value is not None
+        return value
+
+    return write
+
+
+def _binding(topic: str, url: str, fmt: str = "avro", reader: dict[str, Any] | None = None,
+             **more: Any) -> Binding:
+    return Binding(name=f"b{abs(hash(topic)) % 10_000}", topic=topic,
+                   function="tests.funcs.shapes:keep", format=fmt,  # type: ignore[arg-type]
+                   schema=None if reader is None else json.dumps(reader),
+                   schema_registry=url, **more)
+
+
+# --------------------------------------------------------------------------- the decoder
+
+
+def test_writer_versions_resolve_to_the_reader_schema(schema_registry: RegistryNode,
+                                                      prefix: str) -> None:
+    topic = f"{prefix}.orders"
+    old = _serializer(schema_registry.url, V1)({"id": 1}, topic)
+    new = _serializer(schema_registry.url, V2)({"id": 2, "note": "gift"}, topic)
+    assert schema_id_of(old) != schema_id_of(new)
+    as_v2 = decoder_for(_binding(topic, schema_registry.url, reader=V2))
+    assert as_v2(old) == {"id": 1, "note": "none"}  # the reader's default fills the gap
+    assert as_v2(new) == {"id": 2, "note": "gift"}
+    as_written = decoder_for(_binding(topic, schema_registry.url))
+    assert as_written(old) == {"id": 1}
+
+
+def test_each_failure_has_its_own_reason(schema_registry: RegistryNode, prefix: str) -> None:
+    topic = f"{prefix}.orders"
+    good = _serializer(schema_registry.url, V2)({"id": 3, "note": "x"}, topic)
+    decode = decoder_for(_binding(topic, schema_registry.url, reader=V2))
+    cases = {
+        "unknown_schema": _frame(UNKNOWN_ID, good[5:]),
+        "not_framed": b'{"id": 3}',
+        "undecodable": good[:5] + b"\x02",  # a string whose bytes are missing
+    }
+    for reason, payload in cases.items():
+        with pytest.raises(DecodeError) as caught:
+            decode(payload)
+        assert caught.value.reason == reason, caught.value
+        outcome = undecodable(7, caught.value)
+        assert (outcome["status"], outcome["reason"]) == ("failed", reason)
+    with pytest.raises(DecodeError, match=f"schema id {UNKNOWN_ID} is not in the registry"):
+        decode(cases["unknown_schema"])
+
+
+def test_a_registry_that_does_not_answer_is_a_retry_not_a_dead_letter(
+        schema_registry: RegistryNode, prefix: str) -> None:
+    topic = f"{prefix}.orders"
+    framed = _serializer(schema_registry.url, V1)({"id": 4}, topic)
+    nowhere = "http://127.0.0.1:9/apis/ccompat/v7"  # discard: nothing listens
+    decode = decoder_for(_binding(topic, nowhere), RegistryClients({"max.retries": "0"}))
+    with pytest.raises(SchemaRegistryUnavailable, match="did not answer") as caught:
+        decode(framed)
+    outcome = undecodable(7, caught.value)
+    assert outcome["status"] == "retry" and not outcome["spends_attempt"]
+    assert outcome["reason"] == "registry_unavailable"
+
+
+def test_an_https_registry_is_read_with_the_configs_ca(tmp_path: Path, prefix: str) -> None:
+    certs = write_certs(tmp_path / "certs")
+    node = start_test_registry(tmp_path, tls=TlsFiles(certs.ca, certs.server,
+                                                      certs.server_key))
+    try:
+        assert node.url.startswith("https://")
+        trusted = RegistryClients({"ssl.ca.location": str(certs.ca), "max.retries": "0"})
+        topic = f"{prefix}.tls"
+        write = AvroSerializer(trusted.client(node.url), json.dumps(V1))
+        framed = write({"id": 5}, SerializationContext(topic, MessageField.VALUE))
+        assert framed is not None
+        assert decoder_for(_binding(topic, node.url), trusted)(framed) == {"id": 5}
+        untrusted = decoder_for(_binding(topic, node.url),
+                                RegistryClients({"max.retries": "0"}))
+        with pytest.raises(SchemaRegistryUnavailable):  # not the record's fault: retried
+            untrusted(framed)
+    finally:
+        node.stop()
+
+
+def test_the_submitter_accepts_while_the_registry_is_out_and_refuses_unframed() -> None:
+    binding = _binding("orders", "http://127.0.0.1:9/apis/ccompat/v7")  # nothing listens
+    check = Validator(binding)
+    framed = Workload(payload=_frame(1, b"\x02"), key=None, headers=())
+    assert check.problem(framed) is None  # the scheduler decodes it again, retrying
+    unframed = check.problem(Workload(payload=b'{"id": 1}', key=None, headers=()))
+    assert unframed is not None and "not framed" in unframed
+
+
+def test_a_binding_names_its_registry_with_a_registry_format() -> None:
+    with pytest.raises(BindingError, match="--schema-registry is for --format avro"):
+        Binding("b", "t", "m:f", format="json",
+                schema_registry="http://r/apis/ccompat/v7").validate()
+    with pytest.raises(BindingError, match="needs --schema-registry"):
+        Binding("b", "t", "m:f", format="jsonschema").validate()
+    with pytest.raises(BindingError, match="is not an http"):
+        Binding("b", "t", "m:f", format="avro", schema_registry="ftp://x").validate()
+    kept_binding = Binding("b", "t", "m:f", format="avro", schema_registry="http://r/x")
+    assert Binding.decode(kept_binding.encode()) == kept_binding
+
+
+def _cli(settings: Settings, *args: str, input: str | None = None) -> Any:
+    env = {"ASYNCTIER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+           "ASYNCTIER_REDIS_URL": settings.redis_url, "ASYNCTIER_PREFIX": settings.prefix,
+           "ASYNCTIER_ALLOW_MODULES": "tests", "ASYNCTIER_CONFIG": ""}
+    return CliRunner().invoke(main, list(args), env=env, input=input)
+
+
+def test_produce_frames_lines_and_bind_checks_the_reader_schema(
+        settings: Settings, schema_registry: RegistryNode, unique_topic: Callable[..., str],
+        tmp_path: Path) -> None:
+    topic, url = unique_topic(1), schema_registry.url
+    files = {name: tmp_path / f"{name}.avsc" for name in ("v2", "strict")}
+    files["v2"].write_text(json.dumps(V2))
+    strict = {**V1, "fields": [*V1["fields"], {"name": "customer", "type": "string"}]}
+    files["strict"].write_text(json.dumps(strict))
+    lines = "".join(json.dumps({"id": i, "note": f"n{i}", "key": f"k{i}"}) + "\n"
+                    for i in range(3))
+    unregistered = _cli(settings, "produce", topic, "--schema-registry", url, "--schema",
+                        str(files["v2"]), input=lines)
+    assert unregistered.exit_code != 0  # not registered, and not asked to
+    assert "line 1 does not fit the schema" in unregistered.output
+    done = _cli(settings, "produce", topic, "--schema-registry", url, "--schema",
+                str(files["v2"]), "--register", input=lines)
+    assert done.exit_code == 0, done.output
+    decode = decoder_for(_binding(topic, url))
+    assert [decode(m.value()) for m in read_topic(settings, topic)] == [  # type: ignore[attr-defined]
+        {"id": i, "note": f"n{i}"} for i in range(3)]
+
+    base = ["bind", "orders", "--topic", topic, "--function", "tests.funcs.shapes:keep",
+            "--format", "avro", "--schema-registry", url, "--check-schema", "--schema"]
+    refused = _cli(settings, *base, str(files["strict"]))
+    assert refused.exit_code != 0
+    assert "cannot read version 1" in refused.output
+    assert "No default value for field customer" in refused.output
+    assert _cli(settings, *base, str(files["v2"])).exit_code == 0
+
+
+# --------------------------------------------------------------------------- the platform
+
+
+@pytest.fixture
+def platform(settings: Settings, tmp_path: Path) -> Iterator[Platform]:
+    """The test's platform, whose registry clients give up fast (one try, 1 s)."""
+    plat = Platform(settings, tmp_path, allow=("tests.funcs.shapes",))
+    plat.config_file().write_text(
+        plat.config_file().read_text()
+        + '\n[schema_registry]\n"timeout" = "1"\n"max.retries" = "0"\n')
+    yield plat
+    plat.stop_all()
+
+
+def _produce(settings: Settings, topic: str, records: list[tuple[str, bytes]]) -> None:
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+    for key, value in records:
+        producer.produce(topic, value, key.encode())
+    assert producer.flush(30) == 0
+
+
+def _dead_letters(settings: Settings, name: str) -> dict[str, dict[str, bytes]]:
+    return {m.key().decode(): dict(m.headers() or ())  # type: ignore[attr-defined]
+            for m in read_topic(settings, settings.names.dlq_topic(name))}
+
+
+@pytest.mark.parametrize("outage", [
+    pytest.param("freeze", id="registry-frozen"),
+    pytest.param("stop", id="registry-stopped-20s", marks=pytest.mark.slow),
+])
+def test_framed_records_drain_through_an_outage(
+        platform: Platform, settings: Settings, schema_registry: RegistryNode,
+        unique_topic: Callable[..., str], tmp_path: Path, outage: str) -> None:
+    avro_topic, json_topic = unique_topic(2), unique_topic(1)
+    url = schema_registry.url
+    reader = tmp_path / "order-v2.avsc"
+    reader.write_text(json.dumps(V2))
+    platform.cli("bind", "orders", "--topic", avro_topic, "--function",
+                 "tests.funcs.shapes:keep", "--format", "avro", "--schema", str(reader),
+                 "--schema-registry", url, "--retry-ladder", "1s,2s", "--max-attempts", "2")
+    platform.cli("bind", "events", "--topic", json_topic, "--function",
+                 "tests.funcs.shapes:keep", "--format", "jsonschema",
+                 "--schema-registry", url, "--retry-ladder", "1s", "--isolation", "process")
+    v1, v2 = _serializer(url, V1), _serializer(url, V2)
+    body = v2({"id": 0, "note": "x"}, avro_topic)[5:]
+    _produce(settings, avro_topic, [(f"v1-{i}", v1({"id": i}, avro_topic)) for i in range(3)]
+             + [(f"v2-{i}", v2({"id": i, "note": "new"}, avro_topic)) for i in range(3)]
+             + [("unknown", _frame(UNKNOWN_ID, body)), ("plain", b'{"id": 9}')])
+    js = _serializer(url, JSON_SCHEMA, json_schema=True)
+    _produce(settings, json_topic, [(f"js-{i}", js({"id": i}, json_topic)) for i in range(3)])
+    for name in ("scheduler", "tailers", "delay"):
+        platform.start(name)
+    wait_until(lambda: len(kept(platform.ledger)) == 9, 90, "the first records ran")
+
+    # a writer version no scheduler has seen yet arrives while the registry is out
+    v3 = _serializer(url, V3)
+    late = [(f"v3-{i}", v3({"id": i, "note": "late", "qty": 5}, avro_topic)) for i in range(20)]
+    pid = schema_registry.daemon.pid()
+    assert pid is not None
+    if outage == "freeze":
+        os.kill(pid, signal.SIGSTOP)
+    else:
+        schema_registry.stop()
+    try:
+        _produce(settings, avro_topic, late)
+        wait_until(lambda: _retried_for_outage(settings), 30, "the scheduler met the outage")
+        outage_ends = time.monotonic() + (FREEZE_S if outage == "freeze" else OUTAGE_S)
+        wait_until(lambda: time.monotonic() >= outage_ends, OUTAGE_S + 5, "outage over")
+    finally:
+        if outage == "freeze":
+            os.kill(pid, signal.SIGCONT)
+        else:
+            schema_registry.start()
+    wait_until(lambda: all(k in kept(platform.ledger) for k, _ in late), 60,
+               "every late record ran")
+
+    got = kept(platform.ledger)
+    assert {k: got[k] for k in ("v1-0", "v2-0", "v3-7")} == {
+        "v1-0": {"id": 0, "note": "none"}, "v2-0": {"id": 0, "note": "new"},
+        "v3-7": {"id": 7, "note": "late"}}  # v3's qty is not in the reader schema
+    assert got["js-2"] == {"id": 2}
+    dead = _dead_letters(settings, "orders")
+    assert sorted(dead) == ["plain", "unknown"]  # none for the outage
+    assert dead["unknown"][n.H_REASON] == b"unknown_schema"
+    assert dead["unknown"][n.H_SCHEMA_ID] == str(UNKNOWN_ID).encode()
+    assert dead["plain"][n.H_REASON] == b"not_framed"
+    shown = json.loads(platform.cli("dlq", "show", "orders", "0", "--json").stdout)
+    assert shown["decoded"].startswith(("(unknown_schema: ", "(not_framed: "))
+    assert _dead_letters(settings, "events") == {}
+
+
+def _retried_for_outage(settings: Settings) -> bool:
+    """True when a v3 record went to the delay topic because the registry did not answer."""
+    try:
+        delayed = read_topic(settings, settings.names.delay_topic("1s"), timeout_s=5.0)
+    except KeyError:  # not created yet
+        return False
+    return any(m.key().startswith(b"v3-") and b"registry at" in dict(m.headers() or ())  # type: ignore[attr-defined]
+               .get(n.H_ERROR, b"") for m in delayed)
