@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
-from asynctier.console import actions, pages, queue_pages
+from asynctier.console import actions, pages, queue_pages, tenants
 from asynctier.console.history import History
 from asynctier.console.jobs import Jobs
 from asynctier.console.options import ConsoleOptions
@@ -44,6 +44,8 @@ ROUTES = [
     Route("/queue/{namespace}/{topic}/dead", queue_pages.dead_items),
     Route("/queue/{namespace}/{topic}/cancel", actions.cancel_item, methods=["POST"]),
     Route("/queue/{namespace}/{topic}/replay", actions.replay_dead_items, methods=["POST"]),
+    Route("/tenants", tenants.tenants),
+    Route("/tenants/weight", tenants.edit_weight, methods=["POST"]),
     Route("/login", actions.login, methods=["GET", "POST"]),
     Route("/logout", actions.logout, methods=["POST"]),
     Route("/healthz", lambda request: PlainTextResponse("ok")),

@@ -5,8 +5,13 @@ letter that then runs once, the queue's pages and cancel, and services going awa
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
+import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from starlette.testclient import TestClient
 
 from asynctier.platform.config import Settings
@@ -172,3 +177,79 @@ def test_pages_say_what_is_down_and_recover(settings: Settings, tmp_path: Path) 
             assert csrf_of(client.get("/").text)
     finally:
         node.stop()
+
+
+def test_the_binding_page_shows_lag_falling_as_the_group_commits(
+        settings: Settings, unique_topic: Any) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from tests.platform_harness import produce_json
+
+    topic = unique_topic(partitions=2, name=f"{settings.prefix}.src")
+    dead_letters(settings, "orders", [{"id": 0}])
+    produce_json(settings, topic, [{"id": i} for i in range(10)])
+    with console(settings) as client:
+        log_in(client)
+        before = sample(client).view("orders")
+        assert before is not None and before.lag == 10 and len(before.partitions) == 2
+        group = Consumer(settings.kafka_config(**{"group.id": settings.names.group("orders"),
+                                                  "enable.auto.commit": False}))
+        ends = [group.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in (0, 1)]
+        group.commit(offsets=[TopicPartition(topic, p, ends[p]) for p in (0, 1)],
+                     asynchronous=False)
+        group.close()
+        after = sample(client).view("orders")
+        assert after is not None and after.lag == 0
+        assert after.throughput is not None and after.throughput > 0
+        page = client.get("/bindings/orders").text
+        assert 'id="partitions"' in page and '<b id="lag">0</b>' in page
+        points = re.search(r'id="lag-chart".*?points="([^"]*)"', page, re.S)
+        assert points and len(points.group(1).split()) == 2  # two samples: 10, then 0
+        assert 'id="lag"' in client.get("/live/bindings/orders").text
+
+
+def test_a_bulk_replay_by_filter_keeps_to_its_rate_and_stops_on_a_failing_canary(
+        settings: Settings, scheduler: LocalScheduler, ledger_file: Path,  # noqa: F811
+        caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest) -> None:
+    from tests.funcs import basic
+
+    count = 10_000 if request.config.getoption("--long") else 300
+    rate = 2_000.0 if count > 1000 else 200.0
+    dead_letters(settings, "orders", [{"id": i} for i in range(count)])
+    scheduler.functions["orders"] = ledger.record
+    settings = dataclasses.replace(settings, schedulers=(scheduler.address,))
+    with console(settings) as client:
+        csrf = log_in(client)
+        caplog.set_level(logging.INFO, "asynctier.console.audit")
+        started = time.monotonic()
+        client.post("/dlq/orders/replay", data={"csrf": csrf, "confirm": "yes",
+                                                "error": "BOOM", "rate": str(rate)})
+        wait_until(lambda: 'data-state="done"' in client.get("/live/jobs").text,
+                   count / rate * 3 + 30, "the bulk replay to finish")
+        elapsed = time.monotonic() - started
+        assert sorted(c.id for c in ledger.read(ledger_file)) == list(range(count))
+        assert elapsed >= count / rate * 0.9, elapsed  # it kept to its rate
+        assert "action=dlq replay target=orders (every dead letter matching the filter)" \
+            in caplog.text and "user=operator" in caplog.text
+        scheduler.functions["orders"] = basic.boom  # the fix did not hold
+        client.post("/dlq/orders/replay", data={"csrf": csrf, "confirm": "yes",
+                                                "canary": "5", "error": "boom"})
+        wait_until(lambda: 'data-state="stopped"' in client.get("/live/jobs").text, 30,
+                   "the canary to stop the second replay")
+        stopped = client.app.state.console.jobs.all()[0]  # type: ignore[attr-defined]
+        assert stopped.report.replayed == 5 and "canary: 5 of 5" in stopped.report.stopped
+        assert "canary: 5 of 5" in client.get("/jobs").text
+
+
+def test_tenants_page_shows_weights_and_edits_one(settings: Settings) -> None:
+    with console(settings) as client:
+        csrf = log_in(client)
+        assert client.get("/tenants").status_code == 200
+        set_ = client.post("/tenants/weight", data={"csrf": csrf, "tenant": "acme",
+                                                    "weight": "3"})
+        assert set_.status_code == 200 and 'data-tenant="acme"' in set_.text
+        assert re.search(r'data-tenant="acme">.*?class="n weight">3<', set_.text, re.S)
+        for bad in ({"tenant": "acme", "weight": "nan"}, {"tenant": "acme", "weight": "1e9"},
+                    {"tenant": "<b>", "weight": "2"}):
+            assert client.post("/tenants/weight", data={"csrf": csrf, **bad}).status_code == 400
