@@ -24,6 +24,7 @@ from asynctier.console.options import ConsoleOptions
 from asynctier.console.security import LoginRequired
 from asynctier.console.snapshot import Sampler
 from asynctier.console.state import Console, render
+from asynctier.delay_streams.dlq import iso_ms
 from asynctier.platform.config import Settings
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ def create_app(settings: Settings, options: ConsoleOptions, sample: bool = True)
     history = History(options.keep_samples_s)
     env = jinja2.Environment(loader=jinja2.PackageLoader("asynctier.console"),
                              autoescape=True)  # payloads and headers are shown as text
+    env.filters["when"] = lambda epoch_s: iso_ms(int(epoch_s * 1000)) or "never"
     console = Console(settings, options, history,
                       Sampler(settings, history, options.sample_every_s), Jobs(settings),
                       Jinja2Templates(env=env))

@@ -178,6 +178,7 @@ def test_env_prints_export_lines(tmp_path: Path) -> None:
         "export ASYNCTIER_KAFKA_BOOTSTRAP=127.0.0.1:19999",
         "export ASYNCTIER_REDIS_URL=redis://127.0.0.1:16999/0",
         "export ASYNCTIER_QUEUE_SHARDS=postgresql://asynctier@127.0.0.1:5432/asynctier",
+        "export ASYNCTIER_CONSOLE_LISTEN=127.0.0.1:8089",
     ]
     chosen = CliRunner().invoke(main, ["dev", "env", "--data-dir", str(tmp_path),
                                        "--postgres-port", "15999"])
