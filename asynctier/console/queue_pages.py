@@ -23,11 +23,12 @@ async def queue(request: Request) -> Response:
     ns = params.namespace(request.query_params.get("namespace", "default"))
     console = console_of(request)
     try:
-        counts = await run_in_threadpool(console.queue.counts, ns)
+        counted_s, counts = await run_in_threadpool(console.queue_counts, ns)
     except Exception as exc:  # a shard down: the page says so
         return render(request, "queue.html", status_code=503, namespace=ns, counts=[],
-                      problem=f"the queue did not answer: {exc}")
-    return render(request, "queue.html", namespace=ns, counts=counts, problem="")
+                      problem=f"the queue did not answer: {exc}", counted_s=0.0)
+    return render(request, "queue.html", namespace=ns, counts=counts, problem="",
+                  counted_s=counted_s, keep_s=console.options.sample_every_s)
 
 
 async def item(request: Request) -> Response:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +17,7 @@ from asynctier.console.options import ConsoleOptions
 from asynctier.console.security import csrf_token
 from asynctier.console.snapshot import Sampler
 from asynctier.platform.config import Settings
+from asynctier.queue.items import TopicCounts
 from asynctier.queue.shards import ShardedQueue
 
 
@@ -29,6 +32,23 @@ class Console:
     jobs: Jobs
     templates: Jinja2Templates
     _queue: ShardedQueue | None = field(default=None, repr=False)
+    #: namespace -> (when counted, the counts): counting reads every item of a namespace,
+    #: so a count is kept ``options.sample_every_s`` and shown with its time.
+    _counts: dict[str, tuple[float, list[TopicCounts]]] = field(default_factory=dict,
+                                                                 repr=False)
+    _counting: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def queue_counts(self, namespace: str) -> tuple[float, list[TopicCounts]]:
+        """(when counted, the counts) of ``namespace``'s topics, at most
+        ``sample_every_s`` old (one count at a time: a page waits for the one under way)."""
+        with self._counting:
+            kept = self._counts.get(namespace)
+            if kept is None or time.time() - kept[0] > self.options.sample_every_s:
+                kept = (time.time(), self.queue.counts(namespace))
+                self._counts[namespace] = kept
+                if len(self._counts) > 100:  # namespaces typed in: keep memory bounded
+                    self._counts.pop(next(iter(self._counts)))
+            return kept
 
     @property
     def queue(self) -> ShardedQueue:

@@ -196,14 +196,17 @@ def _read(consumer: Consumer, tp: TopicPartition, start: int, end: int,
         return
     consumer.assign([TopicPartition(tp.topic, tp.partition, start)])
     deadline = time.monotonic() + timeout_s
+    position = start
     while time.monotonic() < deadline:
-        for msg in consumer.consume(500, 0.5):
+        # no more than are left: else the last call waits its whole timeout for the rest
+        for msg in consumer.consume(max(1, min(500, end - position)), 0.5):
             if msg.error() is not None:
                 continue
             offset: int = msg.offset() or 0
             if offset >= end:
                 return
             yield msg
+            position = offset + 1
             deadline = time.monotonic() + timeout_s
             if offset + 1 >= end:
                 return

@@ -26,10 +26,11 @@ def console(settings: Settings, **options: object) -> Iterator[TestClient]:
         yield client
 
 
-def sample(client: TestClient) -> Snapshot:
+def sample(client: TestClient, timeout_s: float = 10.0) -> Snapshot:
     """Read the platform once, as the sampler does every few seconds."""
     console = client.app.state.console  # type: ignore[attr-defined]
-    readers = Readers(console.settings, LagReader(console.settings))
+    readers = Readers(console.sampler.settings,
+                      LagReader(console.sampler.settings, timeout_s=timeout_s))
     try:
         snapshot: Snapshot = console.sampler.sample(readers)
         return snapshot

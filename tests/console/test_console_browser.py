@@ -52,7 +52,7 @@ def browser() -> Iterator[Any]:
                 "--window-size=1280,900", "--disable-gpu"):
         options.add_argument(arg)
     driver = webdriver.Chrome(options=options, service=Service(driver_path))
-    driver.implicitly_wait(0)
+    driver.implicitly_wait(10)  # a find waits for the page a click opened
     yield driver
     driver.quit()
 

@@ -253,3 +253,25 @@ def test_tenants_page_shows_weights_and_edits_one(settings: Settings) -> None:
         for bad in ({"tenant": "acme", "weight": "nan"}, {"tenant": "acme", "weight": "1e9"},
                     {"tenant": "<b>", "weight": "2"}):
             assert client.post("/tenants/weight", data={"csrf": csrf, **bad}).status_code == 400
+
+
+def test_with_the_broker_away_the_overview_keeps_the_last_numbers_and_says_so(
+        settings: Settings) -> None:
+    from tests.platform_harness import free_port
+
+    dead_letters(settings, "orders", [{"id": 1}])
+    with console(settings) as client:
+        log_in(client)
+        sampler = client.app.state.console.sampler  # type: ignore[attr-defined]
+        assert sample(client).down == {}
+        # the sampler's next reads go to an address where no broker answers
+        sampler.settings = dataclasses.replace(
+            settings, kafka={"bootstrap.servers": f"127.0.0.1:{free_port()}"})
+        away = sample(client, timeout_s=2.0)
+        assert "kafka" in away.down and away.view("orders") is not None
+        page = client.get("/")
+        assert page.status_code == 200 and 'data-down="kafka"' in page.text
+        assert "numbers below were read" in page.text and 'data-binding="orders"' in page.text
+        sampler.settings = settings
+        assert sample(client).down == {}
+        assert "data-down" not in client.get("/").text
