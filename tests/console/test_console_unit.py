@@ -101,3 +101,17 @@ def test_the_filter_takes_what_matches_every_field_set() -> None:
                LetterFilter(since_ms=5_001), LetterFilter(until_ms=5_000),
                LetterFilter(offsets=frozenset({3}))):
         assert no.selective and not no.matches(letter)
+
+
+def test_the_command_refuses_to_serve_without_a_login() -> None:
+    from click.testing import CliRunner
+
+    from asynctier.cli import main
+
+    env = {"ASYNCTIER_CONSOLE_TOKEN": "", "ASYNCTIER_CONFIG": ""}
+    for args, says in ((["console"], "give a login token"),
+                       (["console", "--insecure-local", "--listen", "0.0.0.0:8089"],
+                        "loopback only"),
+                       (["run", "console"], "give a login token")):
+        result = CliRunner().invoke(main, args, env=env)
+        assert result.exit_code == 2 and says in result.output, result.output
