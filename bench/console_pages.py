@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
+import httpx2
 import uvicorn
 from confluent_kafka import Producer
 
@@ -97,7 +97,7 @@ def pages(dead: int) -> tuple[str, ...]:
 
 def _time(base: str, requests: int, dead: int) -> list[tuple[str, float, float, float]]:
     rows = []
-    with httpx.Client(base_url=base, headers={"authorization": f"Bearer {TOKEN}"},
+    with httpx2.Client(base_url=base, headers={"authorization": f"Bearer {TOKEN}"},
                       timeout=30) as client:
         for page in pages(dead):
             took = []
