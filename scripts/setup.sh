@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a machine for asynctier (Debian / Ubuntu):
 #   1. apt-get install what is missing: redis-server, postgresql (its server binaries, 15+),
-#      prometheus, maven, a Java 17+ runtime (when not root it prints the exact command
+#      prometheus, maven, chromium and chromium-driver (the console's browser test),
+#      a Java 17+ runtime (when not root it prints the exact command
 #      and stops);
 #   2. a virtual environment in .venv with asynctier installed in editable mode;
 #   3. Kafka's jars (with its command-line tools) and Apicurio Registry fetched by Maven,
@@ -43,6 +44,9 @@ missing_packages() {
   [ "$(java_major)" -ge 17 ] || pkgs+=(openjdk-17-jre-headless)
   command -v make >/dev/null 2>&1 || pkgs+=(make)
   command -v go >/dev/null 2>&1 || pkgs+=(golang-go)
+  # the console's browser test drives Debian's chromium through its chromedriver
+  command -v chromium >/dev/null 2>&1 || pkgs+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || pkgs+=(chromium-driver)
   if ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then pkgs+=(python3-venv); fi
   echo "${pkgs[@]:-}"
 }

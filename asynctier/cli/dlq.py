@@ -15,6 +15,7 @@ from rich.table import Table
 
 from asynctier.cli import settings_of
 from asynctier.delay_streams.dlq import (
+    LetterFilter,
     ReplayOptions,
     ReplayReport,
     list_dead_letters,
@@ -137,19 +138,29 @@ def _decoded(settings: Settings, name: str, value: bytes | None) -> Any:
               show_default=True, help="Stop when this share of the last --window replays "
                                       "failed.")
 @click.option("--window", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--offset", "offsets", type=click.IntRange(min=0), multiple=True,
+              help="Only the dead letter at this offset; repeatable.")
+@click.option("--reason", default="", help="Only the dead letters of this reason.")
+@click.option("--error", "error_text", default="",
+              help="Only the dead letters whose last error holds this text (any case).")
 @click.pass_context
 def replay_(ctx: click.Context, binding: str, rate: float | None, limit: int | None,
             dry_run: bool, canary: int, from_start: bool, batch_size: int,
-            max_failure_ratio: float, window: int) -> None:
+            max_failure_ratio: float, window: int, offsets: tuple[int, ...], reason: str,
+            error_text: str) -> None:
     """Run the dead letters again (attempt 1, fresh ladder); failures go back through the
-    ladder. A second replay does not redo what an earlier one replayed (see --from-start)."""
+    ladder. A second replay does not redo what an earlier one replayed (see --from-start).
+    With --offset, --reason or --error only those are replayed, and the replay position
+    stays where it was."""
     if rate is not None and not math.isfinite(rate):
         raise click.BadParameter(f"{rate} is not a rate: give a number of records a second",
                                  param_hint="'--rate'")
     settings = settings_of(ctx)
     options = ReplayOptions(rate_per_s=rate, limit=limit, dry_run=dry_run, canary=canary,
                             from_start=from_start, batch_size=batch_size, window=window,
-                            max_failure_ratio=max_failure_ratio)
+                            max_failure_ratio=max_failure_ratio,
+                            only=LetterFilter(reason=reason, error=error_text,
+                                              offsets=frozenset(offsets)))
     client = None if dry_run else default_client(settings, wait_for_scheduler=False)
     try:
         report = _with_progress(lambda progress: replay(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import click
 from rich.console import Console, Group
@@ -215,6 +215,8 @@ class Reading:
     backlog: list[BacklogRow]
     parked: list[ParkedRow]
     tailers: list[TailerRow]
+    #: The bindings read from the registry (all of them, even with one binding asked).
+    bindings: dict[str, Binding] = field(default_factory=dict)
 
     def as_json(self) -> list[dict[str, object]]:
         """Every row, Kafka's, the queue's, the parked keys', then the tailers' (``kind``
@@ -223,7 +225,10 @@ class Reading:
                 + [r.as_dict() for r in self.parked] + [r.as_dict() for r in self.tailers])
 
 
-def _rows(settings: Settings, binding: str | None, readers: Readers) -> Reading:
+def read_all(settings: Settings, binding: str | None, readers: Readers) -> Reading:
+    """Everything ``asynctier lag`` shows (of one binding, or of all): raises
+    AsynctierError when the broker does not answer; a queue shard or Redis that does not
+    answer makes its rows say so."""
     parts = readers.lag.topics()  # fails with a clear message when the broker does not answer
     has_bindings = settings.names.bindings_topic in parts
     bindings = BindingRegistry(settings).load() if has_bindings else {}
@@ -236,7 +241,7 @@ def _rows(settings: Settings, binding: str | None, readers: Readers) -> Reading:
     else:
         lag_rows = read_lag(settings, bindings.values(), binding, readers.lag, parts)
     return Reading(lag_rows, readers.backlog(chosen), read_parked(settings, chosen),
-                   read_tailers(settings, chosen))
+                   read_tailers(settings, chosen), bindings)
 
 
 def tables(reading: Reading) -> Group:
@@ -280,11 +285,11 @@ def lag(ctx: click.Context, binding: str | None, as_json: bool, watch: bool,
     readers = Readers(settings, LagReader(settings))
     try:
         if not watch:
-            _show(_rows(settings, binding, readers), as_json, pretty=True)
+            _show(read_all(settings, binding, readers), as_json, pretty=True)
         elif as_json:
             while True:
                 try:
-                    _show(_rows(settings, binding, readers), as_json, pretty=False)
+                    _show(read_all(settings, binding, readers), as_json, pretty=False)
                 except AsynctierError as exc:  # the broker may come back: keep watching
                     click.echo(f"error: {exc}", err=True)
                 time.sleep(interval_s)
@@ -313,7 +318,7 @@ def _watch_table(settings: Settings, binding: str | None, readers: Readers,
 
 def _table_or_error(settings: Settings, binding: str | None, readers: Readers) -> Group:
     try:
-        return tables(_rows(settings, binding, readers))
+        return tables(read_all(settings, binding, readers))
     except AsynctierError as exc:  # the broker may come back: keep watching
         table = lag_table([])
         table.caption = f"[red]error: {exc}[/red] (retrying every few seconds)"

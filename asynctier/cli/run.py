@@ -1,4 +1,6 @@
-"""``asynctier run [scheduler | tailers | delay | submitter]``: run the platform's processes.
+"""``asynctier run [scheduler | tailers | delay | submitter | console]``: run the platform's
+processes (``console``: the operator console, configured by ``ASYNCTIER_CONSOLE_*``; see
+``asynctier console``).
 
 With no component named, the four run as child processes of this one (the scheduler
 first, then the tailers, the delay tailers and the Submitter); SIGTERM or Ctrl-C stops the
@@ -258,7 +260,7 @@ DEFAULTS = TailerOptions()
 
 
 @click.command()
-@click.argument("component", required=False, type=click.Choice(COMPONENTS))
+@click.argument("component", required=False, type=click.Choice((*COMPONENTS, "console")))
 @click.option("--allow-module", "allow", multiple=True, metavar="PREFIX",
               help="Module (prefix) whose functions the scheduler may run; repeatable. "
                    "Also allow_modules in asynctier.toml or ASYNCTIER_ALLOW_MODULES.")
@@ -293,6 +295,12 @@ def run(ctx: click.Context, component: str | None, allow: tuple[str, ...], liste
     """Run the scheduler, the tailers, the delay tailers and the Submitter (all four when
     none is named)."""
     settings = settings_of(ctx)
+    if component == "console":  # not part of a bare `run`: it has its own login to set
+        from asynctier.cli.console import options_from_env
+        from asynctier.console import serve
+
+        serve(settings, options_from_env())
+        return
     if metrics_port is None and settings.metrics_port:
         metrics_port = settings.metrics_port
     options = TailerOptions(batch_size=batch_size, max_in_flight=max_in_flight)

@@ -22,6 +22,7 @@ T = TypeVar("T")
 
 
 def _with_redis(settings: Settings, fn: Callable[[AsyncRedis], Awaitable[T]]) -> T:
+    """``fn`` on a Redis client of its own; ServiceError when Redis does not answer."""
     async def run() -> T:
         client = async_client(settings.redis_url, socket_timeout=5.0,
                                 socket_connect_timeout=5.0)
@@ -61,6 +62,17 @@ async def tenant_rows(client: AsyncRedis, settings: Settings) -> list[dict[str, 
     return rows
 
 
+def read_tenants(settings: Settings) -> list[dict[str, Any]]:
+    """Every tenant's row (:func:`tenant_rows`): what ``tenant show`` prints."""
+    return _with_redis(settings, lambda c: tenant_rows(c, settings))
+
+
+def set_weight(settings: Settings, name: str, weight: float) -> None:
+    """Set tenant ``name``'s weight (from MIN_WEIGHT to MAX_WEIGHT): what ``tenant set``
+    does; every scheduler follows it within a second."""
+    _with_redis(settings, lambda c: TenantStore(c, settings.names).set_weight(name, weight))
+
+
 @click.group()
 def tenant() -> None:
     """Tenants' weights: their shares of the schedulers within every tier."""
@@ -77,8 +89,7 @@ def set_(ctx: click.Context, name: str, weight: float) -> None:
     if not _TENANT_RE.fullmatch(name):
         raise click.BadParameter("letters, digits, '.', '-', '_' (at most 63)",
                                  param_hint="NAME")
-    settings = settings_of(ctx)
-    _with_redis(settings, lambda c: TenantStore(c, settings.names).set_weight(name, weight))
+    set_weight(settings_of(ctx), name, weight)
     click.echo(f"{name}: weight {weight:g}")
 
 
@@ -87,8 +98,7 @@ def set_(ctx: click.Context, name: str, weight: float) -> None:
 @click.pass_context
 def show(ctx: click.Context, as_json: bool) -> None:
     """Every tenant's weight, the items it started over all schedulers, its quota."""
-    settings = settings_of(ctx)
-    rows = _with_redis(settings, lambda c: tenant_rows(c, settings))
+    rows = read_tenants(settings_of(ctx))
     if as_json:
         click.echo(json.dumps(rows))
         return

@@ -119,6 +119,35 @@ def iso_ms(epoch_ms: int) -> str:
     return f"{day}.{epoch_ms % 1000:03d}Z"
 
 
+@dataclass(frozen=True)
+class LetterFilter:
+    """Which dead letters a listing shows or a replay takes; every field set must match.
+
+    ``reason`` is the exact reason, ``error`` a piece of the last error (any case), the
+    times bound when the record was dead-lettered (epoch ms, ``until_ms`` excluded) and
+    ``offsets`` names the chosen ones. The empty filter takes every dead letter."""
+
+    reason: str = ""
+    error: str = ""
+    since_ms: int = 0
+    until_ms: int = 0
+    offsets: frozenset[int] = frozenset()
+
+    @property
+    def selective(self) -> bool:
+        """True unless it takes every dead letter."""
+        return self != LetterFilter()
+
+    def matches(self, letter: DeadLetter) -> bool:
+        """Whether ``letter`` passes."""
+        return ((not self.offsets or letter.offset in self.offsets)
+                and (not self.reason or letter.header(n.H_REASON) == self.reason)
+                and (not self.error or self.error.casefold()
+                     in letter.header(n.H_ERROR).casefold())
+                and letter.timestamp_ms >= self.since_ms
+                and (not self.until_ms or letter.timestamp_ms < self.until_ms))
+
+
 _COORDINATOR_BUSY = frozenset({KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
                                KafkaError.COORDINATOR_LOAD_IN_PROGRESS})
 
@@ -167,14 +196,17 @@ def _read(consumer: Consumer, tp: TopicPartition, start: int, end: int,
         return
     consumer.assign([TopicPartition(tp.topic, tp.partition, start)])
     deadline = time.monotonic() + timeout_s
+    position = start
     while time.monotonic() < deadline:
-        for msg in consumer.consume(500, 0.5):
+        # no more than are left: else the last call waits its whole timeout for the rest
+        for msg in consumer.consume(max(1, min(500, end - position)), 0.5):
             if msg.error() is not None:
                 continue
             offset: int = msg.offset() or 0
             if offset >= end:
                 return
             yield msg
+            position = offset + 1
             deadline = time.monotonic() + timeout_s
             if offset + 1 >= end:
                 return
@@ -187,16 +219,35 @@ def _letter(msg: Any, with_value: bool = True) -> DeadLetter:
 
 
 def list_dead_letters(settings: Settings, binding: str, limit: int | None = None,
-                      timeout_s: float = 15.0) -> list[DeadLetter]:
-    """The dead letters of ``binding``, oldest first (at most ``limit``), without their
-    values (a listing shows none, and a topic of large records must not fill memory; ``dlq
-    show`` reads one whole)."""
+                      timeout_s: float = 15.0, start: int | None = None,
+                      only: LetterFilter | None = None) -> list[DeadLetter]:
+    """The dead letters of ``binding``, oldest first, without their values (a listing shows
+    none, and a topic of large records must not fill memory; ``dlq show`` reads one whole).
+
+    It reads at most ``limit`` records from offset ``start`` (the first one kept when
+    None) and returns those that pass ``only``."""
     consumer = _consumer(settings)
     try:
         tp = _partition(settings, consumer, binding, timeout_s)
         low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
-        end = high if limit is None else min(high, low + limit)
-        return [_letter(m, with_value=False) for m in _read(consumer, tp, low, end, timeout_s)]
+        first = low if start is None else min(max(start, low), high)
+        end = high if limit is None else min(high, first + limit)
+        letters = (_letter(m, with_value=False)
+                   for m in _read(consumer, tp, first, end, timeout_s))
+        return [x for x in letters if only is None or only.matches(x)]
+    finally:
+        consumer.close()
+
+
+def dead_letter_span(settings: Settings, binding: str,
+                     timeout_s: float = 15.0) -> tuple[int, int]:
+    """The first offset kept and the next one to be written of ``binding``'s dead-letter
+    topic (their difference: how many dead letters it holds)."""
+    consumer = _consumer(settings)
+    try:
+        tp = _partition(settings, consumer, binding, timeout_s)
+        low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+        return int(low), int(high)
     finally:
         consumer.close()
 
@@ -234,6 +285,9 @@ class ReplayOptions:
     window: int = 50
     max_failure_ratio: float = 0.5
     timeout_s: float = 15.0
+    #: Only the dead letters that pass (the chosen offsets, a reason...). Such a replay
+    #: leaves the replay position where it was: the ones it skipped are still to replay.
+    only: LetterFilter = field(default_factory=LetterFilter)
 
 
 @dataclass
@@ -300,6 +354,9 @@ class Replay:
         low, high = self.consumer.get_watermark_offsets(self.tp, timeout=o.timeout_s)
         committed = _committed(self.consumer, self.tp, o.timeout_s)
         start = low if o.from_start or committed < 0 else max(committed, low)
+        if o.only.offsets:  # the chosen ones, wherever the replay position is
+            start = max(low, min(o.only.offsets))
+            high = min(high, max(o.only.offsets) + 1)
         end = high if o.limit is None else min(high, start + o.limit)
         report = self.report
         report.start_offset, report.end_offset = start, max(start, end)
@@ -332,8 +389,10 @@ class Replay:
             raise AsynctierError("no scheduler client to replay with")
         handoff = Handoff(self.settings)
         window = _Window(self.options.window, self.options.max_failure_ratio)
-        messages = _read(self.consumer, self.tp, self.report.start_offset,
-                         self.report.end_offset, self.options.timeout_s)
+        only = self.options.only
+        messages = (m for m in _read(self.consumer, self.tp, self.report.start_offset,
+                                     self.report.end_offset, self.options.timeout_s)
+                    if only.matches(_letter(m, with_value=False)))
         started = 0.0  # when the first batch left: the rate counts from there
         first = True
         while not self.stop.is_set():
@@ -380,7 +439,8 @@ class Replay:
         outcomes = submit(self.client, entries, self.stop)
         immediate, actions = resolutions(handoff, entries, outcomes)
         results = iter(hand_off(handoff, actions, self.stop, f"dlq replay {self.name}"))
-        self._commit(batch[-1].offset() + 1)
+        if not self.options.only.selective:
+            self._commit(batch[-1].offset() + 1)
         for first in immediate:
             what = first or next(results)
             r = self.report

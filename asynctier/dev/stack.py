@@ -197,7 +197,9 @@ class DevStack:
                 f"export ASYNCTIER_REDIS_URL={self.redis.url}",
                 f"export ASYNCTIER_QUEUE_SHARDS={self.postgres.dsn}",
                 f"export ASYNCTIER_SCHEMA_REGISTRY={self.registry.url}",
-                f'export PATH="{KAFKA_BIN}:$PATH"']
+                f'export PATH="{KAFKA_BIN}:$PATH"',
+                # where `asynctier console` listens (its default; change it here)
+                "export ASYNCTIER_CONSOLE_LISTEN=127.0.0.1:8089"]
 
     def _check_binaries(self, names: Collection[str] = ("kafka", "redis", "postgres")) -> None:
         """Every missing binary (of the services ``names``) at once, before anything

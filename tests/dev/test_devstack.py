@@ -184,6 +184,7 @@ def test_env_prints_export_lines(tmp_path: Path) -> None:
         "export ASYNCTIER_QUEUE_SHARDS=postgresql://asynctier@127.0.0.1:5432/asynctier",
         "export ASYNCTIER_SCHEMA_REGISTRY=http://127.0.0.1:8081/apis/ccompat/v7",
         f'export PATH="{KAFKA_BIN}:$PATH"',
+        "export ASYNCTIER_CONSOLE_LISTEN=127.0.0.1:8089",
     ]
     chosen = CliRunner().invoke(main, ["dev", "env", "--data-dir", str(tmp_path),
                                        "--postgres-port", "15999"])

@@ -1,0 +1,119 @@
+"""The console's actions (POST): each is the library call the CLI makes, behind the login,
+the CSRF check and the read-only switch (:func:`~asynctier.console.security.check_action`),
+and each writes an audit line."""
+
+from __future__ import annotations
+
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from asynctier.console import params
+from asynctier.console.security import audit, check_action, log_in, same_secret
+from asynctier.console.state import console_of, render
+from asynctier.delay_streams.dlq import LetterFilter, ReplayOptions
+from asynctier.queue.admin import replay_at_rate
+
+#: A bulk action needs this field set: the page asks before it touches many records.
+CONFIRM = "confirm"
+
+
+async def login(request: Request) -> Response:
+    """GET: the form. POST: check the token, start the session."""
+    options = console_of(request).options
+    if request.method == "GET":
+        return render(request, "login.html", problem="")
+    form = await request.form()
+    given = str(form.get("token") or "")
+    if options.token and given and same_secret(given, options.token):
+        log_in(request, "operator")
+        return RedirectResponse("/", status_code=303)
+    return render(request, "login.html", status_code=401,
+                  problem="that is not the console's token")
+
+
+async def logout(request: Request) -> Response:
+    """End the session."""
+    request.session.clear()
+    return RedirectResponse("/login", status_code=303)
+
+
+async def replay_dead_letters(request: Request) -> Response:
+    """Replay the chosen dead letters, or every one matching a filter (confirmed), in the
+    background at the rate given, with its canary and auto-stop."""
+    console = console_of(request)
+    await check_action(request, console.options)
+    name = params.binding_name(request.path_params["name"])
+    form = await request.form()
+    fields = {k: str(v) for k, v in form.items()}
+    chosen = params.offsets([str(v) for v in form.getlist("offset")])
+    if chosen:
+        only, what = LetterFilter(offsets=chosen), f"{len(chosen)} chosen dead letter(s)"
+    else:
+        if fields.get(CONFIRM) != "yes":
+            raise params.bad(CONFIRM, "replaying every dead letter that matches a filter "
+                                      "touches many records: tick the confirmation")
+        only = LetterFilter(reason=params.text(fields, "reason"),
+                            error=params.text(fields, "error"),
+                            since_ms=params.moment(fields, "since"),
+                            until_ms=params.moment(fields, "until"))
+        what = "every dead letter matching the filter" if only.selective \
+            else "every dead letter not replayed yet"
+    options = ReplayOptions(rate_per_s=params.number(fields, "rate", 0.001, 1_000_000),
+                            limit=params.integer(fields, "limit", None, 1),
+                            canary=params.integer(fields, "canary", 0, 0, 10_000) or 0,
+                            only=only)
+    job = console.jobs.replay_dead_letters(name, options, request.state.user,
+                                           f"replay {what} of {name}")
+    audit(request, "dlq replay", f"{name} ({what})", len(chosen))
+    return RedirectResponse(f"/jobs#job-{job.id}", status_code=303)
+
+
+async def stop_job(request: Request) -> Response:
+    """Stop a replay at its next batch."""
+    console = console_of(request)
+    await check_action(request, console.options)
+    job_id = params.integer({"job": request.path_params["job"]}, "job", 0, 1) or 0
+    job = console.jobs.get(job_id)
+    if job is None:
+        raise HTTPException(404, f"no job {job_id}")
+    job.stop.set()
+    audit(request, "stop job", str(job_id), 1)
+    return RedirectResponse("/jobs", status_code=303)
+
+
+async def cancel_item(request: Request) -> Response:
+    """Delete one queue item (``asynctier queue cancel``)."""
+    console = console_of(request)
+    await check_action(request, console.options)
+    ns = params.namespace(request.path_params["namespace"])
+    topic = params.topic(request.path_params["topic"])
+    form = await request.form()
+    item_id = params.text({k: str(v) for k, v in form.items()}, "id")
+    if not item_id:
+        raise params.bad("id", "give the item's id")
+    gone = await run_in_threadpool(console.queue.cancel, ns, topic, item_id)
+    audit(request, "queue cancel", f"{ns}/{topic}/{item_id}", int(gone))
+    if not gone:
+        raise HTTPException(404, f"no item {item_id!r} in {ns}/{topic}")
+    return render(request, "done.html", message=f"cancelled item {item_id!r} of {ns}/{topic}",
+                  back=f"/queue?namespace={ns}")
+
+
+async def replay_dead_items(request: Request) -> Response:
+    """Put a topic's dead items back as ready (``asynctier queue replay``), confirmed."""
+    console = console_of(request)
+    await check_action(request, console.options)
+    ns = params.namespace(request.path_params["namespace"])
+    topic = params.topic(request.path_params["topic"])
+    form = await request.form()
+    fields = {k: str(v) for k, v in form.items()}
+    if fields.get(CONFIRM) != "yes":
+        raise params.bad(CONFIRM, "replaying dead items touches many: tick the confirmation")
+    limit = params.integer(fields, "limit", None, 1)
+    rate = params.number(fields, "rate", 0.001, 1_000_000)
+    count = await run_in_threadpool(replay_at_rate, console.queue, ns, topic, limit, rate)
+    audit(request, "queue replay", f"{ns}/{topic}", count)
+    return render(request, "done.html", message=f"replayed {count} dead item(s) of {ns}/{topic}",
+                  back=f"/queue?namespace={ns}")

@@ -1,0 +1,60 @@
+"""The queue's pages (GET): counts by state per topic, one item, the dead items."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from asynctier.console import params
+from asynctier.console.state import console_of, render
+from asynctier.delay_streams.dlq import iso_ms, show_bytes
+
+#: Dead items a page lists.
+DEAD_PAGE = 100
+
+
+async def queue(request: Request) -> Response:
+    """Counts by state per topic of a namespace, and the form to find an item."""
+    ns = params.namespace(request.query_params.get("namespace", "default"))
+    console = console_of(request)
+    try:
+        counted_s, counts = await run_in_threadpool(console.queue_counts, ns)
+    except Exception as exc:  # a shard down: the page says so
+        return render(request, "queue.html", status_code=503, namespace=ns, counts=[],
+                      problem=f"the queue did not answer: {exc}", counted_s=0.0)
+    return render(request, "queue.html", namespace=ns, counts=counts, problem="",
+                  counted_s=counted_s, keep_s=console.options.sample_every_s)
+
+
+async def item(request: Request) -> Response:
+    """One item, in whichever state it is."""
+    q = request.query_params
+    ns = params.namespace(q.get("namespace", "default"))
+    topic = params.topic(q.get("topic", ""))
+    item_id = params.text(q, "id")
+    if not item_id:
+        raise params.bad("id", "give the item's id")
+    info = await run_in_threadpool(console_of(request).queue.get, ns, topic, item_id)
+    if info is None:
+        raise HTTPException(404, f"no item {item_id!r} in {ns}/{topic}")
+    doc = dataclasses.asdict(info)
+    doc["payload"] = show_bytes(info.payload)[1]
+    doc["headers"] = [(k, show_bytes(v)[1]) for k, v in info.headers]
+    doc["enqueued"] = iso_ms(info.enqueued_ms)
+    return render(request, "item.html", namespace=ns, topic=topic, doc=doc, info=info)
+
+
+async def dead_items(request: Request) -> Response:
+    """The dead items of a topic, oldest death first."""
+    ns = params.namespace(request.path_params["namespace"])
+    topic = params.topic(request.path_params["topic"])
+    rows = await run_in_threadpool(console_of(request).queue.dead_items, ns, topic, DEAD_PAGE)
+    items = [{"id": r.id, "attempts": r.attempts, "reason": r.reason, "error": r.error,
+              "dead": iso_ms(r.dead_ms), "payload": show_bytes(r.payload)[1]} for r in rows]
+    return render(request, "dead_items.html", namespace=ns, topic=topic, items=items,
+                  now=time.time())

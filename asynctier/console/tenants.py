@@ -1,0 +1,40 @@
+"""The tenants page: weights, quotas and this minute's usage side by side, and the weight
+edit (``asynctier tenant set``)."""
+
+from __future__ import annotations
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from asynctier.cli.tenant import read_tenants, set_weight
+from asynctier.console import params
+from asynctier.console.security import audit, check_action
+from asynctier.console.state import console_of, render
+from asynctier.platform.errors import AsynctierError
+from asynctier.scheduler.queues import MAX_WEIGHT, MIN_WEIGHT
+
+
+async def tenants(request: Request) -> Response:
+    """Every tenant with a weight, a quota or usage."""
+    try:
+        rows = await run_in_threadpool(read_tenants, console_of(request).settings)
+    except AsynctierError as exc:  # Redis down: the page says so
+        return render(request, "tenants.html", status_code=503, rows=[], problem=str(exc),
+                      low=MIN_WEIGHT, high=MAX_WEIGHT)
+    return render(request, "tenants.html", rows=rows, problem="", low=MIN_WEIGHT,
+                  high=MAX_WEIGHT)
+
+
+async def edit_weight(request: Request) -> Response:
+    """Set one tenant's weight."""
+    console = console_of(request)
+    await check_action(request, console.options)
+    fields = {k: str(v) for k, v in (await request.form()).items()}
+    name = params.namespace(fields.get("tenant", ""))
+    weight = params.number(fields, "weight", MIN_WEIGHT, MAX_WEIGHT)
+    if weight is None:
+        raise params.bad("weight", f"give a weight from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}")
+    await run_in_threadpool(set_weight, console.settings, name, weight)
+    audit(request, "tenant weight", f"{name}={weight:g}", 1)
+    return RedirectResponse("/tenants", status_code=303)

@@ -1,0 +1,144 @@
+"""The console in a real browser (Debian's chromium through chromedriver, driven by
+Selenium) over the real stack: log in, see the binding on the overview, follow it to a dead
+letter whose payload holds a script (shown as text, never run), replay it and see it run
+once, then find a queue item and cancel it.
+
+One headless browser for the session. With ``ASYNCTIER_SCREENSHOTS=DIR`` the test saves a
+screenshot of each page there (``docs/console`` holds the ones the docs show).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from asynctier.console import ConsoleOptions, create_app
+from asynctier.platform.config import Settings
+from asynctier.queue import QueueStore
+from asynctier.queue.items import NewItem
+from tests.conftest import service_unavailable
+from tests.console.support import TOKEN
+from tests.delay_streams.test_dlq import dead_letters, ledger_file, scheduler  # noqa: F401
+from tests.funcs import delay as delayfuncs
+from tests.funcs import ledger
+from tests.funcs.delay import LocalScheduler
+from tests.helpers import wait_until
+from tests.platform_harness import free_port
+
+HOSTILE = "<script>alert(1)</script>"
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """A headless chromium, driven through Debian's chromedriver."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver_path is None:
+        service_unavailable("chromium", "install chromium and chromium-driver "
+                                        "(scripts/setup.sh does)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                "--window-size=1280,900", "--disable-gpu"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(driver_path))
+    driver.implicitly_wait(10)  # a find waits for the page a click opened
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def served(settings: Settings, scheduler: LocalScheduler,  # noqa: F811
+           postgres: str) -> Iterator[str]:
+    """The console over the test's services on a free port; yields its base URL."""
+    settings = dataclasses.replace(settings, schedulers=(scheduler.address,),
+                                   queue_shards=(postgres,))
+    port = free_port()
+    app = create_app(settings, ConsoleOptions(listen=f"127.0.0.1:{port}", token=TOKEN,
+                                              sample_every_s=0.5))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 20, "the console to serve")
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(20)
+
+
+def _shot(browser: Any, name: str) -> None:
+    folder = os.environ.get("ASYNCTIER_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(Path(folder) / f"{name}.png"))
+
+
+def _no_alert(browser: Any) -> bool:
+    from selenium.common.exceptions import NoAlertPresentException
+
+    try:
+        browser.switch_to.alert  # noqa: B018 - raises when no script opened one
+    except NoAlertPresentException:
+        return True
+    return False
+
+
+def test_log_in_follow_a_dead_letter_replay_it_and_cancel_a_queue_item(
+        browser: Any, served: str, settings: Settings, scheduler: LocalScheduler,  # noqa: F811
+        ledger_file: Path, queue_store: QueueStore, queue_namespace: str) -> None:  # noqa: F811
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    dead_letters(settings, "orders", [{"id": 7, "always_fail": True, "note": HOSTILE}])
+    scheduler.functions["orders"] = delayfuncs.fixed
+    find = browser.find_element
+
+    browser.get(served + "/")
+    assert browser.current_url.endswith("/login")
+    find(By.ID, "token").send_keys(TOKEN)
+    find(By.ID, "login").click()
+    row = '[data-binding="orders"]'
+
+    def dead_letters_link() -> str:
+        """The row's dead-letter link once it counts the one dead letter."""
+        try:
+            links = browser.find_elements(By.CSS_SELECTOR, f"{row} td.dead a")
+            return str(links[0].get_attribute("href")) if links and links[0].text == "1" \
+                else ""
+        except StaleElementReferenceException:  # the live refresh replaced the table
+            return ""
+
+    link = wait_until(dead_letters_link, 30, "the overview to show binding orders with "
+                      "its dead letter (it refreshes every 3 s)")
+    _shot(browser, "overview")
+
+    browser.get(link)
+    find(By.CSS_SELECTOR, '[data-offset="0"] a').click()
+    assert HOSTILE in find(By.ID, "value").text and _no_alert(browser)
+    _shot(browser, "dead-letter")
+    find(By.ID, "replay").click()
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, '[data-state="done"]'), 30,
+               "the replay to finish on the jobs page")
+    assert [(c.id, c.attempt) for c in ledger.read(ledger_file)] == [(7, 1)]
+    _shot(browser, "replays")
+
+    queue_store.enqueue(queue_namespace, [NewItem("jobs", b'{"n": 1}', id="x1")])
+    browser.get(f"{served}/queue?namespace={queue_namespace}")
+    find(By.ID, "find-topic").send_keys("jobs")
+    find(By.ID, "find-id").send_keys("x1")
+    find(By.ID, "find-button").click()
+    _shot(browser, "queue-item")
+    find(By.ID, "cancel").click()
+    browser.switch_to.alert.accept()  # "Delete this item?"
+    assert "cancelled item" in find(By.ID, "done").text
+    assert queue_store.get(queue_namespace, "jobs", "x1") is None
