@@ -27,6 +27,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                 "asynctier.platform"),
     "queue": ("asynctier.queue", "asynctier.platform"),
     "submitter": ("asynctier.submitter", "asynctier.queue", "asynctier.platform"),
+    "schedules": ("asynctier.schedules", "asynctier.queue", "asynctier.platform"),
     "dev": ("asynctier.dev", "asynctier.platform"),
     "demo": ("asynctier.demo", "asynctier.delay_streams", "asynctier.queue",
              "asynctier.platform"),

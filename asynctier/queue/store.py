@@ -134,30 +134,16 @@ class QueueStore:
     def enqueue(self, namespace: str, items: Sequence[NewItem]) -> list[EnqueueResult]:
         """Add items (one statement); an id already there is left as it is and reported
         ``created=False``. Every item is checked first: one bad item refuses the call."""
-        check_namespace(namespace)
-        for position, item in enumerate(items):
-            check_new_item(item, position)
-        if not items:
-            return []
-        ids = [item.id or uuid.uuid4().hex for item in items]
-        params = {
-            "ns": namespace, "ids": ids, "topics": [i.topic for i in items],
-            "priorities": [i.priority for i in items],
-            "after": [i.deliver_after_ms for i in items],
-            "payloads": [bytes(i.payload) for i in items],
-            "headers": [encode_headers(i.headers) for i in items],
-            "ttl_ms": [None if i.ttl_s is None else round(i.ttl_s * 1000) for i in items],
-            "delay_ms": [None if i.delay_s is None else round(i.delay_s * 1000)
-                         for i in items],
-        }
         with self._conn() as conn:
-            created = {(t, i) for t, i in conn.execute(sql.ENQUEUE, params).fetchall()}
-        results = []
-        for item, item_id in zip(items, ids, strict=True):
-            key = (item.topic, item_id)
-            results.append(EnqueueResult(item_id, key in created))
-            created.discard(key)  # the same id twice in one batch: only the first is new
-        return results
+            return enqueue_in(conn, namespace, items)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Conn]:
+        """A connection inside one transaction, for a room that writes its own rows beside
+        items in the same commit (a schedule's advance and its tick's item); pass it to
+        :func:`enqueue_in`."""
+        with self._conn() as conn, conn.transaction():
+            yield conn
 
     # ----------------------------------------------------------------- consuming
 
@@ -365,6 +351,32 @@ class QueueStore:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def enqueue_in(conn: Conn, namespace: str, items: Sequence[NewItem]) -> list[EnqueueResult]:
+    """:meth:`QueueStore.enqueue` on ``conn`` (inside the caller's transaction, if any)."""
+    check_namespace(namespace)
+    for position, item in enumerate(items):
+        check_new_item(item, position)
+    if not items:
+        return []
+    ids = [item.id or uuid.uuid4().hex for item in items]
+    params = {
+        "ns": namespace, "ids": ids, "topics": [i.topic for i in items],
+        "priorities": [i.priority for i in items],
+        "after": [i.deliver_after_ms for i in items],
+        "payloads": [bytes(i.payload) for i in items],
+        "headers": [encode_headers(i.headers) for i in items],
+        "ttl_ms": [None if i.ttl_s is None else round(i.ttl_s * 1000) for i in items],
+        "delay_ms": [None if i.delay_s is None else round(i.delay_s * 1000) for i in items],
+    }
+    created = {(t, i) for t, i in conn.execute(sql.ENQUEUE, params).fetchall()}
+    results = []
+    for item, item_id in zip(items, ids, strict=True):
+        key = (item.topic, item_id)
+        results.append(EnqueueResult(item_id, key in created))
+        created.discard(key)  # the same id twice in one batch: only the first is new
+    return results
 
 
 def encode_headers(headers: Sequence[Header]) -> str | None:
