@@ -194,7 +194,8 @@ HANDOFF_FAILURES = Counter(
 )
 QUEUE_ITEMS = Gauge(
     "asynctier_queue_items",
-    "Items of a queue binding's topic by state: ready, delayed, leased, dead.",
+    "Items of a queue binding's topic by state: ready, delayed, leased, dead, waiting (for "
+    "their parents).",
     ["binding", "tenant", "state"],
 )
 QUEUE_OLDEST_READY = Gauge(
@@ -620,7 +621,7 @@ def forget_consumer_lag(group: str, topic: str, partition: int) -> None:
 
 
 #: The ``state`` label of :data:`QUEUE_ITEMS`.
-QUEUE_STATES: Final = ("ready", "delayed", "leased", "dead")
+QUEUE_STATES: Final = ("ready", "delayed", "leased", "dead", "waiting")
 
 
 def set_queue_items(binding: str, tenant: str, states: Mapping[str, int],
