@@ -289,12 +289,15 @@ def _short(text: str, width: int) -> str:
 @click.option("--limit", type=click.IntRange(min=1), help="Replay at most N items.")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True, max=1_000_000),
               help="About N items a second at most.")
+@click.option("--id", "ids", multiple=True, help="Replay only this item (repeatable).")
 @click.pass_context
 def replay(ctx: click.Context, topic: str, namespace: str, limit: int | None,
-           rate: float | None) -> None:
-    """Put dead items back as ready, attempts reset, oldest death first."""
+           rate: float | None, ids: tuple[str, ...]) -> None:
+    """Put dead items back as ready, attempts reset, oldest death first. The
+    ``parent_failed`` descendants of a replayed item come back with it, waiting for it."""
     with _queue(ctx) as q:
-        count = replay_at_rate(q, namespace, topic, limit, rate)
+        count = q.replay(namespace, topic, limit, list(ids)) if ids else \
+            replay_at_rate(q, namespace, topic, limit, rate)
     click.echo(f"replayed {count} dead item(s) of {namespace}/{topic}")
 
 

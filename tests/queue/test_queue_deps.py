@@ -253,3 +253,17 @@ def test_the_cli_enqueues_children_and_shows_their_parents(
                   input='{"x": 1}\n')
     assert unknown.exit_code == 2
     assert "its parent encode/zzz is not in namespace" in unknown.output
+
+
+def test_the_cli_replays_a_dead_parent_with_its_children(
+        postgres: str, queue_store: QueueStore, queue_namespace: str) -> None:
+    ns = queue_namespace
+    upload(queue_store, ns, "v5")
+    lease_ids(queue_store, ns, ENC)
+    queue_store.resolve(ns, ENC, "w", deads=[Dead("v5-360", "function_error")])
+    assert state(queue_store, ns, PUB, "v5-pub") == "dead"
+    env = {"ASYNCTIER_CONFIG": "", "ASYNCTIER_QUEUE_SHARDS": postgres}
+    done = CliRunner().invoke(main, ["queue", "replay", ENC, "-n", ns, "--id", "v5-360"],
+                              env=env)
+    assert done.exit_code == 0 and "replayed 1" in done.output, done.output
+    assert state(queue_store, ns, PUB, "v5-pub") == "waiting"
