@@ -29,7 +29,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "submitter": ("asynctier.submitter", "asynctier.queue", "asynctier.platform"),
     "schedules": ("asynctier.schedules", "asynctier.queue", "asynctier.platform"),
     "dev": ("asynctier.dev", "asynctier.platform"),
-    "demo": ("asynctier.demo", "asynctier.delay_streams", "asynctier.queue",
+    "demo": ("asynctier.demo", "asynctier.delay_streams", "asynctier.queue", "asynctier.schedules",
              "asynctier.platform"),
 }
 

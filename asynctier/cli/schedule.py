@@ -15,7 +15,9 @@ from rich.table import Table
 from asynctier.cli import settings_of
 from asynctier.cli.queue import _check_bound, _namespace_option
 from asynctier.platform.durations import parse_duration
-from asynctier.platform.errors import ScheduleError
+from asynctier.platform.errors import DecodeError, ScheduleError
+from asynctier.platform.payloads import decoder_for
+from asynctier.platform.registry import BindingRegistry
 from asynctier.platform.signals import stop_on_signals
 from asynctier.platform.supervise import Supervisor
 from asynctier.queue.items import MAX_PRIORITY, MIN_PRIORITY
@@ -91,10 +93,27 @@ def add(ctx: click.Context, name: str, namespace: str, cron: str | None, every: 
                     catch_up_max=catch_up_max, grace_s=grace)
     if not unbound:
         _check_bound(ctx, namespace, topic)
+        _check_decodes(ctx, spec)
     with _queue(ctx) as q:
         info = ScheduleStore(q).add(spec, replace=replace)
     click.echo(f"schedule {name} (version {info.version}): {spec.when()} -> queue "
                f"{namespace}/{topic}; next tick {iso(info.next_ms)}")
+
+
+def _check_decodes(ctx: click.Context, spec: Schedule) -> None:
+    """Refuse a schedule whose tick items the bindings reading its topic cannot decode
+    (an avro binding, say): every tick would be a dead item."""
+    tick = spec.tick_payload(spec.after(0))
+    for b in BindingRegistry(settings_of(ctx)).load().values():
+        if b.source_kind == "queue" and b.topic == spec.topic and b.tenant == spec.namespace:
+            try:
+                decoder_for(b)(tick)
+            except DecodeError as exc:
+                raise ScheduleError(
+                    f"schedule {spec.name!r}: binding {b.name} reads queue topic "
+                    f"{spec.topic!r} as {b.format} and cannot decode a tick's item ({exc}); "
+                    "a tick is a JSON object: target a binding with --format json or "
+                    "bytes") from None
 
 
 def _doc(info: ScheduleInfo) -> dict[str, Any]:

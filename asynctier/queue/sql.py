@@ -149,14 +149,6 @@ SELECT id, priority, payload, headers, attempts, enqueued_ms, reason, error, dea
 FROM {DEAD} WHERE namespace = %s AND topic = %s AND id = %s
 """
 
-CANCEL = f"""
-WITH a AS (DELETE FROM {ITEMS} WHERE namespace = %(ns)s AND topic = %(topic)s
-           AND id = %(id)s RETURNING 1),
-     b AS (DELETE FROM {DEAD} WHERE namespace = %(ns)s AND topic = %(topic)s
-           AND id = %(id)s RETURNING 1)
-SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM b)
-"""
-
 COUNTS = f"""
 WITH clock AS (SELECT {NOW} AS ms),
 live AS (

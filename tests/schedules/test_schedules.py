@@ -20,6 +20,9 @@ from click.testing import CliRunner
 
 from asynctier.cli import main
 from asynctier.platform import metrics
+from asynctier.platform.binding import Binding
+from asynctier.platform.config import Settings
+from asynctier.platform.registry import BindingRegistry
 from asynctier.queue.shards import ShardedQueue
 from asynctier.schedules import Schedule, ScheduleStore
 from asynctier.schedules.fire import fire_due
@@ -324,3 +327,27 @@ def test_the_cli_adds_lists_and_shows(postgres: str, queue_namespace: str) -> No
     assert "paused" in run(main, ["schedule", "list", *ns], env=env).output
     assert run(main, ["schedule", "remove", "nightly", *ns], env=env).exit_code == 0
     assert run(main, ["schedule", "show", "nightly", *ns], env=env).exit_code == 1
+
+
+def test_a_payload_the_bindings_decoder_refuses_is_refused(
+        settings: Settings, postgres: str, schedules: ScheduleStore,
+        queue_namespace: str) -> None:
+    schema = {"type": "record", "name": "Tick", "fields": [{"name": "n", "type": "int"}]}
+    BindingRegistry(settings).put(Binding(
+        "avro-ticks", "avro-ticks", "tests.faults.funcs:run", tenant=queue_namespace,
+        source_kind="queue", format="avro", schema=json.dumps(schema)).validate())
+    BindingRegistry(settings).put(Binding(
+        "json-ticks", "json-ticks", "tests.faults.funcs:run", tenant=queue_namespace,
+        source_kind="queue").validate())
+    env = {"ASYNCTIER_CONFIG": "", "ASYNCTIER_QUEUE_SHARDS": postgres,
+           "ASYNCTIER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+           "ASYNCTIER_PREFIX": settings.prefix}
+    args = ["schedule", "add", "s", "-n", queue_namespace, "--every", "5s", "--queue"]
+    refused = CliRunner().invoke(main, [*args, "avro-ticks"], env=env)
+    assert refused.exit_code == 2, refused.output
+    assert "reads queue topic 'avro-ticks' as avro and cannot decode" in refused.output
+    assert schedules.list(queue_namespace) == []
+    unbound = CliRunner().invoke(main, [*args, "nobody-reads"], env=env)
+    assert unbound.exit_code == 2 and "no binding reads queue topic" in unbound.output
+    fine = CliRunner().invoke(main, [*args, "json-ticks"], env=env)
+    assert fine.exit_code == 0, fine.output
