@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from asynctier.platform import metrics
+from asynctier.platform.errors import QueueUnavailable
+from asynctier.queue.route import ShardRoute
 from asynctier.queue.shards import ShardedQueue
 from asynctier.schedules.fire import Round, fire_due, next_due_in_s
 
@@ -44,6 +46,8 @@ class ScheduleLoop:
         self.clock = clock
         self.on_round = on_round
         self._warned = False
+        self._reached: set[str] = set()
+        self._waiting: set[str] = set()
 
     def run(self, stop: threading.Event) -> None:
         """Rounds until ``stop``; a failing shard raises (the supervisor restarts)."""
@@ -52,9 +56,27 @@ class ScheduleLoop:
                  else "every namespace", len(self.queue.routes), self.poll_s * 1000)
         while not stop.is_set():
             for route in self.queue.routes:
-                self.observe(route.call(
-                    lambda store: fire_due(store, namespaces=self.namespaces)))
+                done = self._round(route)
+                if done is not None:
+                    self.observe(done)
             stop.wait(self._pause())
+
+    def _round(self, route: ShardRoute) -> Round | None:
+        """One firing on one shard. A shard never reached since this process started is
+        waited for quietly (a deployment without the queue runs no schedules, and its
+        tailers stay ready); one that answered before and fails now raises."""
+        try:
+            done = route.call(lambda store: fire_due(store, namespaces=self.namespaces))
+        except QueueUnavailable:
+            if route.name in self._reached:
+                raise
+            if route.name not in self._waiting:
+                log.info("schedule loop: queue shard %s does not answer; no schedules fire "
+                         "there until it does", route.name)
+                self._waiting.add(route.name)
+            return None
+        self._reached.add(route.name)
+        return done
 
     def observe(self, done: Round) -> None:
         """Metrics (and the hook) for one round's firings."""
@@ -78,7 +100,7 @@ class ScheduleLoop:
         self._warned = abs(offset_s) > CLOCK_WARN_S
 
     def _pause(self) -> float:
-        """Until the earliest next tick of any shard, at most ``poll_s``."""
+        """Until the earliest next tick of any shard reached, at most ``poll_s``."""
         waits = [route.call(lambda store: next_due_in_s(store, self.namespaces))
-                 for route in self.queue.routes]
+                 for route in self.queue.routes if route.name in self._reached]
         return min([self.poll_s, *(w for w in waits if w is not None)])

@@ -40,8 +40,11 @@ def queue(postgres: str) -> Iterator[ShardedQueue]:
 
 
 @pytest.fixture
-def schedules(queue: ShardedQueue) -> ScheduleStore:
-    return ScheduleStore(queue)
+def schedules(queue: ShardedQueue, queue_namespace: str) -> Iterator[ScheduleStore]:
+    store = ScheduleStore(queue)
+    yield store
+    for info in store.list(queue_namespace):  # other tests' tailers would fire them
+        store.remove(queue_namespace, info.name)
 
 
 def every(ns: str, name: str, seconds: int = 1, **kw: object) -> Schedule:
@@ -351,3 +354,28 @@ def test_a_payload_the_bindings_decoder_refuses_is_refused(
     assert unbound.exit_code == 2 and "no binding reads queue topic" in unbound.output
     fine = CliRunner().invoke(main, [*args, "json-ticks"], env=env)
     assert fine.exit_code == 0, fine.output
+
+
+def test_a_queue_never_reached_is_waited_for_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    """A deployment without PostgreSQL (Kafka bindings only): the loop in its tailers waits,
+    logs it once, and never fails (its tailers stay ready)."""
+    caplog.set_level("INFO", logger="asynctier.schedules.loop")
+    with ShardedQueue(["postgresql://x@127.0.0.1:1/none"], pool_size=1, timeout_s=0.5) as q:
+        loop = ScheduleLoop(q, poll_s=0.05)
+        stop = threading.Event()
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                loop.run(stop)
+            except Exception as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        try:
+            wait_until(lambda: caplog.text.count("does not answer") == 1, timeout=20)
+        finally:
+            stop.set()
+            thread.join(10)
+    assert failed == [] and caplog.text.count("does not answer") == 1
