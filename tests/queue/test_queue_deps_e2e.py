@@ -7,6 +7,7 @@ ledger: a child's first start must come after every parent's success."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,13 +53,14 @@ def test_a_graph_drains_in_order_with_the_scheduler_killed_mid_drain(
     nodes = graph()
     plat.bind_queue("g", TOPIC, queue_namespace, "--lease", "2s", "--idempotent")
     for at in range(0, len(nodes), 1000):  # parents always in an earlier batch or earlier
-        queue_store.enqueue(queue_namespace, [item(i, ps, sleep=0.02)
+        queue_store.enqueue(queue_namespace, [item(i, ps, sleep=0.005)
                                               for i, ps in nodes[at:at + 1000]])
     plat.start("scheduler")
     plat.supervise("scheduler")
     plat.start("tailers")
     wait_until(lambda: len(succeeded(plat.calls())) >= 600, 120, "a part done")
     assert len(succeeded(plat.calls())) < len(nodes), "drained before the kill"
+    killed_at = time.time()
     plat.kill("scheduler")
     wait_succeeded(plat, {i for i, _ in nodes}, 240)
 
@@ -72,13 +74,23 @@ def test_a_graph_drains_in_order_with_the_scheduler_killed_mid_drain(
             last_done[c.id] = max(last_done.get(c.id, c.at), c.at)
     early = [i for i, ps in nodes if ps and first_start[i] < max(first_done[p] for p in ps)]
     assert early == [], f"children started before a parent succeeded: {early[:10]}"
-    waits = sorted(max(0.0, first_start[i] - max(last_done[p] for p in ps))
-                   for i, ps in nodes if ps)
-    p99 = waits[int(len(waits) * 0.99) - 1]
+    def waits(after: float) -> list[float]:
+        """Each child's start after its last parent's last success (that one's ack came
+        after it), for the children whose parents all ended after ``after``."""
+        return sorted(max(0.0, first_start[i] - max(last_done[p] for p in ps))
+                      for i, ps in nodes if ps and max(last_done[p] for p in ps) >= after)
+
+    back_at = min(c.at for c in calls if c.kind == "S" and c.at > killed_at)
+    every, healthy = waits(0.0), waits(back_at)
+    p99 = healthy[int(len(healthy) * 0.99) - 1]
     print(f"\ngraph of {len(nodes)} items, scheduler SIGKILLed mid-drain: none early; a "
-          f"child's start after its last parent's last success p50 "
-          f"{waits[len(waits) // 2]:.3f}s p99 {p99:.3f}s max {waits[-1]:.3f}s")
-    assert p99 < 3.0  # the parent's success to its ack, the release, the lease poll
+          f"child's start after its last parent's last success: all p50 "
+          f"{every[len(every) // 2]:.3f}s p99 {every[int(len(every) * 0.99) - 1]:.3f}s max "
+          f"{every[-1]:.3f}s (the kill and the scheduler's restart included); after the "
+          f"restart ({len(healthy)} children) p50 {healthy[len(healthy) // 2]:.3f}s p99 "
+          f"{p99:.3f}s")
+    assert len(healthy) > 100
+    assert p99 < 2.0  # the parent's success to its ack, the release, the lease poll, queueing
 
 
 def test_a_parent_fixed_and_replayed_runs_its_children_once_each(
