@@ -46,11 +46,16 @@ def _seconds(_ctx: click.Context, param: click.Parameter, value: str | None) -> 
         raise click.BadParameter(str(exc)) from exc
 
 
-def _every(seconds: float | None) -> int | None:
-    if seconds is None:
+def _every(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
         return None
-    if not seconds.is_integer():
-        raise ScheduleError(f"--every {seconds:g}s is not valid: give whole seconds (30s, 5m)")
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        seconds = 0.0
+    if seconds < 1 or not seconds.is_integer():
+        raise click.BadParameter(f"{value!r} is not a valid interval: give whole seconds, at "
+                                 "least 1s (for example 30s, 5m, 1h)")
     return int(seconds)
 
 
@@ -63,7 +68,7 @@ def schedule() -> None:
 @click.argument("name")
 @_namespace_option
 @click.option("--cron", help="Five cron fields, e.g. '*/5 * * * *' (in --timezone).")
-@click.option("--every", callback=_seconds, help="Tick every this long (30s, 5m; >= 1s).")
+@click.option("--every", callback=_every, help="Tick every this long (30s, 5m; >= 1s).")
 @click.option("--timezone", default="UTC", show_default=True,
               help="IANA time zone of --cron (Europe/Paris).")
 @click.option("--queue", "topic", required=True, help="The queue topic each tick feeds.")
@@ -83,12 +88,12 @@ def schedule() -> None:
 @click.option("--unbound", is_flag=True,
               help="Add it even when no binding reads the queue topic (yet).")
 @click.pass_context
-def add(ctx: click.Context, name: str, namespace: str, cron: str | None, every: float | None,
+def add(ctx: click.Context, name: str, namespace: str, cron: str | None, every: int | None,
         timezone: str, topic: str, payload: str, priority: int, expire_after: float | None,
         catch_up: Any, catch_up_max: int, grace: float, replace: bool, unbound: bool) -> None:
     """Add (or --replace) the schedule NAME: one item on --queue TOPIC per tick."""
     spec = Schedule(namespace=namespace, name=name, topic=topic, cron=cron,
-                    every_s=_every(every), timezone=timezone, payload=payload,
+                    every_s=every, timezone=timezone, payload=payload,
                     priority=priority, expire_s=expire_after, catch_up=catch_up,
                     catch_up_max=catch_up_max, grace_s=grace)
     if not unbound:

@@ -296,8 +296,8 @@ def test_a_stored_row_that_is_not_a_schedule_is_paused_with_why(
 @pytest.mark.parametrize(("args", "says"), [
     (["--cron", "*/5 * *"], "give five fields"),
     (["--cron", "0 9 * * *", "--timezone", "Europe/Nowhere"], "is unknown"),
-    (["--every", "0s"], "is not a positive duration"),
-    (["--every", "1.5s"], "whole seconds"),
+    (["--every", "0s"], "give whole seconds, at least 1s"),
+    (["--every", "1.5s"], "give whole seconds, at least 1s"),
     (["--every", "5s", "--payload", "[]"], "give a JSON object"),
 ])
 def test_the_cli_refuses_bad_input_saying_what_to_fix(
