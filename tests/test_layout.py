@@ -27,13 +27,14 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                 "asynctier.platform"),
     "queue": ("asynctier.queue", "asynctier.platform"),
     "submitter": ("asynctier.submitter", "asynctier.queue", "asynctier.platform"),
+    "schedules": ("asynctier.schedules", "asynctier.queue", "asynctier.platform"),
     "dev": ("asynctier.dev", "asynctier.platform"),
     # the operator console: a page over the rooms, the reading `asynctier lag` makes
     "console": ("asynctier.console", "asynctier.cli.lag", "asynctier.cli.tenant",
                 "asynctier.delay_streams", "asynctier.queue", "asynctier.scheduler.queues",
                 "asynctier.platform"),
     "demo": ("asynctier.demo", "asynctier.delay_streams", "asynctier.queue",
-             "asynctier.platform"),
+             "asynctier.schedules", "asynctier.platform"),
 }
 
 

@@ -20,7 +20,7 @@ from asynctier.platform.config import REDIS_AUTH_HINT, Settings
 from asynctier.platform.errors import AsynctierError
 
 COMMAND_MODULES = ("dev", "bindings", "run", "produce", "dlq", "lag", "quota", "demo", "queue",
-                   "submit", "tenant", "schedulers", "console")
+                   "submit", "tenant", "schedulers", "console", "schedule")
 
 
 class _Group(click.Group):

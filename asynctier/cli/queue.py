@@ -69,19 +69,32 @@ def _delay(_ctx: click.Context, _param: click.Parameter, value: str | None) -> f
                                  "id is there already is skipped).")
 @click.option("--unbound", is_flag=True,
               help="Enqueue even when no binding reads TOPIC in this namespace (yet).")
+@click.option("--after", "after", default="", metavar="ID[,ID...]",
+              help="Every item waits until these items (of --after-topic) are acked.")
+@click.option("--after-topic", help="The topic of the --after ids [default: TOPIC].")
+@click.option("--after-field", help="Each line's parents: the id(s) in this JSON field.")
+@click.option("--on-parent-failure", type=click.Choice(["fail", "run"]), default="fail",
+              show_default=True,
+              help="When a parent dies: die too (parent_failed), or run all the same.")
 @click.pass_context
 def enqueue(ctx: click.Context, topic: str, namespace: str, priority: int,
-            delay: float | None, id_field: str | None, unbound: bool) -> None:
+            delay: float | None, id_field: str | None, unbound: bool, after: str,
+            after_topic: str | None, after_field: str | None,
+            on_parent_failure: str) -> None:
     """Enqueue each JSON line of stdin as one item of TOPIC (its JSON text is the payload).
 
     Bad lines (not JSON, over 1 MiB, a bad id) are refused with their line number and
     the reason; the other lines are enqueued; the exit code is 1 when any was refused.
     A topic that no queue binding of the namespace reads is refused (nothing would run
-    its items) unless --unbound.
+    its items) unless --unbound. With --after (or --after-field), an item waits until
+    every parent named is acked; a parent must exist already (or be an earlier line).
     """
     if not unbound:
         _check_bound(ctx, namespace, topic)
-    options = LineOptions(topic, priority, delay, id_field)
+    options = LineOptions(topic, priority, delay, id_field,
+                          after=tuple(p.strip() for p in after.split(",") if p.strip()),
+                          after_topic=after_topic, after_field=after_field,
+                          on_parent_failure=on_parent_failure)
     with _queue(ctx) as queue, progress() as bar:
         task = bar.add_task(f"enqueueing to {topic}", total=None)
 
@@ -115,7 +128,8 @@ def queue() -> None:
 @click.pass_context
 def stats(ctx: click.Context, topic: str | None, namespace: str, as_json: bool,
           show_running: int) -> None:
-    """Ready, delayed, leased and dead items and the oldest ready age, per topic; then
+    """Ready, delayed, waiting (for parents), leased and dead items and the oldest ready
+    age, per topic; then
     the items running (leased) the longest: their age, last heartbeat and checkpoint."""
     with _queue(ctx) as q:
         rows = [{**dataclasses.asdict(c), "shard": q.shard_of(namespace, c.topic).name}
@@ -127,11 +141,11 @@ def stats(ctx: click.Context, topic: str | None, namespace: str, as_json: bool,
         click.echo(json.dumps(rows, indent=2))
         return
     console = Console(soft_wrap=not sys.stdout.isatty())
-    table = Table("topic", "ready", "delayed", "leased", "dead", "oldest ready", "shard",
-                  title=f"queue {namespace}", title_justify="left")
+    table = Table("topic", "ready", "delayed", "waiting", "leased", "dead", "oldest ready",
+                  "shard", title=f"queue {namespace}", title_justify="left")
     for row in rows:
         table.add_row(row["topic"], str(row["ready"]), str(row["delayed"]),
-                      str(row["leased"]), str(row["dead"]),
+                      str(row["waiting"]), str(row["leased"]), str(row["dead"]),
                       f"{row['oldest_ready_age_s']:.1f}s", row["shard"])
     console.print(table)
     if not rows:
@@ -150,6 +164,17 @@ def _show_progress(info: Any) -> None:
     if info.checkpoint_ms is not None:
         click.echo(f"{'last checkpoint:':18} {_ago((now_ms - info.checkpoint_ms) / 1000)} "
                    f"({info.checkpoint_bytes:,} bytes)")
+
+
+def _show_family(info: Any) -> None:
+    """An item's parents and their states, its waiting children, and how long it waited."""
+    for topic, item_id, state in info.parents:
+        click.echo(f"{'parent:':18} {topic}/{item_id} ({state})")
+    if info.released_ms is not None:
+        click.echo(f"{'waited:':18} {(info.released_ms - info.enqueued_ms) / 1000:.3f}s for "
+                   "its parents")
+    for topic, item_id in info.children:
+        click.echo(f"{'waiting child:':18} {topic}/{item_id}")
 
 
 def _ago(seconds: float | None) -> str:
@@ -200,9 +225,11 @@ def show(ctx: click.Context, topic: str, item_id: str, namespace: str, as_json: 
         click.echo(json.dumps(doc, indent=2))
         return
     for name, value in doc.items():
-        if name not in ("payload", "headers") and value not in (None, ""):
+        if name not in ("payload", "headers", "parents", "children") and value not in (
+                None, "", ()):
             click.echo(f"{name + ':':18} {value}")
     _show_progress(info)
+    _show_family(info)
     for header in doc["headers"]:
         click.echo(f"header {header['name']}: {header['value']}")
     click.echo(f"payload ({doc['payload_encoding']}, {len(info.payload):,} bytes):")
@@ -262,12 +289,15 @@ def _short(text: str, width: int) -> str:
 @click.option("--limit", type=click.IntRange(min=1), help="Replay at most N items.")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True, max=1_000_000),
               help="About N items a second at most.")
+@click.option("--id", "ids", multiple=True, help="Replay only this item (repeatable).")
 @click.pass_context
 def replay(ctx: click.Context, topic: str, namespace: str, limit: int | None,
-           rate: float | None) -> None:
-    """Put dead items back as ready, attempts reset, oldest death first."""
+           rate: float | None, ids: tuple[str, ...]) -> None:
+    """Put dead items back as ready, attempts reset, oldest death first. The
+    ``parent_failed`` descendants of a replayed item come back with it, waiting for it."""
     with _queue(ctx) as q:
-        count = replay_at_rate(q, namespace, topic, limit, rate)
+        count = q.replay(namespace, topic, limit, list(ids)) if ids else \
+            replay_at_rate(q, namespace, topic, limit, rate)
     click.echo(f"replayed {count} dead item(s) of {namespace}/{topic}")
 
 

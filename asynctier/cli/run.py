@@ -37,7 +37,7 @@ from asynctier.platform.health import serve as serve_health
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.signals import stop_on_signals, wait_for_stop
 from asynctier.platform.status import StatusBoard
-from asynctier.platform.supervise import watch
+from asynctier.platform.supervise import Supervisor, watch
 from asynctier.submitter.service import SubmitterOptions
 from asynctier.tailers.options import TailerOptions
 
@@ -86,6 +86,7 @@ def run_tailers(settings: Settings, stop: threading.Event, options: TailerOption
     board.start()
     log.info("tailers running for %d binding(s): %s", len(manager.bindings),
              ", ".join(manager.bindings) or "none yet (waiting for `asynctier bind`)")
+    schedules = _start_schedules(settings, stop)
     lag = LagCollector(settings, lambda: manager.follower.bindings, interval_s=5.0)
     depth = QueueDepthCollector(settings, lambda: manager.follower.bindings, interval_s=5.0)
     if export_lag:
@@ -93,11 +94,27 @@ def run_tailers(settings: Settings, stop: threading.Event, options: TailerOption
         depth.start()
     wait_for_stop(stop, beat)
     manager.stop()
+    schedules.join(STOP_SCHEDULES_S)
     board.stop()
     client.close()
     if export_lag:
         lag.stop()
         depth.stop()
+
+
+#: How long a stopping process waits for its schedule loop's round under way.
+STOP_SCHEDULES_S = 5.0
+
+
+def _start_schedules(settings: Settings, stop: threading.Event) -> Supervisor:
+    """The schedule loop of this tailers process (docs/design.md, Schedules: it lives with
+    the tailers, which already talk to the queue's PostgreSQL; the scheduler never does)."""
+    from asynctier.queue.shards import ShardedQueue
+    from asynctier.schedules.loop import ScheduleLoop
+
+    loop = ScheduleLoop(ShardedQueue.from_settings(settings, pool_size=2))
+    return Supervisor("schedules", loop.run, stop, what="the schedule loop",
+                      hint="is the queue's PostgreSQL up? (`asynctier queue shards`)").start()
 
 
 def _serve_metrics(port: int | None, health: Health) -> None:

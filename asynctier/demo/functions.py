@@ -78,3 +78,22 @@ def transcode_video(payload: Any, ctx: Context) -> dict[str, str]:
     digest = hashlib.sha256(str(payload).encode()).hexdigest()[:12]
     _note("transcode", payload, ctx, started, "ok")
     return {f"{r}p": f"{digest}-{r}" for r in RESOLUTIONS}
+
+
+def encode_resolution(payload: Any, ctx: Context) -> dict[str, str]:
+    """Encode one resolution of an upload (a node of the upload graph); ``broken`` rejects
+    it for good, so the upload's publish dies ``parent_failed``."""
+    if payload.get("broken"):
+        raise Reject(f"upload {payload['video']} cannot be encoded at {payload['resolution']}p")
+    time.sleep(0.01)
+    return {"video": str(payload["video"]), "resolution": str(payload["resolution"])}
+
+
+def publish_video(payload: Any, ctx: Context) -> dict[str, str]:
+    """Publish an upload: runs only once its three encodes succeeded."""
+    return {"published": str(payload["video"])}
+
+
+def nightly_report(payload: Any, ctx: Context) -> dict[str, str]:
+    """The demo's "nightly" job, fired by a schedule every few seconds."""
+    return {"report_for": str(payload["tick"])}

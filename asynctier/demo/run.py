@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from asynctier.delay_streams.topics import ensure_binding_topics
-from asynctier.demo import transcode
+from asynctier.demo import graph, transcode
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.kafka import ConfirmingProducer, admin, ensure_topics, topic_replication
@@ -134,6 +134,10 @@ def bind_all(settings: Settings, say: Callable[[str], None]) -> None:
     say(f"bound [bold]{queued.name}[/] (queue topic {queued.topic}, priorities "
         f"{', '.join(f'{p} {what}' for p, what in transcode.BANDS)}, tenant "
         f"{queued.tenant}) -> {queued.function}")
+    graph.bind(settings, LADDER)
+    say(f"bound [bold]encode[/], [bold]publish[/] (the upload graph: publish after its three "
+        f"encodes) and [bold]nightly[/] (a schedule every {graph.EVERY_S} s), tenant "
+        f"{graph.TENANT}")
 
 
 def produce_paced(settings: Settings, rate_per_s: float, tick: Callable[[], None]) -> int:
@@ -248,28 +252,31 @@ def run_demo(settings: Settings, timeout_s: float = 120.0, console: Console | No
                 progress.update(queue_task, completed=tally.resolved(queue=True))
 
             enqueued = transcode.enqueue(settings)
+            graph.start(settings)
             produce_paced(settings, rate_per_s, tick)
             while time.monotonic() < deadline and proc.poll() is None:
                 tick()
                 if (tally.resolved(queue=False) >= total
                         and len(tally.rejected) - tally.queue_rejected() >= expected_rejects
                         and tally.resolved(queue=True) >= enqueued
-                        and tally.queue_rejected() >= transcode.expected_rejects()):
+                        and tally.queue_rejected() >= transcode.expected_rejects()
+                        and graph.progress(settings).finished):
                     break
                 time.sleep(0.25)
         letters = dead_letters(settings)
         queue_dead = transcode.dead_items(settings)
+        flow = graph.stop(settings)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    return _summary(console, tally, total, letters, log, queue_dead, settings.prefix)
+    return _summary(console, tally, total, letters, log, queue_dead, settings.prefix, flow)
 
 
 def _summary(console: Console, tally: Tally, total: int, letters: int, log: Path,
-             queue_dead: int, prefix: str) -> int:
+             queue_dead: int, prefix: str, flow: graph.Progress) -> int:
     resolved = tally.resolved(queue=False)
     span = max(tally.last - tally.first, 1e-6)
     table = Table("", "value", title="asynctier demo: summary")
@@ -285,10 +292,15 @@ def _summary(console: Console, tally: Tally, total: int, letters: int, log: Path
     table.add_row("record-to-start p99 (first attempts)",
                   f"{_percentile(tally.latencies, 0.99) * 1000:.1f} ms")
     queue_ran = _queue_rows(table, tally, queue_dead)
+    _graph_rows(table, flow)
     console.print(table)
     if resolved < total:
         console.print(f"[red]only {resolved} of {total} records resolved in time; the "
                       f"platform's log is {log}[/]")
+        return 1
+    if not flow.finished:
+        console.print(f"[red]the upload graph or the schedule did not finish in time: {flow}; "
+                      f"the platform's log is {log}[/]")
         return 1
     if queue_ran < transcode.COUNT:
         console.print(f"[red]only {queue_ran} of {transcode.COUNT} queue items resolved in "
@@ -300,6 +312,15 @@ def _summary(console: Console, tally: Tally, total: int, letters: int, log: Path
                   f"{prefix}.{transcode.NAME} --namespace {transcode.TENANT}`)",
                   soft_wrap=True)
     return 0
+
+
+def _graph_rows(table: Table, flow: graph.Progress) -> None:
+    """The upload graph's and the schedule's rows."""
+    table.add_section()
+    table.add_row("uploads (3 encodes, then a publish)", str(graph.UPLOADS))
+    table.add_row("uploads published (after their 3 encodes)", str(flow.published))
+    table.add_row("publishes parent_failed (an encode failed)", str(flow.parent_failed))
+    table.add_row(f"schedule nightly (every {graph.EVERY_S} s): ticks fired", str(flow.ticks))
 
 
 def _queue_rows(table: Table, tally: Tally, queue_dead: int) -> int:

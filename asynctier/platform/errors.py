@@ -67,6 +67,10 @@ class QueueError(AsynctierError):
     names the item and says what to fix."""
 
 
+class ScheduleError(AsynctierError):
+    """A schedule refused (a bad cron, time zone, interval, payload) or not found."""
+
+
 class CheckpointError(AsynctierError):
     """``ctx.checkpoint`` could not save the state (too large, not JSON-able, no queue
     source, the lease lost, no confirmation); the message says which and what to do."""

@@ -200,7 +200,8 @@ HANDOFF_FAILURES = Counter(
 )
 QUEUE_ITEMS = Gauge(
     "asynctier_queue_items",
-    "Items of a queue binding's topic by state: ready, delayed, leased, dead.",
+    "Items of a queue binding's topic by state: ready, delayed, leased, dead, waiting (for "
+    "their parents).",
     ["binding", "tenant", "state"],
 )
 QUEUE_OLDEST_READY = Gauge(
@@ -253,6 +254,23 @@ TASK_RESTARTS = Counter(
 
 #: Every metric above, by the name it is exported under (counters without ``_total``
 #: in prometheus-client's ``_name``; the keys here are the exported family names).
+SCHEDULE_FIRINGS = Counter(
+    "asynctier_schedule_firings_total",
+    "Schedule ticks handled by this process: fired (an item enqueued) or skipped (missed "
+    "while the platform was down, left out by the schedule's --catch-up).",
+    ["outcome"],
+)
+SCHEDULE_LATENESS = Histogram(
+    "asynctier_schedule_lateness_seconds",
+    "How late a schedule tick fired: the database's time at its firing minus its tick.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0),
+)
+SCHEDULE_CLOCK_OFFSET = Gauge(
+    "asynctier_schedule_clock_offset_seconds",
+    "This process's clock minus the database's, as the schedule loop last saw it (the "
+    "loop fires by the database's clock; a large offset is worth fixing all the same).",
+)
+
 ALL_METRICS: Final = {
     "asynctier_items_total": ITEMS,
     "asynctier_function_duration_seconds": FUNCTION_DURATION,
@@ -289,6 +307,9 @@ ALL_METRICS: Final = {
     "asynctier_region_calls_total": REGION_CALLS,
     "asynctier_tailer_restarts_total": TAILER_RESTARTS,
     "asynctier_task_restarts_total": TASK_RESTARTS,
+    "asynctier_schedule_firings_total": SCHEDULE_FIRINGS,
+    "asynctier_schedule_lateness_seconds": SCHEDULE_LATENESS,
+    "asynctier_schedule_clock_offset_seconds": SCHEDULE_CLOCK_OFFSET,
 }
 
 
@@ -611,7 +632,7 @@ def forget_consumer_lag(group: str, topic: str, partition: int) -> None:
 
 
 #: The ``state`` label of :data:`QUEUE_ITEMS`.
-QUEUE_STATES: Final = ("ready", "delayed", "leased", "dead")
+QUEUE_STATES: Final = ("ready", "delayed", "leased", "dead", "waiting")
 
 
 def set_queue_items(binding: str, tenant: str, states: Mapping[str, int],

@@ -33,12 +33,18 @@ class EnqueueReport:
 
 @dataclass(frozen=True)
 class LineOptions:
-    """How each line becomes an item: its priority, delay and where its id comes from."""
+    """How each line becomes an item: its priority, delay, where its id comes from, and
+    the parents it waits for (``after``, and the ids in each line's ``after_field``, all
+    of ``after_topic``: the item's own topic when None)."""
 
     topic: str
     priority: int = 0
     delay_s: float | None = None
     id_field: str | None = None
+    after: tuple[str, ...] = ()
+    after_topic: str | None = None
+    after_field: str | None = None
+    on_parent_failure: str = "fail"
 
 
 def line_item(number: int, line: str, options: LineOptions) -> NewItem:
@@ -54,13 +60,27 @@ def line_item(number: int, line: str, options: LineOptions) -> NewItem:
             raise QueueError(f"line {number} has no string or integer field "
                              f"{options.id_field!r} to take its id from")
         item_id = str(value)
+    parents = [*options.after, *_line_parents(number, doc, options.after_field)]
     item = NewItem(options.topic, line.strip().encode(), id=item_id,
-                   priority=options.priority, delay_s=options.delay_s)
+                   priority=options.priority, delay_s=options.delay_s,
+                   after=[(options.after_topic or options.topic, p) for p in parents],
+                   on_parent_failure=options.on_parent_failure)
     try:
         check_new_item(item, number)
     except QueueError as exc:
         raise QueueError(f"line {number}: {str(exc).split(': ', 1)[-1]}") from exc
     return item
+
+
+def _line_parents(number: int, doc: object, field: str | None) -> list[str]:
+    """The parent ids a line names in ``field`` (a list of ids, or one); none without."""
+    if field is None or not isinstance(doc, dict) or field not in doc:
+        return []
+    value = doc[field]
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, str | int) and not isinstance(v, bool) for v in values):
+        raise QueueError(f"line {number}: field {field!r} is not an id or a list of ids")
+    return [str(v) for v in values]
 
 
 def parse_lines(lines: Iterable[str], options: LineOptions,

@@ -45,6 +45,7 @@ class BacklogRow:
     oldest_ready_age_s: float | None = None
     error: str | None = None
     kind: str = "queue"
+    waiting: int | None = None  # waiting for their parents (queue/deps.py)
 
     def as_dict(self) -> dict[str, Any]:
         """The row as plain JSON-ready values."""
@@ -82,7 +83,7 @@ def read_backlog(queue: ShardedQueue, bindings: Iterable[Binding]) -> list[Backl
         c = counts[0] if counts else TopicCounts(binding.tenant, binding.topic)
         rows.append(BacklogRow(binding.name, binding.tenant, binding.topic, store.name,
                                c.ready, c.delayed, c.leased, c.dead,
-                               round(c.oldest_ready_age_s, 3)))
+                               round(c.oldest_ready_age_s, 3), waiting=c.waiting))
     return rows
 
 
@@ -96,7 +97,8 @@ def export_backlog(rows: Iterable[BacklogRow]) -> set[Series]:
         if row.error is not None:
             continue
         states = {"ready": row.ready or 0, "delayed": row.delayed or 0,
-                  "leased": row.leased or 0, "dead": row.dead or 0}
+                  "leased": row.leased or 0, "dead": row.dead or 0,
+                  "waiting": row.waiting or 0}
         metrics.set_queue_items(row.name, row.namespace, states, row.oldest_ready_age_s or 0.0)
         series.add((row.name, row.namespace))
     return series

@@ -34,8 +34,12 @@ CHECKPOINT_KINDS = ("json", "bytes")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
-State = Literal["ready", "delayed", "leased", "dead"]
+State = Literal["ready", "delayed", "leased", "waiting", "dead"]
 Header = tuple[str, bytes | None]
+#: A parent of an item: (topic, id) in the item's namespace.
+ParentRef = tuple[str, str]
+#: What a waiting item does when a parent dies: die too (``parent_failed``), or run.
+ON_PARENT_FAILURE = ("fail", "run")
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,9 @@ class NewItem:
     """An item to enqueue. ``id=None``: the store makes one; ``deliver_after_ms=None``:
     ready now, or ``delay_s`` after its enqueue by the database's clock when given;
     ``ttl_s``: dropped to the dead items (reason ``expired``) when not leased within that
-    many seconds of its enqueue."""
+    many seconds of its enqueue. ``after``: the parents it waits for (see
+    :mod:`asynctier.queue.deps`); ``on_parent_failure``: ``fail`` (die with a parent) or
+    ``run`` (run once every parent has ended, whatever the end)."""
 
     topic: str
     payload: bytes
@@ -53,6 +59,8 @@ class NewItem:
     headers: Sequence[Header] = ()
     ttl_s: float | None = None
     delay_s: float | None = None
+    after: Sequence[ParentRef] = ()
+    on_parent_failure: str = "fail"
 
 
 @dataclass(frozen=True)
@@ -144,6 +152,7 @@ class TopicCounts:
     leased: int = 0
     dead: int = 0
     oldest_ready_age_s: float = 0.0
+    waiting: int = 0
 
 
 @dataclass(frozen=True)
@@ -170,6 +179,10 @@ class ItemInfo:
     heartbeat_ms: int | None = None
     checkpoint_bytes: int | None = None
     checkpoint_ms: int | None = None
+    waiting_on: int = 0
+    released_ms: int | None = None
+    parents: tuple[tuple[str, str, str], ...] = ()
+    children: tuple[ParentRef, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -247,7 +260,7 @@ def _plainly_fine(item: NewItem) -> bool:
             and type(priority) is int and MIN_PRIORITY <= priority <= MAX_PRIORITY
             and type(payload) is bytes and len(payload) <= MAX_PAYLOAD_BYTES
             and item.ttl_s is None and item.delay_s is None
-            and item.deliver_after_ms is None and not item.headers)
+            and item.deliver_after_ms is None and not item.headers and not item.after)
 
 
 def check_new_item(item: NewItem, position: int) -> None:
@@ -277,3 +290,17 @@ def check_new_item(item: NewItem, position: int) -> None:
     for name, value in item.headers:
         if not isinstance(name, str) or not (value is None or isinstance(value, bytes)):
             raise QueueError(f"{where}header {name!r}: a header is (str name, bytes or None)")
+    _check_after(item, where)
+
+
+def _check_after(item: NewItem, where: str) -> None:
+    if item.on_parent_failure not in ON_PARENT_FAILURE:
+        raise QueueError(f"{where}on_parent_failure {item.on_parent_failure!r} is not one of "
+                         f"{', '.join(ON_PARENT_FAILURE)}")
+    for parent in item.after:
+        if not isinstance(parent, tuple) or len(parent) != 2:
+            raise QueueError(f"{where}parent {parent!r} is not (topic, id)")
+        check_topic(parent[0], f"{where}parent: ")
+        check_id(parent[1], f"{where}parent: ")
+        if parent == (item.topic, item.id):
+            raise QueueError(f"{where}it names itself as its parent")

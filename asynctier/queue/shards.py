@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from asynctier.platform.errors import ConfigError
+from asynctier.platform.errors import ConfigError, QueueError
 from asynctier.queue.items import (
     Dead,
     DeadItem,
@@ -98,6 +98,13 @@ class ShardedQueue:
         for position, item in enumerate(items):
             index = rendezvous(namespace, item.topic, self._names)
             by_shard.setdefault(index, []).append(position)
+            for parent_topic, parent_id in item.after:
+                if rendezvous(namespace, parent_topic, self._names) != index:
+                    raise QueueError(
+                        f"item {position} of topic {item.topic!r}: its parent "
+                        f"{parent_topic}/{parent_id} is on another queue shard; an item can "
+                        "wait only for items of topics on its own shard (`asynctier queue "
+                        "shards` shows where each topic lives)")
         results: list[EnqueueResult | None] = [None] * len(items)
         for index, positions in by_shard.items():
             done = self.routes[index].enqueue(namespace, [items[p] for p in positions])

@@ -15,20 +15,24 @@ from __future__ import annotations
 ITEMS = "asynctier_queue_items"
 DEAD = "asynctier_queue_dead"
 TOPICS = "asynctier_queue_topics"
+EDGES = "asynctier_queue_edges"
 NOW = "asynctier_queue_now_ms()"
+#: The deliver_after of an item waiting for its parents: later than any lease looks.
+WAITING_MS = 2**62
 
 #: The error of an item that died because its last attempt's lease ran out.
 LEASE_RAN_OUT = "its lease ran out on its last attempt (the scheduler running it died?)"
 
 _BURY = f"""
 INSERT INTO {DEAD} (namespace, topic, id, priority, payload, headers, attempts,
-                    enqueued_ms, reason, error, dead_ms)
+                    enqueued_ms, reason, error, dead_ms, on_parent_failure, parents)
 SELECT namespace, topic, id, priority, payload, headers, attempts, enqueued_ms,
-       reason, error, {NOW} FROM removed
+       reason, error, {NOW}, on_parent_failure, parents FROM removed
 ON CONFLICT (namespace, topic, id) DO UPDATE SET
     priority = EXCLUDED.priority, payload = EXCLUDED.payload, headers = EXCLUDED.headers,
     attempts = EXCLUDED.attempts, enqueued_ms = EXCLUDED.enqueued_ms,
-    reason = EXCLUDED.reason, error = EXCLUDED.error, dead_ms = EXCLUDED.dead_ms
+    reason = EXCLUDED.reason, error = EXCLUDED.error, dead_ms = EXCLUDED.dead_ms,
+    on_parent_failure = EXCLUDED.on_parent_failure, parents = EXCLUDED.parents
 RETURNING id
 """
 
@@ -90,8 +94,8 @@ WITH picked AS (
               p.lease_owner IS NOT NULL AS lease_ran_out, i.checkpoint, i.checkpoint_kind
 )
 SELECT * FROM leased
-UNION ALL  -- one row (id NULL) per item moved to the dead items instead
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM doomed
+UNION ALL  -- one row (id NULL, its id last) per item moved to the dead items instead
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, id FROM doomed
 """
 
 ACK = f"""
@@ -136,21 +140,13 @@ RETURNING id
 GET_LIVE = f"""
 SELECT id, priority, payload, headers, attempts, enqueued_ms, deliver_after, lease_owner,
        lease_expires, expires_ms, last_error, {NOW}, leased_ms, heartbeat_ms,
-       octet_length(checkpoint), checkpoint_ms
+       octet_length(checkpoint), checkpoint_ms, waiting_on, parents, released_ms
 FROM {ITEMS} WHERE namespace = %s AND topic = %s AND id = %s
 """
 
 GET_DEAD = f"""
-SELECT id, priority, payload, headers, attempts, enqueued_ms, reason, error, dead_ms
+SELECT id, priority, payload, headers, attempts, enqueued_ms, reason, error, dead_ms, parents
 FROM {DEAD} WHERE namespace = %s AND topic = %s AND id = %s
-"""
-
-CANCEL = f"""
-WITH a AS (DELETE FROM {ITEMS} WHERE namespace = %(ns)s AND topic = %(topic)s
-           AND id = %(id)s RETURNING 1),
-     b AS (DELETE FROM {DEAD} WHERE namespace = %(ns)s AND topic = %(topic)s
-           AND id = %(id)s RETURNING 1)
-SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM b)
 """
 
 COUNTS = f"""
@@ -158,10 +154,12 @@ WITH clock AS (SELECT {NOW} AS ms),
 live AS (
     SELECT topic,
            count(*) FILTER (WHERE deliver_after <= clock.ms) AS ready,
-           count(*) FILTER (WHERE deliver_after > clock.ms AND lease_owner IS NULL) AS delayed,
+           count(*) FILTER (WHERE deliver_after > clock.ms AND lease_owner IS NULL
+                            AND waiting_on = 0) AS delayed,
            count(*) FILTER (WHERE deliver_after > clock.ms AND lease_owner IS NOT NULL)
                AS leased,
-           min(deliver_after) FILTER (WHERE deliver_after <= clock.ms) AS oldest
+           min(deliver_after) FILTER (WHERE deliver_after <= clock.ms) AS oldest,
+           count(*) FILTER (WHERE waiting_on > 0) AS waiting
     FROM {ITEMS}, clock
     WHERE namespace = %(ns)s AND (%(topic)s::text IS NULL OR topic = %(topic)s)
     GROUP BY topic
@@ -175,7 +173,8 @@ live AS (
     UNION SELECT topic FROM live UNION SELECT topic FROM dead
 )
 SELECT k.topic, COALESCE(l.ready, 0), COALESCE(l.delayed, 0), COALESCE(l.leased, 0),
-       COALESCE(d.dead, 0), COALESCE((clock.ms - l.oldest) / 1000.0, 0)
+       COALESCE(d.dead, 0), COALESCE((clock.ms - l.oldest) / 1000.0, 0),
+       COALESCE(l.waiting, 0)
 FROM known k LEFT JOIN live l USING (topic) LEFT JOIN dead d USING (topic), clock
 ORDER BY k.topic
 """
@@ -212,11 +211,17 @@ WITH pick AS (
     WHERE d.namespace = %(ns)s AND d.topic = %(topic)s
       AND d.id = ANY(ARRAY(SELECT id FROM pick)) AND d.id = p.id
     RETURNING d.*
+), waits AS (  -- a replayed child waits for its parents not acked yet
+    SELECT m.id, (SELECT count(*) FROM {EDGES} e WHERE e.namespace = %(ns)s
+                  AND e.child_topic = %(topic)s AND e.child_id = m.id)::int AS n
+    FROM moved m
 )
 INSERT INTO {ITEMS} (namespace, topic, id, priority, deliver_after, payload, headers,
-                     attempts, enqueued_ms, last_error)
-SELECT namespace, topic, id, priority, {NOW}, payload, headers, 0, enqueued_ms, error
-FROM moved ORDER BY dead_ms, id
+                     attempts, enqueued_ms, last_error, waiting_on, release_after,
+                     on_parent_failure, parents)
+SELECT namespace, topic, m.id, priority, CASE WHEN w.n > 0 THEN {WAITING_MS} ELSE {NOW} END,
+       payload, headers, 0, enqueued_ms, error, w.n, {NOW}, on_parent_failure, parents
+FROM moved m JOIN waits w ON w.id = m.id ORDER BY dead_ms, m.id
 ON CONFLICT DO NOTHING
 RETURNING id
 """

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 import logging
 import threading
@@ -30,7 +31,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from asynctier.platform.errors import QueueError, QueueUnavailable
 from asynctier.platform.wire import UNDECODABLE
-from asynctier.queue import sql
+from asynctier.queue import deps, sql
 from asynctier.queue.dsn import redact_dsn
 from asynctier.queue.items import (
     CHECKPOINT_KINDS,
@@ -134,30 +135,16 @@ class QueueStore:
     def enqueue(self, namespace: str, items: Sequence[NewItem]) -> list[EnqueueResult]:
         """Add items (one statement); an id already there is left as it is and reported
         ``created=False``. Every item is checked first: one bad item refuses the call."""
-        check_namespace(namespace)
-        for position, item in enumerate(items):
-            check_new_item(item, position)
-        if not items:
-            return []
-        ids = [item.id or uuid.uuid4().hex for item in items]
-        params = {
-            "ns": namespace, "ids": ids, "topics": [i.topic for i in items],
-            "priorities": [i.priority for i in items],
-            "after": [i.deliver_after_ms for i in items],
-            "payloads": [bytes(i.payload) for i in items],
-            "headers": [encode_headers(i.headers) for i in items],
-            "ttl_ms": [None if i.ttl_s is None else round(i.ttl_s * 1000) for i in items],
-            "delay_ms": [None if i.delay_s is None else round(i.delay_s * 1000)
-                         for i in items],
-        }
         with self._conn() as conn:
-            created = {(t, i) for t, i in conn.execute(sql.ENQUEUE, params).fetchall()}
-        results = []
-        for item, item_id in zip(items, ids, strict=True):
-            key = (item.topic, item_id)
-            results.append(EnqueueResult(item_id, key in created))
-            created.discard(key)  # the same id twice in one batch: only the first is new
-        return results
+            return enqueue_in(conn, namespace, items)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Conn]:
+        """A connection inside one transaction, for a room that writes its own rows beside
+        items in the same commit (a schedule's advance and its tick's item); pass it to
+        :func:`enqueue_in`."""
+        with self._conn() as conn, conn.transaction():
+            yield conn
 
     # ----------------------------------------------------------------- consuming
 
@@ -181,13 +168,17 @@ class QueueStore:
                                   "lease_ms": round(lease_s * 1000),
                                   "max_attempts": max_attempts}
         rows: list[tuple[Any, ...]] = []
+        doomed: list[str] = []
         with self._conn() as conn:
             for _ in range(LEASE_ROUNDS):
                 got = conn.execute(sql.LEASE, {**params, "n": n - len(rows)}).fetchall()
                 leased = [r for r in got if r[0] is not None]
+                doomed += [r[11] for r in got if r[0] is None]
                 rows += leased
                 if len(leased) == len(got) or len(rows) >= n:
                     break  # nothing was buried: no more ready items, or enough
+            if doomed:  # their waiting children die with them (or run)
+                deps.propagate(conn, namespace, topic, doomed)
         rows.sort(key=lambda r: (-r[3], r[6], r[8]))
         good: list[Leased] = []
         bad: list[Dead] = []
@@ -235,6 +226,13 @@ class QueueStore:
             statements.append((sql.BURY, {**base, "ids": [d.id for d in deads],
                                           "reasons": [_text(d.reason) for d in deads],
                                           "errors": [_text(d.error) for d in deads]}))
+        # Each after the statements it follows, to see their effects (queue/deps.py).
+        if acks:
+            statements.append((deps.RELEASE, {"ns": namespace, "topic": topic,
+                                              "ids": list(acks)}))
+        if deads:
+            statements.append((deps.PROPAGATE, {"ns": namespace, "topic": topic,
+                                                "ids": [d.id for d in deads]}))
         with self._conn() as conn:
             with conn.pipeline(), conn.transaction():
                 cursors = [conn.execute(query, params) for query, params in statements]
@@ -300,23 +298,41 @@ class QueueStore:
             live = conn.execute(sql.GET_LIVE, (namespace, topic, item_id)).fetchone()
             dead = None if live else conn.execute(
                 sql.GET_DEAD, (namespace, topic, item_id)).fetchone()
+            parents = live[-2] if live else dead[-1] if dead else None
+            family = self._family(conn, namespace, topic, item_id, parents) \
+                if live or dead else None
         if live is not None:
-            return _live_info(namespace, topic, live)
+            return dataclasses.replace(_live_info(namespace, topic, live), **(family or {}))
         if dead is not None:
-            d = _dead_item(namespace, topic, dead)
+            d = _dead_item(namespace, topic, dead[:9])
             return ItemInfo(id=d.id, namespace=namespace, topic=topic, state="dead",
                             priority=d.priority, payload=d.payload, headers=d.headers,
                             attempts=d.attempts, enqueued_ms=d.enqueued_ms, reason=d.reason,
-                            last_error=d.error, dead_ms=d.dead_ms)
+                            last_error=d.error, dead_ms=d.dead_ms, **(family or {}))
         return None
+
+    def _family(self, conn: Conn, namespace: str, topic: str, item_id: str,
+                parents_doc: Any, limit: int = 100) -> dict[str, Any]:
+        """An item's parents with their states, and its waiting children (up to
+        ``limit``), for ``get``."""
+        refs = _parent_refs(parents_doc)
+        states = conn.execute(deps.PARENT_STATES, {
+            "ns": namespace, "topics": [t for t, _ in refs],
+            "ids": [i for _, i in refs]}).fetchall() if refs else []
+        children = conn.execute(deps.CHILDREN, (namespace, topic, item_id, limit)).fetchall()
+        return {"parents": tuple((r[0], r[1], r[2]) for r in states),
+                "children": tuple((r[0], r[1]) for r in children)}
 
     def cancel(self, namespace: str, topic: str, item_id: str) -> bool:
         """Delete one item, live or dead (a leased one too: its owner's resolve then finds
         it not held); True when there was one."""
         _check_topic_args(namespace, topic)
         with self._conn() as conn:
-            row = conn.execute(sql.CANCEL, {"ns": namespace, "topic": topic,
-                                            "id": item_id}).fetchone()
+            row = conn.execute(deps.CANCEL, {"ns": namespace, "topic": topic,
+                                             "id": item_id}).fetchone()
+        if row and row[1] > row[0]:
+            log.info("queue %s/%s: cancelling %r cancelled %d of its descendants", namespace,
+                     topic, item_id, row[1] - row[0])
         return bool(row and row[0])
 
     def counts(self, namespace: str, topic: str | None = None) -> list[TopicCounts]:
@@ -328,7 +344,7 @@ class QueueStore:
             check_topic(topic)
         with self._conn() as conn:
             rows = conn.execute(sql.COUNTS, {"ns": namespace, "topic": topic}).fetchall()
-        return [TopicCounts(namespace, r[0], r[1], r[2], r[3], r[4], float(r[5]))
+        return [TopicCounts(namespace, r[0], r[1], r[2], r[3], r[4], float(r[5]), r[6])
                 for r in rows]
 
     def waiting(self, namespace: str, topic: str, limit: int) -> int:
@@ -355,8 +371,11 @@ class QueueStore:
         _check_topic_args(namespace, topic)
         params = {"ns": namespace, "topic": topic, "limit": limit,
                   "ids": None if ids is None else list(ids)}
-        with self._conn() as conn:
-            return len(conn.execute(sql.REPLAY, params).fetchall())
+        with self._conn() as conn, conn.transaction():
+            replayed = [r[0] for r in conn.execute(sql.REPLAY, params).fetchall()]
+            if replayed:  # their children that died with them come back, waiting again
+                deps.replay_children(conn, namespace, topic, replayed)
+        return len(replayed)
 
     def topics(self) -> list[tuple[str, str]]:
         """Every (namespace, topic) this shard has had items for."""
@@ -365,6 +384,37 @@ class QueueStore:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def enqueue_in(conn: Conn, namespace: str, items: Sequence[NewItem]) -> list[EnqueueResult]:
+    """:meth:`QueueStore.enqueue` on ``conn`` (inside the caller's transaction, if any)."""
+    check_namespace(namespace)
+    for position, item in enumerate(items):
+        check_new_item(item, position)
+    if not items:
+        return []
+    ids = [item.id or uuid.uuid4().hex for item in items]
+    params = {
+        "ns": namespace, "ids": ids, "topics": [i.topic for i in items],
+        "priorities": [i.priority for i in items],
+        "after": [i.deliver_after_ms for i in items],
+        "payloads": [bytes(i.payload) for i in items],
+        "headers": [encode_headers(i.headers) for i in items],
+        "ttl_ms": [None if i.ttl_s is None else round(i.ttl_s * 1000) for i in items],
+        "delay_ms": [None if i.delay_s is None else round(i.delay_s * 1000) for i in items],
+    }
+    if any(item.after for item in items):
+        with conn.transaction():  # the children, their parents checked, and their edges
+            created = {(t, i) for t, i in conn.execute(sql.ENQUEUE, params).fetchall()}
+            deps.hold_children(conn, namespace, items, ids, set(created))
+    else:
+        created = {(t, i) for t, i in conn.execute(sql.ENQUEUE, params).fetchall()}
+    results = []
+    for item, item_id in zip(items, ids, strict=True):
+        key = (item.topic, item_id)
+        results.append(EnqueueResult(item_id, key in created))
+        created.discard(key)  # the same id twice in one batch: only the first is new
+    return results
 
 
 def encode_headers(headers: Sequence[Header]) -> str | None:
@@ -418,20 +468,33 @@ def _leased(namespace: str, topic: str, r: tuple[Any, ...]) -> Leased:
                   checkpoint=None if r[10] is None else bytes(r[10]), checkpoint_kind=kind)
 
 
+def _parent_refs(doc: Any) -> list[tuple[str, str]]:
+    """The stored parents ``[[topic, id], ...]``; a stored value that is not that shows as
+    none (``get`` is for inspection: one bad row does not hide the rest)."""
+    if not isinstance(doc, list):
+        return []
+    return [(p[0], p[1]) for p in doc if isinstance(p, list) and len(p) == 2
+            and all(isinstance(x, str) for x in p)]
+
+
 def _live_info(namespace: str, topic: str, r: tuple[Any, ...]) -> ItemInfo:
     (item_id, priority, payload, headers, attempts, enqueued_ms, deliver_after, owner,
      lease_expires, expires_ms, last_error, now_ms, leased_ms, heartbeat_ms, checkpoint_bytes,
-     checkpoint_ms) = r
+     checkpoint_ms, waiting_on, _parents, released_ms) = r
     state: State = "ready"
-    if deliver_after > now_ms:
+    if waiting_on > 0:
+        state = "waiting"
+    elif deliver_after > now_ms:
         state = "leased" if owner is not None else "delayed"
     return ItemInfo(id=item_id, namespace=namespace, topic=topic, state=state,
                     priority=priority, payload=payload, headers=_shown_headers(headers),
-                    attempts=attempts, enqueued_ms=enqueued_ms, deliver_after_ms=deliver_after,
+                    attempts=attempts, enqueued_ms=enqueued_ms,
+                    deliver_after_ms=None if waiting_on > 0 else deliver_after,
                     lease_owner=owner, lease_expires_ms=lease_expires, expires_ms=expires_ms,
                     last_error=last_error, leased_ms=leased_ms if owner else None,
                     heartbeat_ms=heartbeat_ms if owner else None,
-                    checkpoint_bytes=checkpoint_bytes, checkpoint_ms=checkpoint_ms)
+                    checkpoint_bytes=checkpoint_bytes, checkpoint_ms=checkpoint_ms,
+                    waiting_on=waiting_on, released_ms=released_ms)
 
 
 def _dead_item(namespace: str, topic: str, r: tuple[Any, ...]) -> DeadItem:

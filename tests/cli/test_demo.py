@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from asynctier.demo import transcode
+from asynctier.demo import graph, transcode
 
 
 def test_demo_processes_every_record_and_prints_a_summary(kafka_bootstrap: str,
@@ -39,3 +39,11 @@ def test_demo_processes_every_record_and_prints_a_summary(kafka_bootstrap: str,
                for p, what in transcode.BANDS]
     assert medians == sorted(medians) and medians[0] < medians[-1], medians
     assert rows["queue: higher priorities started first"] == "yes"
+
+    # The upload graph and the schedule: each publish ran after its three encodes, or
+    # died with the encode that failed; the nightly schedule fired.
+    assert rows["uploads (3 encodes, then a publish)"] == str(graph.UPLOADS)
+    assert rows["publishes parent_failed (an encode failed)"] == str(len(graph.BROKEN))
+    assert int(rows["uploads published (after their 3 encodes)"]) == \
+        graph.UPLOADS - len(graph.BROKEN)
+    assert int(rows[f"schedule nightly (every {graph.EVERY_S} s): ticks fired"]) >= 2

@@ -81,6 +81,9 @@ def test_every_metric_of_the_issue_is_defined() -> None:
         "asynctier_region_calls_total": ("region", "reason"),
         "asynctier_tailer_restarts_total": ("binding", "reason"),
         "asynctier_task_restarts_total": ("task", "reason"),
+        "asynctier_schedule_firings_total": ("outcome",),
+        "asynctier_schedule_lateness_seconds": (),
+        "asynctier_schedule_clock_offset_seconds": (),
     }
     assert {n: tuple(m._labelnames) for n, m in metrics.ALL_METRICS.items()} == wanted
 
