@@ -262,5 +262,7 @@ def test_record_ages_of_a_chunk_land_as_if_observed_one_by_one(
     assert got == want
     total = REGISTRY.get_sample_value("asynctier_record_to_start_seconds_sum",
                                       {"binding": binding})
+    # The shortcut takes the difference of two sums near 40 x 1.8e9 s: a double keeps about
+    # 1e-5 s of it (a tenth of a millisecond is far below what the histogram's sum tells).
     assert total == pytest.approx(sum(max(0.0, start_s - ms / 1000.0) for ms in record_ms),
-                                  abs=1e-6)
+                                  abs=1e-4)
