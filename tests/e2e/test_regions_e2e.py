@@ -37,6 +37,11 @@ BATCH = 10
 #: before ran: no scheduler of a registers more than 5 of its 10, even 2 s late. (The
 #: tailer's 8 calls at once fill a on a slow machine, quick records or not.)
 HEALTHY_STEP = 5
+#: Records that fill a (80: every call the tailer has in flight), each working 0.5 s: a stays
+#: full for seconds, longer than its schedulers' beat (1 s) and the tailer's cached read of
+#: the membership (1 s) together, so that the tailer sees it full.
+FILL = 80
+FILL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,7 @@ class Scenario:
     """How much work each phase holds."""
 
     healthy: int  # quick records while a is healthy
-    saturate: int  # slow records (sleep ``slow_s``) that fill a
+    saturate: int  # slow records (sleep ``slow_s``) once a spills
     slow_s: float
     failover: int  # records under way when a's schedulers are killed
     back: int  # quick records after a is back
@@ -57,7 +62,7 @@ class Scenario:
 #: Work moves to b within this of the kill: the first record unfinished at the kill
 #: finishes in b within it.
 MOVED_WITHIN_S = 5.0
-SHORT = Scenario(healthy=30, saturate=400, slow_s=0.05, failover=80, back=30,
+SHORT = Scenario(healthy=30, saturate=100, slow_s=0.05, failover=80, back=30,
                  drained_within_s=8.0)
 LONG = Scenario(healthy=300, saturate=2400, slow_s=0.05, failover=1200, back=300,
                 drained_within_s=None)
@@ -170,6 +175,28 @@ def produce(settings: Settings, topic: str, ids: range, sleep_s: float = 0.0) ->
     produce_json(settings, topic, [{"id": i, "sleep": sleep_s} for i in ids], key_of="id")
 
 
+def full(settings: Settings, region: str) -> bool:
+    """True when every live scheduler of ``region`` registered a load at its capacity."""
+    members = [m for m in live_members(settings) if m.region == region]
+    return bool(members) and all(m.spot.full for m in members)
+
+
+class Trickle:
+    """Records of consecutive ids from ``start``, :data:`BATCH` (one call) per :meth:`more`."""
+
+    def __init__(self, settings: Settings, topic: str, start: int, sleep_s: float) -> None:
+        self.settings = settings
+        self.topic = topic
+        self.next = start
+        self.sleep_s = sleep_s
+
+    def more(self) -> bool:
+        """Produce the next call's worth; True (a condition's first half)."""
+        produce(self.settings, self.topic, range(self.next, self.next + BATCH), self.sleep_s)
+        self.next += BATCH
+        return True
+
+
 def feed_gently(plat: Platform, settings: Settings, topic: str, ids: range) -> None:
     """Quick records of ``ids``, :data:`HEALTHY_STEP` at a time, each group once the one
     before ran: a region that has room keeps it."""
@@ -202,9 +229,18 @@ def scenario(plat: Platform, settings: Settings, topic: str, s: Scenario) -> Non
     assert set(calls) == {("a", "home")}, calls
 
     # 2. a saturated: calls spill to b, within the cap
-    slow = range(100_000, 100_000 + s.saturate)
+    fill = range(100_000, 100_000 + FILL)
     with LoadSampler(settings) as loads:
-        produce(settings, topic, slow, s.slow_s)
+        produce(settings, topic, fill, FILL_S)
+        wait_until(lambda: full(settings, "a"), 15, "a's schedulers registered full")
+        trickle = Trickle(settings, topic, fill.stop, s.slow_s)
+        # a call placed before the tailer read a full a stays home: a call's worth of
+        # records at a time until one spills (a stays full from the fill meanwhile)
+        wait_until(lambda: trickle.more() and region_calls(metrics_port).get(("b", "spill"), 0)
+                   > 0, 20, "a call spilled to b while a was full", interval=0.2,
+                   max_interval=0.2)
+        produce(settings, topic, range(trickle.next, trickle.next + s.saturate), s.slow_s)
+        slow = range(100_000, trickle.next + s.saturate)
         wait_until(all_ran(plat, slow), 120, "the slow records ran")
     print(f"saturated: peak registered load per region {loads.peak} (capacity {CAPACITY} "
           "per scheduler)")
