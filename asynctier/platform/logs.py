@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 _STD = set(vars(logging.makeLogRecord({})))
@@ -73,6 +73,32 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc)
 
 
+#: A line repeated by a library (psycopg's pool says "error connecting" at every attempt
+#: while a database is down) is let through once per this many seconds.
+REPEAT_EVERY_S = 60.0
+
+
+class RepeatFilter(logging.Filter):
+    """Lets a given message through once per ``every_s`` (``clock``: monotonic seconds)."""
+
+    def __init__(self, every_s: float = REPEAT_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self.clock = clock
+        self._said: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """True the first time a message is seen, and again ``every_s`` later."""
+        text, now = record.getMessage(), self.clock()
+        if now - self._said.get(text, -self.every_s) < self.every_s:
+            return False
+        if len(self._said) > 1000:
+            self._said.clear()
+        self._said[text] = now
+        return True
+
+
 def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     """Configure the root logger once for a process."""
     handler = logging.StreamHandler()
@@ -80,6 +106,8 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    pool = logging.getLogger("psycopg.pool")
+    pool.filters[:] = [RepeatFilter()]
 
 
 class ContextLogger(logging.LoggerAdapter[logging.Logger]):

@@ -10,6 +10,7 @@ import pytest
 
 from asynctier.platform.logs import (
     JsonFormatter,
+    RepeatFilter,
     TextFormatter,
     context_logger,
     position,
@@ -66,3 +67,20 @@ def test_position_without_offset(offset: int | None) -> None:
     logger, stream = _capture(JsonFormatter())
     logger.info("x", extra=position("t", 2, offset))
     assert json.loads(stream.getvalue())["offset"] == offset
+
+
+def test_a_repeated_library_line_passes_once_a_minute_and_others_pass() -> None:
+    now = [0.0]
+    only = RepeatFilter(every_s=60.0, clock=lambda: now[0])
+
+    def passes(msg: str) -> bool:
+        return only.filter(logging.LogRecord("psycopg.pool", logging.WARNING, "", 0, msg,
+                                             None, None))
+
+    assert passes("error connecting in 'db': refused")
+    now[0] = 59.0
+    assert not passes("error connecting in 'db': refused")
+    assert passes("error connecting in 'other': refused")
+    now[0] = 60.0
+    assert passes("error connecting in 'db': refused")
+    assert not passes("error connecting in 'db': refused")
