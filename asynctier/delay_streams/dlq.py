@@ -24,7 +24,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -170,12 +170,22 @@ def _committed(consumer: Consumer, tp: TopicPartition, timeout_s: float) -> int:
             time.sleep(0.2)
 
 
+#: A reader that browses (a page of at most a few hundred records) fetches this little
+#: ahead: librdkafka's default prefetch of 64 MiB per consumer made a console that opens
+#: readers for its pages hold hundreds of MiB (bench.console_pages prints its peak RSS).
+BROWSE_PREFETCH: Final = {"max.partition.fetch.bytes": 65536,
+                          "queued.max.messages.kbytes": 1024}
+
+
 def _consumer(settings: Settings, group: str | None = None) -> Consumer:
+    """A reader of dead letters: the replay's (its ``group``, read through at speed), or
+    one that browses (a throwaway group, little fetched ahead)."""
     return Consumer(settings.kafka_config(**{
         "group.id": group or f"{settings.prefix}.dlq-reader.{uuid.uuid4().hex[:8]}",
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
+        **({} if group else BROWSE_PREFETCH),
     }))
 
 
