@@ -5,27 +5,27 @@
 
 Starts its own Kafka, Redis and PostgreSQL (the dev-stack code, free ports, a temporary
 folder), binds N bindings (their dead-letter and delay topics), writes M dead letters to
-the first binding's dead-letter topic and Q ready items to one queue topic, serves the
-console with uvicorn and asks each page ``--requests`` times over HTTP (one client, one
-request at a time). Prints one markdown table: p50, p95 and the largest, in ms.
+the first binding's dead-letter topic and Q ready items to one queue topic, runs
+``asynctier run console`` in a process of its own and asks each page ``--requests`` times
+over HTTP (one client, one request at a time). Prints one markdown table (p50, p95 and the
+largest, in ms) and the console process's peak RSS (what the Helm chart's console requests).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx2
-import uvicorn
 from confluent_kafka import Producer
 
 from asynctier import dev as devstack
-from asynctier.console import ConsoleOptions, create_app
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
@@ -68,21 +68,43 @@ def _fill(settings: Settings, bindings: int, dead: int, items: int, dsn: str) ->
     print(f"{items:,} queue items in {time.monotonic() - started:.1f} s", file=sys.stderr)
 
 
-def _serve(settings: Settings,
-           bindings: int) -> tuple[uvicorn.Server, threading.Thread, str]:
+def _serve(settings: Settings, bindings: int, folder: Path) -> tuple[subprocess.Popen[bytes],
+                                                                     str]:
+    """``asynctier run console`` in its own process (as a deployment runs it), once its
+    overview lists every binding."""
     port = devstack.free_port()
-    app = create_app(settings, ConsoleOptions(listen=f"127.0.0.1:{port}", token=TOKEN,
-                                              sample_every_s=5.0))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
+    env = {**os.environ, "ASYNCTIER_CONFIG": str(folder / "none.toml"),
+           "ASYNCTIER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+           "ASYNCTIER_REDIS_URL": settings.redis_url, "ASYNCTIER_PREFIX": settings.prefix,
+           "ASYNCTIER_QUEUE_SHARDS": ",".join(settings.queue_shards),
+           "ASYNCTIER_CONSOLE_LISTEN": f"127.0.0.1:{port}", "ASYNCTIER_CONSOLE_TOKEN": TOKEN}
+    (folder / "none.toml").write_text("")
+    log = open(folder / "console.log", "wb")  # noqa: SIM115 - the process owns it
+    console = subprocess.Popen([sys.executable, "-m", "asynctier", "run", "console"], env=env,
+                               stdout=log, stderr=log)
+    base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
-    while len(app.state.console.sampler.latest.bindings) < bindings:
-        if time.monotonic() > deadline:
-            raise SystemExit("the console did not read every binding within 2 minutes")
-        time.sleep(0.2)
-    return server, thread, f"http://127.0.0.1:{port}"
+    with httpx2.Client(base_url=base, headers={"authorization": f"Bearer {TOKEN}"},
+                       timeout=10) as client:
+        while True:
+            try:
+                if client.get("/live/overview").text.count("/bindings/b") >= bindings:
+                    return console, base
+            except httpx2.TransportError:
+                pass
+            if console.poll() is not None or time.monotonic() > deadline:
+                console.kill()
+                raise SystemExit("the console did not list every binding within 2 minutes: "
+                                 f"see {folder / 'console.log'}")
+            time.sleep(0.5)
+
+
+def peak_rss_mb(pid: int) -> float:
+    """A live process's peak resident memory (VmHWM), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmHWM for process {pid}")
 
 
 def pages(dead: int) -> tuple[str, ...]:
@@ -130,12 +152,13 @@ def main(argv: list[str]) -> int:
                                 redis_url=redis.url, prefix="bench",
                                 queue_shards=(postgres.dsn,))
             _fill(settings, args.bindings, args.dead_letters, args.queue_items, postgres.dsn)
-            server, thread, base = _serve(settings, args.bindings)
+            console, base = _serve(settings, args.bindings, root)
             try:
                 rows = _time(base, args.requests, args.dead_letters)
+                peak_mb = peak_rss_mb(console.pid)
             finally:
-                server.should_exit = True
-                thread.join(30)  # the console closes its readers before the broker stops
+                console.terminate()  # it closes its readers before the broker stops
+                console.wait(30)
         finally:
             postgres.stop()
             redis.stop()
@@ -145,6 +168,7 @@ def main(argv: list[str]) -> int:
     print("| --- | ---: | ---: | ---: |")
     for page, p50, p95, most in rows:
         print(f"| `{page}` | {p50:.1f} | {p95:.1f} | {most:.1f} |")
+    print(f"\nThe console process's peak RSS: {peak_mb:.0f} MiB")
     return 0
 
 
