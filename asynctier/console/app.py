@@ -92,6 +92,11 @@ def create_app(settings: Settings, options: ConsoleOptions, sample: bool = True)
     return app
 
 
+#: After SIGTERM, requests under way get this long to finish (a live page's open request
+#: is cut then); the Helm chart's grace period is derived from it.
+STOP_GRACE_S = 10
+
+
 def serve(settings: Settings, options: ConsoleOptions) -> None:
     """Serve the console until SIGINT or SIGTERM (uvicorn handles both)."""
     import uvicorn
@@ -101,4 +106,5 @@ def serve(settings: Settings, options: ConsoleOptions) -> None:
     log.info("console on http://%s:%d/ (%s%s)", host, port, mode,
              ", no login: --insecure-local" if options.insecure_local else "")
     uvicorn.run(create_app(settings, options), host=host, port=port, log_level="warning",
-                access_log=False, server_header=False)
+                access_log=False, server_header=False,
+                timeout_graceful_shutdown=STOP_GRACE_S)

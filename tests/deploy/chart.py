@@ -53,12 +53,9 @@ def deployment(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
     return of_kind(docs, "Deployment")[f"t-asynctier-{role}"]
 
 
-def rendered_settings(docs: list[dict[str, Any]], role: str, tmp: Path) -> Settings:
-    """The Settings a role's process builds: the ConfigMap's file at the path its env
-    names, and its env with every secretKeyRef resolved from the rendered Secret."""
-    config = next(iter(of_kind(docs, "ConfigMap").values()))["data"]["asynctier.toml"]
-    path = tmp / f"{role}.toml"
-    path.write_text(config)
+def rendered_env(docs: list[dict[str, Any]], role: str) -> dict[str, str]:
+    """A role's process environment: its env with every secretKeyRef resolved from the
+    rendered Secret (the pod's IP is 10.1.2.3)."""
     secret = next(iter(of_kind(docs, "Secret").values()), {}).get("stringData", {})
     env: dict[str, str] = {}
     pod = deployment(docs, role)["spec"]["template"]["spec"]
@@ -68,7 +65,18 @@ def rendered_settings(docs: list[dict[str, Any]], role: str, tmp: Path) -> Setti
         elif "secretKeyRef" in var["valueFrom"] and var["valueFrom"]["secretKeyRef"][
                 "key"] in secret:
             env[var["name"]] = secret[var["valueFrom"]["secretKeyRef"]["key"]]
+    return env
+
+
+def rendered_settings(docs: list[dict[str, Any]], role: str, tmp: Path) -> Settings:
+    """The Settings a role's process builds: the ConfigMap's file at the path its env
+    names, and its env (:func:`rendered_env`)."""
+    config = next(iter(of_kind(docs, "ConfigMap").values()))["data"]["asynctier.toml"]
+    path = tmp / f"{role}.toml"
+    path.write_text(config)
+    env = rendered_env(docs, role)
     assert env["ASYNCTIER_CONFIG"] == "/etc/asynctier/asynctier.toml"
+    pod = deployment(docs, role)["spec"]["template"]["spec"]
     mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
     assert mounts[env["ASYNCTIER_CONFIG"]]["subPath"] == "asynctier.toml"
     return Settings.load(path, env={k: v for k, v in env.items() if k != "ASYNCTIER_CONFIG"})

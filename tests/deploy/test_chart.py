@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
+from asynctier.cli.console import options_from_env
 from asynctier.cli.run import COMPONENTS
+from asynctier.console.app import STOP_GRACE_S as CONSOLE_STOP_GRACE_S
 from asynctier.dev.gotools import KUBECHECK
 from asynctier.platform import metrics
 from asynctier.platform.config import DEFAULT_SCHEDULER, KAFKA_ENV
@@ -36,9 +38,20 @@ from tests.deploy.chart import (
     deployment,
     of_kind,
     render,
+    rendered_env,
     rendered_settings,
     template,
 )
+
+#: The roles of the chart: a process of `asynctier run` each, and the console (off by
+#: default: it needs a login token).
+ROLES = (*COMPONENTS, "console")
+
+
+def roles_on(docs: list[dict[str, Any]]) -> list[str]:
+    """The roles the rendering runs (those with a Deployment)."""
+    made = set(of_kind(docs, "Deployment"))
+    return [role for role in ROLES if f"t-asynctier-{role}" in made]
 
 
 @pytest.fixture(scope="module", params=["default", "all-on"])
@@ -68,7 +81,7 @@ def test_manifests_are_valid_kubernetes_objects(helm: Path) -> None:
         done = subprocess.run([str(kubecheck)], input=out, capture_output=True, text=True,
                               timeout=60, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
-        assert done.stdout.count("ok Deployment") == 4
+        assert done.stdout.count("ok Deployment") == (5 if values else 4)
         assert "invalid" not in done.stdout
     planted = out.replace("readOnlyRootFilesystem: true", "readOnlyRootFileSystem: true", 1)
     done = subprocess.run([str(kubecheck)], input=planted, capture_output=True, text=True,
@@ -81,9 +94,9 @@ def test_manifests_are_valid_kubernetes_objects(helm: Path) -> None:
 
 
 def test_a_deployment_per_role_of_asynctier_run(docs: list[dict[str, Any]]) -> None:
-    assert set(VALUES["roles"]) == set(COMPONENTS)
-    assert set(of_kind(docs, "Deployment")) == {f"t-asynctier-{c}" for c in COMPONENTS}
-    for role in COMPONENTS:
+    assert set(VALUES["roles"]) == set(ROLES)
+    assert set(roles_on(docs)) >= set(COMPONENTS)
+    for role in roles_on(docs):
         container = deployment(docs, role)["spec"]["template"]["spec"]["containers"][0]
         assert container["args"] == ["run", role]
 
@@ -99,6 +112,32 @@ def test_probes_ask_the_paths_and_port_the_processes_serve(docs: list[dict[str, 
         assert probes["liveness"] == probes["startup"] == {"path": HEALTHZ_PATH,
                                                            "port": "metrics"}
         assert probes["readiness"] == {"path": READYZ_PATH, "port": "metrics"}
+
+
+def test_the_console_serves_its_probes_and_pages_on_its_port(helm: Path) -> None:
+    docs = render(helm, ALL_ON)
+    container = deployment(docs, "console")["spec"]["template"]["spec"]["containers"][0]
+    options = options_from_env(rendered_env(docs, "console")).check()
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "http": options.host_port()[1]}
+    assert options.read_only is True  # all-on sets roles.console.readOnly
+    assert options.token == ALL_ON_VALUES["secrets"]["consoleToken"]
+    for probe in ("startup", "liveness", "readiness"):
+        assert container[f"{probe}Probe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    annotations = deployment(docs, "console")["spec"]["template"]["metadata"]["annotations"]
+    assert "prometheus.io/scrape" not in annotations  # it serves no /metrics
+
+
+def test_the_console_needs_a_long_token_and_one_replica(helm: Path) -> None:
+    on = ("roles.console.enabled=true",)
+    done = template(helm, sets=on, check=False)
+    assert done.returncode != 0 and "secrets.consoleToken: the console's login" in done.stderr
+    done = template(helm, sets=(*on, "secrets.consoleToken=short"), check=False)
+    assert done.returncode != 0 and "give 16 characters or more" in done.stderr
+    done = template(helm, sets=(*on, "secrets.consoleToken=0123456789abcdef",
+                                "roles.console.replicas=2"), check=False)
+    assert done.returncode != 0 and "/roles/console/replicas" in done.stderr
+    assert "t-asynctier-console" not in of_kind(render(helm), "Deployment")
 
 
 def test_the_config_map_is_a_config_the_code_reads(helm: Path, tmp_path: Path) -> None:
@@ -139,7 +178,7 @@ def test_every_container_is_non_root_read_only_with_resources(
         tmp = next(m for m in container["volumeMounts"] if m["mountPath"] == "/tmp")
         assert {"name": tmp["name"], "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
         found += 1
-    assert found == len(COMPONENTS)
+    assert found == len(roles_on(docs))
 
 
 def mebibytes(quantity: str) -> float:
@@ -148,14 +187,17 @@ def mebibytes(quantity: str) -> float:
 
 
 def test_memory_follows_the_measured_peaks() -> None:
-    """bench/RESULTS.md's Memory table: the requests hold the peak RSS measured at the
-    largest backlog, the limits twice it."""
+    """bench/RESULTS.md's Memory table (and its console section): the requests hold the
+    peak RSS measured at the largest size, the limits twice it."""
     text = (ROOT / "bench" / "RESULTS.md").read_text()
     table = text.split("## Memory", 1)[1].split("\n\n", 2)[1]
     rows = [[c.strip() for c in line.strip("|").split("|")]
             for line in table.splitlines()[2:]]
     peaks = {"tailers": max(float(r[2]) for r in rows),
              "scheduler": max(float(r[3]) for r in rows)}
+    console = re.search(r"The console process's peak RSS[^*]*\*\*(\d+) MiB", text)
+    assert console, "RESULTS.md's console section gives no peak RSS"
+    peaks["console"] = float(console.group(1)) * 1.048  # MiB, as the table's MB
     for role, peak_mb in peaks.items():
         resources = VALUES["roles"][role]["resources"]
         assert mebibytes(resources["requests"]["memory"]) * 1.048 >= peak_mb
@@ -175,6 +217,7 @@ def test_the_chart_default_bounds_are_the_codes() -> None:
     assert drain["schedulerStopGraceSeconds"] == SchedulerOptions().stop_grace_s
     assert drain["submitterStopGraceSeconds"] == SUBMITTER_STOP_GRACE_S
     assert drain["tailersStopSeconds"] == TAILERS_STOP_S
+    assert drain["consoleStopSeconds"] == CONSOLE_STOP_GRACE_S
 
 
 @pytest.mark.parametrize("longest, margin, pre_stop", [(30, 10, 5), (600, 20, 0), (5, 1, 3)])
@@ -182,13 +225,16 @@ def test_grace_follows_the_drain_and_the_longest_binding_timeout(
         helm: Path, tmp_path: Path, longest: int, margin: int, pre_stop: int) -> None:
     docs = render(helm, sets=(f"drain.longestBindingTimeoutSeconds={longest}",
                               f"drain.marginSeconds={margin}",
-                              f"drain.preStopSleepSeconds={pre_stop}"))
+                              f"drain.preStopSleepSeconds={pre_stop}",
+                              "roles.console.enabled=true",
+                              "secrets.consoleToken=0123456789abcdef"))
     stop_grace = options_from_settings(
         rendered_settings(docs, "scheduler", tmp_path)).stop_grace_s
     assert stop_grace == max(SchedulerOptions().stop_grace_s, longest)
     assert grace(docs, "scheduler") == pre_stop + stop_grace + margin
     assert grace(docs, "submitter") == pre_stop + SUBMITTER_STOP_GRACE_S + margin
     assert grace(docs, "tailers") == grace(docs, "delay") == TAILERS_STOP_S + margin
+    assert grace(docs, "console") == CONSOLE_STOP_GRACE_S + margin
     for role in ("scheduler", "submitter"):
         hook = deployment(docs, role)["spec"]["template"]["spec"]["containers"][0].get(
             "lifecycle")
@@ -200,7 +246,7 @@ def test_grace_follows_the_drain_and_the_longest_binding_timeout(
 
 SECRET_VALUES = {"redis-url": "redis-secret-1", "queue-shards": "pg-secret-2",
                  "kafka-sasl-username": "sasl-user-3", "kafka-sasl-password": "sasl-secret-4",
-                 "rpc-token": "rpc-secret-5"}
+                 "rpc-token": "rpc-secret-5", "console-token": "console-secret-6"}
 
 
 def test_secrets_reach_the_processes_and_no_config_map(helm: Path, tmp_path: Path) -> None:
@@ -268,9 +314,10 @@ def test_a_secret_of_ones_own_is_named_not_made(helm: Path) -> None:
 # --------------------------------------------------------------------- services and PDBs
 
 
-def test_services_reach_the_grpc_servers(docs: list[dict[str, Any]]) -> None:
+def test_services_reach_the_grpc_servers_and_the_console(docs: list[dict[str, Any]]) -> None:
     services = of_kind(docs, "Service")
-    assert set(services) == {"t-asynctier-scheduler", "t-asynctier-submitter"}
+    assert set(services) == {f"t-asynctier-{r}" for r in ("scheduler", "submitter",
+                                                           "console") if r in roles_on(docs)}
     assert services["t-asynctier-scheduler"]["spec"]["ports"][0]["port"] == int(
         DEFAULT_SCHEDULER.rsplit(":", 1)[1])
     for name, service in services.items():

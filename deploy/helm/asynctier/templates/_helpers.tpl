@@ -45,6 +45,7 @@ app.kubernetes.io/component: {{ .role }}
 {{- $d := .root.Values.drain -}}
 {{- if eq .role "scheduler" -}}{{ include "asynctier.schedulerStopGrace" .root }}
 {{- else if eq .role "submitter" -}}{{ int $d.submitterStopGraceSeconds }}
+{{- else if eq .role "console" -}}{{ int $d.consoleStopSeconds }}
 {{- else -}}{{ int $d.tailersStopSeconds }}
 {{- end -}}
 {{- end -}}
