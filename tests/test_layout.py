@@ -31,8 +31,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "dev": ("asynctier.dev", "asynctier.platform"),
     # the operator console: a page over the rooms, the reading `asynctier lag` makes
     "console": ("asynctier.console", "asynctier.cli.lag", "asynctier.cli.tenant",
-                "asynctier.delay_streams", "asynctier.queue", "asynctier.scheduler.queues",
-                "asynctier.platform"),
+                "asynctier.delay_streams", "asynctier.queue", "asynctier.schedules",
+                "asynctier.scheduler.queues", "asynctier.platform"),
     "demo": ("asynctier.demo", "asynctier.delay_streams", "asynctier.queue",
              "asynctier.schedules", "asynctier.platform"),
 }

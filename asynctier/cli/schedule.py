@@ -30,7 +30,7 @@ from asynctier.schedules.spec import (
     Schedule,
     iso,
 )
-from asynctier.schedules.store import ScheduleInfo, ScheduleStore
+from asynctier.schedules.store import ScheduleStore
 
 
 def _queue(ctx: click.Context) -> ShardedQueue:
@@ -121,21 +121,6 @@ def _check_decodes(ctx: click.Context, spec: Schedule) -> None:
                     "bytes") from None
 
 
-def _doc(info: ScheduleInfo) -> dict[str, Any]:
-    s = info.schedule
-    return {
-        "name": info.name, "namespace": info.namespace, "state": info.state,
-        "when": s.when() if s else None, "topic": s.topic if s else None,
-        "version": info.version, "next": iso(info.next_ms),
-        "next_in_s": (info.next_ms - info.now_ms) / 1000.0,
-        "last_tick": None if info.last_tick_ms is None else iso(info.last_tick_ms),
-        "lateness_s": info.lateness_s, "fired": info.fired, "skipped": info.skipped,
-        "catch_up": s.catch_up if s else None, "payload": s.payload if s else None,
-        "priority": s.priority if s else None, "expire_s": s.expire_s if s else None,
-        "error": info.error,
-    }
-
-
 @schedule.command(name="list")
 @_namespace_option
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of objects.")
@@ -143,7 +128,7 @@ def _doc(info: ScheduleInfo) -> dict[str, Any]:
 def list_(ctx: click.Context, namespace: str, as_json: bool) -> None:
     """Every schedule: next and last firing, lateness, state."""
     with _queue(ctx) as q:
-        docs = [_doc(i) for i in ScheduleStore(q).list(namespace)]
+        docs = [i.doc() for i in ScheduleStore(q).list(namespace)]
     if as_json:
         click.echo(json.dumps(docs, indent=2))
         return
@@ -171,7 +156,7 @@ def show(ctx: click.Context, name: str, namespace: str, as_json: bool) -> None:
     if info is None:
         click.echo(f"no schedule {name!r} in namespace {namespace!r}", err=True)
         sys.exit(1)
-    doc = _doc(info)
+    doc = info.doc()
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return

@@ -13,22 +13,27 @@ from starlette.responses import Response
 from asynctier.console import params
 from asynctier.console.state import console_of, render
 from asynctier.delay_streams.dlq import iso_ms, show_bytes
+from asynctier.schedules.store import ScheduleStore
 
 #: Dead items a page lists.
 DEAD_PAGE = 100
 
 
 async def queue(request: Request) -> Response:
-    """Counts by state per topic of a namespace, and the form to find an item."""
+    """Counts by state per topic of a namespace (items waiting for their parents among
+    them), its schedules, and the form to find an item."""
     ns = params.namespace(request.query_params.get("namespace", "default"))
     console = console_of(request)
     try:
         counted_s, counts = await run_in_threadpool(console.queue_counts, ns)
+        schedules = await run_in_threadpool(
+            lambda: [s.doc() for s in ScheduleStore(console.queue).list(ns)])
     except Exception as exc:  # a shard down: the page says so
         return render(request, "queue.html", status_code=503, namespace=ns, counts=[],
-                      problem=f"the queue did not answer: {exc}", counted_s=0.0)
-    return render(request, "queue.html", namespace=ns, counts=counts, problem="",
-                  counted_s=counted_s, keep_s=console.options.sample_every_s)
+                      schedules=[], problem=f"the queue did not answer: {exc}",
+                      counted_s=0.0)
+    return render(request, "queue.html", namespace=ns, counts=counts, schedules=schedules,
+                  problem="", counted_s=counted_s, keep_s=console.options.sample_every_s)
 
 
 async def item(request: Request) -> Response:
@@ -46,6 +51,7 @@ async def item(request: Request) -> Response:
     doc["payload"] = show_bytes(info.payload)[1]
     doc["headers"] = [(k, show_bytes(v)[1]) for k, v in info.headers]
     doc["enqueued"] = iso_ms(info.enqueued_ms)
+    doc["released"] = iso_ms(info.released_ms) if info.released_ms else ""
     return render(request, "item.html", namespace=ns, topic=topic, doc=doc, info=info)
 
 

@@ -18,7 +18,7 @@ from asynctier.platform.errors import ScheduleError
 from asynctier.queue.shards import ShardedQueue
 from asynctier.queue.store import QueueStore
 from asynctier.schedules import sql
-from asynctier.schedules.spec import Schedule
+from asynctier.schedules.spec import Schedule, iso
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,21 @@ class ScheduleInfo:
         if self.schedule is None or self.error:
             return "broken"
         return "paused" if self.paused else "active"
+
+    def doc(self) -> dict[str, Any]:
+        """What ``schedule list --json``, ``schedule show`` and the console show of it."""
+        s = self.schedule
+        return {
+            "name": self.name, "namespace": self.namespace, "state": self.state,
+            "when": s.when() if s else None, "topic": s.topic if s else None,
+            "version": self.version, "next": iso(self.next_ms),
+            "next_in_s": (self.next_ms - self.now_ms) / 1000.0,
+            "last_tick": None if self.last_tick_ms is None else iso(self.last_tick_ms),
+            "lateness_s": self.lateness_s, "fired": self.fired, "skipped": self.skipped,
+            "catch_up": s.catch_up if s else None, "payload": s.payload if s else None,
+            "priority": s.priority if s else None, "expire_s": s.expire_s if s else None,
+            "error": self.error,
+        }
 
 
 def read_row(row: tuple[Any, ...]) -> ScheduleInfo:

@@ -17,6 +17,9 @@ from starlette.testclient import TestClient
 from asynctier.platform.config import Settings
 from asynctier.queue import QueueStore
 from asynctier.queue.items import NewItem
+from asynctier.queue.shards import ShardedQueue
+from asynctier.schedules.spec import Schedule
+from asynctier.schedules.store import ScheduleStore
 from tests.console.support import TOKEN, console, csrf_of, log_in, sample
 from tests.delay_streams.test_dlq import dead_letters, ledger_file, scheduler  # noqa: F401
 from tests.funcs import delay as delayfuncs
@@ -153,6 +156,47 @@ def test_queue_pages_find_and_cancel_an_item(settings: Settings, postgres: str,
         again = client.post(f"/queue/{queue_namespace}/jobs/cancel",
                             data={"id": "a1", "csrf": csrf})
         assert again.status_code == 404
+
+
+def _waiting(client: TestClient, ns: str, topic: str) -> int:
+    """The waiting count of ``topic`` on the queue page."""
+    page = client.get(f"/queue?namespace={ns}").text
+    found = re.search(rf'data-topic="{topic}">[^\n]*data-waiting="(\d+)"', page)
+    assert found, page
+    return int(found.group(1))
+
+
+def test_queue_pages_show_schedules_and_items_waiting_for_parents(
+        settings: Settings, postgres: str, queue_store: QueueStore,
+        queue_namespace: str) -> None:
+    ns = queue_namespace
+    settings = dataclasses.replace(settings, queue_shards=(postgres,))
+    queue_store.enqueue(ns, [NewItem("encode", b"{}", id="p1"),
+                             NewItem("publish", b"{}", id="c1", after=[("encode", "p1")])])
+    with ShardedQueue([postgres], pool_size=2) as q:
+        schedules = ScheduleStore(q)
+        schedules.add(Schedule(namespace=ns, name="nightly", topic="reports", every_s=3600))
+        try:
+            with console(settings, sample_every_s=0.5) as client:  # counts kept 0.5 s
+                log_in(client)
+                assert _waiting(client, ns, "publish") == 1
+                page = client.get(f"/queue?namespace={ns}").text
+                assert 'data-schedule="nightly" data-state="active"' in page
+                assert "every 3600s" in page
+                child = client.get(f"/queue/item?namespace={ns}&topic=publish&id=c1").text
+                assert "Waiting for 1 parent(s)" in child
+                assert re.search(r'data-parent="p1">.*?</a></td><td>ready</td>', child)
+                parent = client.get(f"/queue/item?namespace={ns}&topic=encode&id=p1").text
+                assert 'data-child="c1"' in parent
+                leased = queue_store.lease(ns, "encode", 1, 30, "w")
+                assert [i.id for i in leased] == ["p1"]
+                queue_store.resolve(ns, "encode", "w", acks=["p1"])
+                child = client.get(f"/queue/item?namespace={ns}&topic=publish&id=c1").text
+                assert "Waiting for" not in child and 'id="released"' in child
+                wait_until(lambda: _waiting(client, ns, "publish") == 0, 10,
+                           "the released child no longer counted as waiting")
+        finally:
+            schedules.remove(ns, "nightly")
 
 
 def test_pages_say_what_is_down_and_recover(settings: Settings, tmp_path: Path) -> None:
