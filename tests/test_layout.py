@@ -30,7 +30,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "schedules": ("asynctier.schedules", "asynctier.queue", "asynctier.platform"),
     "dev": ("asynctier.dev", "asynctier.platform"),
     # the operator console: a page over the rooms, the reading `asynctier lag` makes
-    "console": ("asynctier.console", "asynctier.cli.lag", "asynctier.cli.tenant",
+    "console": ("asynctier.console", "asynctier.cli.lag", "asynctier.cli.quota",
+                "asynctier.cli.tenant",
                 "asynctier.delay_streams", "asynctier.queue", "asynctier.schedules",
                 "asynctier.scheduler.queues", "asynctier.platform"),
     "demo": ("asynctier.demo", "asynctier.delay_streams", "asynctier.queue",

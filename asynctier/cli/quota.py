@@ -86,9 +86,17 @@ def set_(ctx: click.Context, tenant: str, per_minute: int | None, per_day: int |
         click.echo(f"{tenant}: {enqueue_per_minute} enqueued per minute")
     if per_minute is None and per_day is None:
         return
-    new = Quota(per_minute=per_minute, per_day=per_day)
-    _with_store(settings, lambda store: store.set(tenant, new))
-    click.echo(f"{tenant}: {_describe(new.to_json())}")
+    click.echo(f"{tenant}: {_describe(set_quota(settings, tenant, per_minute, per_day))}")
+
+
+def set_quota(settings: Settings, tenant: str, per_minute: int | None,
+              per_day: int | None) -> dict[str, int | None]:
+    """Replace ``tenant``'s quota (a window left None has no limit; both None lift it):
+    what ``quota set`` and the console do; returns it as stored. The schedulers apply it
+    from their next chunk."""
+    quota = Quota(per_minute=per_minute, per_day=per_day)
+    _with_store(settings, lambda store: store.set(tenant, quota))
+    return quota.to_json()
 
 
 def _set_capacity(settings: Settings, tenant: str, per_minute: int) -> None:

@@ -47,6 +47,7 @@ ROUTES = [
     Route("/queue/{namespace}/{topic}/replay", actions.replay_dead_items, methods=["POST"]),
     Route("/tenants", tenants.tenants),
     Route("/tenants/weight", tenants.edit_weight, methods=["POST"]),
+    Route("/tenants/quota", tenants.edit_quota, methods=["POST"]),
     Route("/login", actions.login, methods=["GET", "POST"]),
     Route("/logout", actions.logout, methods=["POST"]),
     Route("/healthz", lambda request: PlainTextResponse("ok")),

@@ -1,5 +1,5 @@
-"""The tenants page: weights, quotas and this minute's usage side by side, and the weight
-edit (``asynctier tenant set``)."""
+"""The tenants page: weights, quotas and this minute's usage side by side, and their edits
+(``asynctier tenant set``, ``asynctier quota set``)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,16 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from asynctier.cli.quota import set_quota
 from asynctier.cli.tenant import read_tenants, set_weight
 from asynctier.console import params
 from asynctier.console.security import audit, check_action
 from asynctier.console.state import console_of, render
 from asynctier.platform.errors import AsynctierError
 from asynctier.scheduler.queues import MAX_WEIGHT, MIN_WEIGHT
+
+#: The largest quota the form takes (items per window).
+MAX_QUOTA = 10**12
 
 
 async def tenants(request: Request) -> Response:
@@ -37,4 +41,18 @@ async def edit_weight(request: Request) -> Response:
         raise params.bad("weight", f"give a weight from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}")
     await run_in_threadpool(set_weight, console.settings, name, weight)
     audit(request, "tenant weight", f"{name}={weight:g}", 1)
+    return RedirectResponse("/tenants", status_code=303)
+
+
+async def edit_quota(request: Request) -> Response:
+    """Replace one tenant's quota; both windows left blank lift it."""
+    console = console_of(request)
+    await check_action(request, console.options)
+    fields = {k: str(v).strip() for k, v in (await request.form()).items()}
+    name = params.namespace(fields.get("tenant", ""))
+    per_minute = params.integer(fields, "per_minute", None, 1, MAX_QUOTA)
+    per_day = params.integer(fields, "per_day", None, 1, MAX_QUOTA)
+    stored = await run_in_threadpool(set_quota, console.settings, name, per_minute, per_day)
+    said = ", ".join(f"{k}={v}" for k, v in stored.items() if v is not None)
+    audit(request, "tenant quota", f"{name}: {said or 'no quota'}", 1)
     return RedirectResponse("/tenants", status_code=303)

@@ -42,7 +42,8 @@ def test_without_login_every_page_and_action_is_refused(settings: Settings) -> N
             response = client.get(path, follow_redirects=False)
             assert response.status_code == 303 and response.headers["location"] == "/login"
         assert client.get("/live/overview").status_code == 401
-        for path in ("/dlq/orders/replay", "/queue/default/t/cancel", "/jobs/1/stop"):
+        for path in ("/dlq/orders/replay", "/queue/default/t/cancel", "/jobs/1/stop",
+                     "/tenants/weight", "/tenants/quota"):
             assert client.post(path, data={"offset": "0"}).status_code == 401
         wrong = client.get("/", headers={"authorization": "Bearer not-the-token-at-all"},
                            follow_redirects=False)
@@ -127,7 +128,9 @@ def test_read_only_offers_no_action_and_refuses_a_forged_one(settings: Settings)
                            ("/dlq/orders/replay", {"confirm": "yes"}),
                            ("/queue/default/t/cancel", {"id": "1"}),
                            ("/queue/default/t/replay", {"confirm": "yes"}),
-                           ("/jobs/1/stop", {})):
+                           ("/jobs/1/stop", {}),
+                           ("/tenants/weight", {"tenant": "acme", "weight": "2"}),
+                           ("/tenants/quota", {"tenant": "acme", "per_minute": "5"})):
             response = client.post(path, data={**data, "csrf": csrf})
             assert response.status_code == 403 and "read-only" in response.text
         by_script = client.post("/dlq/orders/replay", data={"offset": "0"},
@@ -297,6 +300,29 @@ def test_tenants_page_shows_weights_and_edits_one(settings: Settings) -> None:
         for bad in ({"tenant": "acme", "weight": "nan"}, {"tenant": "acme", "weight": "1e9"},
                     {"tenant": "<b>", "weight": "2"}):
             assert client.post("/tenants/weight", data={"csrf": csrf, **bad}).status_code == 400
+
+
+def _quota_cell(page: str, tenant: str) -> str:
+    found = re.search(rf'data-tenant="{tenant}">.*?</tr>', page, re.S)
+    assert found, page
+    return re.findall(r'<td class="n">([^<]*)</td>', found.group(0))[-2]  # per minute
+
+
+def test_tenants_page_sets_a_quota_and_lifts_it(settings: Settings) -> None:
+    with console(settings) as client:
+        csrf = log_in(client)
+        set_ = client.post("/tenants/quota", data={"csrf": csrf, "tenant": "quoted",
+                                                   "per_minute": "120", "per_day": ""})
+        assert set_.status_code == 200 and _quota_cell(set_.text, "quoted") == "120 (0)"
+        for bad in ({"per_minute": "0"}, {"per_minute": "-5"}, {"per_minute": "abc"},
+                    {"per_day": "1e3"}, {"tenant": "<b>", "per_minute": "5"}):
+            form = {"csrf": csrf, "tenant": "quoted", **bad}
+            assert client.post("/tenants/quota", data=form).status_code == 400
+        assert _quota_cell(client.get("/tenants").text, "quoted") == "120 (0)"
+        lifted = client.post("/tenants/quota", data={"csrf": csrf, "tenant": "quoted",
+                                                     "per_minute": "", "per_day": ""})
+        assert 'data-tenant="quoted"' not in lifted.text or \
+            _quota_cell(lifted.text, "quoted") == "-"
 
 
 def test_with_the_broker_away_the_overview_keeps_the_last_numbers_and_says_so(
