@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from asynctier.platform.durations import epoch_ms, format_duration, parse_durati
 from asynctier.platform.errors import BindingError, ModuleNotAllowed
 from asynctier.platform.framed import RegistryClients, check_reader_schema
 from asynctier.platform.kafka import admin, ensure_topics, topic_partitions, topic_replication
+from asynctier.platform.paused import set_paused
 from asynctier.platform.registry import BindingRegistry
 from asynctier.scheduler.limits.breaker import parse_breaker
 
@@ -267,12 +269,44 @@ def unbind(ctx: click.Context, name: str) -> None:
 
 
 @click.command()
+@click.argument("name")
+@click.pass_context
+def pause(ctx: click.Context, name: str) -> None:
+    """Pause binding NAME: its tailer stops after its in-flight batch (within a second or
+    two) and its records wait in its topic or queue, retries on its ladder included, until
+    `asynctier resume NAME`. Producing and submitting go on."""
+    settings = settings_of(ctx)
+    check_bound(settings, name)
+    set_paused(settings, name, True, by=f"cli:{os.environ.get('USER', 'unknown')}")
+    click.echo(f"paused {name}: its records wait until `asynctier resume {name}`")
+
+
+@click.command()
+@click.argument("name")
+@click.pass_context
+def resume(ctx: click.Context, name: str) -> None:
+    """Resume binding NAME: its tailer starts again from its committed offsets."""
+    settings = settings_of(ctx)
+    check_bound(settings, name)
+    if set_paused(settings, name, False, by=""):
+        click.echo(f"resumed {name}")
+    else:
+        click.echo(f"{name} was not paused")
+
+
+def check_bound(settings: Settings, name: str) -> None:
+    """BindingError unless binding ``name`` exists."""
+    if name not in BindingRegistry(settings).load():
+        raise BindingError(f"no binding {name!r} (`asynctier bindings` lists them)")
+
+
+@click.command()
 @click.option("--json", "as_json", is_flag=True, help="One JSON array, for scripts.")
 @click.pass_context
 def bindings(ctx: click.Context, as_json: bool) -> None:
-    """List the bindings, with their tailers' state: running, restarting: ERROR, failing:
-    ERROR (it keeps failing: 5 restarts in 5 minutes), not running (no tailer process
-    runs it), unknown (Redis does not answer)."""
+    """List the bindings, with their tailers' state: running, paused (`asynctier
+    resume`), restarting: ERROR, failing: ERROR (it keeps failing: 5 restarts in 5
+    minutes), not running (no tailer process runs it), unknown (Redis does not answer)."""
     settings = settings_of(ctx)
     found = BindingRegistry(settings).load()
     states = breaker_states(settings, [b.name for b in found.values()
@@ -294,7 +328,8 @@ def bindings(ctx: click.Context, as_json: bool) -> None:
                       str(b.max_concurrency or "-"), str(b.max_attempts), f"{b.timeout_s:g}s",
                       b.isolation, ",".join(b.ladder_names), _deadlines(b),
                       _breaker(b, states),
-                      status if status == "running" else f"[red]{escape(status)}[/red]")
+                      status if status in ("running", "paused")
+                      else f"[red]{escape(status)}[/red]")
     Console().print(table)
 
 
@@ -339,4 +374,4 @@ def _deadlines(b: Binding) -> str:
     return f"{shown(b.start_within_s)}/{shown(b.expire_after_s)}{defer}"
 
 
-COMMANDS = [bind, unbind, bindings]
+COMMANDS = [bind, unbind, bindings, pause, resume]

@@ -25,6 +25,7 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError, BindingError
 from asynctier.platform.lag import LagCollector, LagReader, LagRow, read_lag
+from asynctier.platform.paused import PAUSED, read_paused
 from asynctier.platform.registry import BindingRegistry, RegistryFollower
 from asynctier.platform.status import binding_status, read_statuses
 from asynctier.queue.backlog import (
@@ -188,7 +189,9 @@ def read_tailers(settings: Settings, bindings: Sequence[Binding]) -> list[Tailer
     if not bindings:
         return []
     statuses = read_statuses(settings)
-    return [TailerRow(b.name, binding_status(b.name, ladder_of(b), statuses))
+    paused = read_paused(settings) if statuses is not None else {}
+    return [TailerRow(b.name, PAUSED if b.name in paused
+                      else binding_status(b.name, ladder_of(b), statuses))
             for b in sorted(bindings, key=lambda b: b.name)]
 
 

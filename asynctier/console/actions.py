@@ -13,6 +13,7 @@ from asynctier.console import params
 from asynctier.console.security import audit, check_action, log_in, same_secret
 from asynctier.console.state import console_of, render
 from asynctier.delay_streams.dlq import LetterFilter, ReplayOptions
+from asynctier.platform.paused import set_paused
 from asynctier.queue.admin import replay_at_rate
 
 #: A bulk action needs this field set: the page asks before it touches many records.
@@ -117,3 +118,18 @@ async def replay_dead_items(request: Request) -> Response:
     audit(request, "queue replay", f"{ns}/{topic}", count)
     return render(request, "done.html", message=f"replayed {count} dead item(s) of {ns}/{topic}",
                   back=f"/queue?namespace={ns}")
+
+
+async def pause_binding(request: Request) -> Response:
+    """Pause a binding (its records wait in its source), or resume it: the path's last
+    part says which. The same call as ``asynctier pause`` and ``resume``."""
+    console = console_of(request)
+    await check_action(request, console.options)
+    name = params.binding_name(request.path_params["name"])
+    if console.sampler.latest.view(name) is None:
+        raise HTTPException(404, f"there is no binding named {name!r}")
+    pausing = request.url.path.endswith("/pause")
+    await run_in_threadpool(set_paused, console.settings, name, pausing,
+                            f"console:{request.state.user}")
+    audit(request, "pause" if pausing else "resume", name, 1)
+    return RedirectResponse(f"/bindings/{name}", status_code=303)

@@ -34,6 +34,8 @@ ROUTES = [
     Route("/live/overview", pages.overview_live),
     Route("/bindings/{name}", pages.binding),
     Route("/live/bindings/{name}", pages.binding_live),
+    Route("/bindings/{name}/pause", actions.pause_binding, methods=["POST"]),
+    Route("/bindings/{name}/resume", actions.pause_binding, methods=["POST"]),
     Route("/dlq/{name}", pages.dead_letters),
     Route("/dlq/{name}/{offset}", pages.dead_letter),
     Route("/dlq/{name}/replay", actions.replay_dead_letters, methods=["POST"]),

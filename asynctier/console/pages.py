@@ -18,12 +18,14 @@ from asynctier.delay_streams.dlq import (
     DeadLetter,
     LetterFilter,
     dead_letter_span,
+    iso_ms,
     list_dead_letters,
     show_bytes,
     show_dead_letter,
 )
 from asynctier.platform.binding import Binding
 from asynctier.platform.errors import AsynctierError, DecodeError
+from asynctier.platform.paused import read_paused
 from asynctier.platform.payloads import decoder_for
 
 #: Dead letters a page of the list reads (the filters apply to those).
@@ -50,8 +52,12 @@ def _view(request: Request) -> Any:
 
 
 def binding(request: Request) -> Response:
-    """One binding: partitions, charts, ladder, settings."""
-    return render(request, "binding.html", **_binding_context(request))
+    """One binding: partitions, charts, ladder, settings, and whether it is paused (read
+    now: the sampled state may be a few seconds old)."""
+    context = _binding_context(request)
+    pause = read_paused(console_of(request).settings).get(context["view"].name)
+    since = iso_ms(pause.since_ms) if pause is not None and pause.since_ms else ""
+    return render(request, "binding.html", pause=pause, paused_since=since, **context)
 
 
 def binding_live(request: Request) -> Response:

@@ -29,6 +29,8 @@ class BindingBook:
         self.registry = BindingRegistry(settings)
         self._bindings: dict[str, Binding] = {}
         self._lock = threading.Lock()
+        #: The paused bindings (:mod:`asynctier.platform.paused`): their due records wait.
+        self.paused: frozenset[str] = frozenset()
         self._reload_every_s = reload_every_s
         # names a fresh read of the registry did not have, and when it was read
         self._missing: dict[str, float] = {}
@@ -37,6 +39,10 @@ class BindingBook:
         """Replace what is known (the follower's latest view)."""
         with self._lock:
             self._bindings = dict(bindings)
+
+    def set_paused(self, names: frozenset[str]) -> None:
+        """Replace the paused set (the pause follower's latest read)."""
+        self.paused = names
 
     def all(self) -> list[Binding]:
         """Every known binding."""

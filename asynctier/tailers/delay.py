@@ -13,9 +13,11 @@ whose binding no longer exists goes to that binding's dead-letter topic (reason
 ``binding_removed``). Offsets are committed, per partition highest released + 1, only
 after every hand-off of the batch was confirmed.
 
-The delay path needs only Kafka (and a scheduler). Redis is touched only for a
-``--ordering key`` binding: a record of it that succeeds or becomes a dead letter unparks
-its key (:class:`~asynctier.tailers.key_order.KeyHeads`) before the batch is committed.
+The delay path needs only Kafka (and a scheduler). Redis is touched for a ``--ordering key``
+binding (a record of it that succeeds or becomes a dead letter unparks its key,
+:class:`~asynctier.tailers.key_order.KeyHeads`, before the batch is committed) and for the
+paused bindings, read every second: a due record of a paused binding goes back to its
+ladder's first delay topic, attempt unspent. Without Redis the last pauses read hold.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from asynctier.platform.kafka import (
     topic_replication,
 )
 from asynctier.platform.membership import default_client
+from asynctier.platform.paused import PauseFollower
 from asynctier.platform.registry import RegistryFollower
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.signals import wait_for_stop
@@ -70,6 +73,9 @@ from asynctier.tailers.pipeline import Hook, Pipeline, no_hook
 from asynctier.tailers.source import TP, Batch, Prepared, high_marks
 
 log = logging.getLogger(__name__)
+
+#: A paused binding's held retries are said in the log at most this often.
+HELD_LOG_EVERY_MS = 60_000
 
 COMPONENT = "delay"
 #: Dead-letter reason of a record whose binding was removed while it waited.
@@ -186,6 +192,8 @@ class DelaySource:
                 local.append((msg, tailer.orphan(name if possible else UNBOUND, parcel)))
             elif parcel.due_ms > now:
                 local.append((msg, tailer.hop(binding, parcel)))
+            elif name in tailer.bindings.paused:
+                local.append((msg, tailer.hold(binding, parcel, now)))
             else:
                 # the record's origin: every copy of one record is one record to the
                 # scheduler (its run-once key and its quota charge)
@@ -272,6 +280,7 @@ class DelayTailer:
         self.pauses = PauseBook()
         self.assigned = threading.Event()
         self.stats: Counter[str] = Counter()
+        self._held_said: dict[str, int] = {}  # binding -> when its hold was last logged
         self.partitions = Partitions(f"delay {self.interval}")
         self.partitions.listen(assigned=self._assigned, gone=self._gone)
         self.owned = self.partitions.owned  # only these are released and committed
@@ -376,6 +385,22 @@ class DelayTailer:
             return "hop"
         return act
 
+    def hold(self, binding: Binding, parcel: Parcel, now_ms: int) -> Action:
+        """A due record of a paused binding: back to its ladder's first delay topic, due
+        one hop later, its attempt not spent; it runs once the binding is resumed."""
+        said = self._held_said.get(binding.name)
+        if said is None or now_ms - said >= HELD_LOG_EVERY_MS:
+            self._held_said[binding.name] = now_ms
+            log.info("delay %s: binding %s is paused: its due retries go back one hop "
+                     "(attempts unspent) until `asynctier resume %s`", self.interval,
+                     binding.name, binding.name)
+
+        def act() -> str:
+            due_ms = now_ms + int(binding.retry_ladder_s[0] * 1000)
+            self.handoff.delay(binding, parcel, due_ms, parcel.attempt, parcel.error)
+            return "held"
+        return act
+
     def orphan(self, name: str, parcel: Parcel) -> Action:
         """A record whose binding is gone: to that binding's dead-letter topic."""
         self._ensure_dlq(name)
@@ -437,9 +462,17 @@ class DelayService:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.follower = RegistryFollower(settings, self._on_bindings)
+        self.pauses = PauseFollower(settings, self.bindings.set_paused)
 
     def start(self) -> None:
-        """Read the bindings, create their topics, start the tailers; follow changes."""
+        """Read the pauses and the bindings, create their topics, start the tailers;
+        follow changes."""
+        self.pauses.read_once()
+        self._threads.append(Supervisor(
+            "pauses", self.pauses.run, self.stop, what="the paused-bindings follower",
+            hint="Pauses and resumes wait until it reads Redis again; check Redis.",
+            policy=self.settings.restarts,
+            on_restart=metrics.count_task_restart).start().thread)
         self.follower.start()
         self._run_intervals(existing_delay_intervals(self.settings))
 
@@ -482,6 +515,7 @@ class DelayService:
         deadline = time.monotonic() + timeout_s
         for thread in list(self._threads):
             thread.join(max(0.0, deadline - time.monotonic()))
+        self.pauses.close()
 
 
 def run_delay_tailers(settings: Settings, stop: threading.Event,

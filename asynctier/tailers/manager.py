@@ -1,7 +1,8 @@
 """Runs one tailer thread per binding and follows the bindings topic live.
 
 A new binding gets its tailer within seconds; a removed binding's tailer is told to stop
-and finishes its in-flight batch first; a changed binding's tailer is restarted.
+and finishes its in-flight batch first; a changed binding's tailer is restarted. A paused
+binding (:mod:`asynctier.platform.paused`) is treated as removed until it is resumed.
 
 Each tailer runs under a :class:`~asynctier.platform.supervise.Supervisor`: a tailer that
 raises (a fatal consume error, a bug) or a binding whose topics cannot be prepared is
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
+from asynctier.platform.paused import PauseFollower
 from asynctier.platform.registry import RegistryFollower
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.supervise import RestartPolicy, Supervisor
@@ -75,20 +77,35 @@ class TailerManager:
         self.only = only
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
+        self._bindings: dict[str, Binding] = {}
+        self._stopping = threading.Event()
+        self.pauses = PauseFollower(settings, lambda _: self._apply(self._bindings))
+        self._pause_loop = Supervisor(
+            "pauses", self.pauses.run, self._stopping, what="the paused-bindings follower",
+            hint="Pauses and resumes wait until it reads Redis again; check Redis.",
+            policy=settings.restarts, on_restart=metrics.count_task_restart)
         self.follower = RegistryFollower(settings, self._apply)
 
     def start(self) -> None:
-        """Read the bindings and start their tailers; then follow changes."""
+        """Read the pauses and the bindings and start the tailers of those not paused;
+        then follow changes of both."""
+        self.pauses.read_once()
         self.follower.start()
+        self._pause_loop.start()
 
     def _apply(self, bindings: dict[str, Binding]) -> None:
-        wanted = {k: b for k, b in bindings.items() if self.only is None or self.only(b)}
+        paused = self.pauses.paused
         with self._lock:
+            if self._stopping.is_set():
+                return
+            self._bindings = bindings
+            wanted = {k: b for k, b in bindings.items()
+                      if (self.only is None or self.only(b)) and k not in paused}
             for name in list(self._running):
                 current = self._running[name]
                 if name not in wanted or wanted[name] != current.binding:
-                    log.info("binding %s removed or changed: stopping its tailer after its "
-                             "in-flight batch", name)
+                    log.info("binding %s %s: stopping its tailer after its in-flight batch",
+                             name, "paused" if name in paused else "removed or changed")
                     current.stop.set()
                     current.thread.join()
                     del self._running[name]
@@ -120,6 +137,7 @@ class TailerManager:
         most ``timeout_s`` in all: a tailer stuck in the Kafka client (librdkafka can hang
         when a consumer leaves during a rebalance) is left behind, with where it was in
         the log, so that the process still exits; what it did not commit is read again."""
+        self._stopping.set()
         self.follower.stop()
         with self._lock:
             for running in self._running.values():
@@ -132,3 +150,5 @@ class TailerManager:
                               "without it (the records it did not commit are read again). "
                               "It was at:\n%s", name, timeout_s, _stack(running.thread))
             self._running.clear()
+        self._pause_loop.join(2.0)
+        self.pauses.close()

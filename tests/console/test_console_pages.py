@@ -15,6 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from asynctier.platform.config import Settings
+from asynctier.platform.paused import read_paused
 from asynctier.queue import QueueStore
 from asynctier.queue.items import NewItem
 from asynctier.queue.shards import ShardedQueue
@@ -43,7 +44,7 @@ def test_without_login_every_page_and_action_is_refused(settings: Settings) -> N
             assert response.status_code == 303 and response.headers["location"] == "/login"
         assert client.get("/live/overview").status_code == 401
         for path in ("/dlq/orders/replay", "/queue/default/t/cancel", "/jobs/1/stop",
-                     "/tenants/weight", "/tenants/quota"):
+                     "/tenants/weight", "/tenants/quota", "/bindings/orders/pause"):
             assert client.post(path, data={"offset": "0"}).status_code == 401
         wrong = client.get("/", headers={"authorization": "Bearer not-the-token-at-all"},
                            follow_redirects=False)
@@ -130,7 +131,8 @@ def test_read_only_offers_no_action_and_refuses_a_forged_one(settings: Settings)
                            ("/queue/default/t/replay", {"confirm": "yes"}),
                            ("/jobs/1/stop", {}),
                            ("/tenants/weight", {"tenant": "acme", "weight": "2"}),
-                           ("/tenants/quota", {"tenant": "acme", "per_minute": "5"})):
+                           ("/tenants/quota", {"tenant": "acme", "per_minute": "5"}),
+                           ("/bindings/orders/pause", {})):
             response = client.post(path, data={**data, "csrf": csrf})
             assert response.status_code == 403 and "read-only" in response.text
         by_script = client.post("/dlq/orders/replay", data={"offset": "0"},
@@ -300,6 +302,24 @@ def test_tenants_page_shows_weights_and_edits_one(settings: Settings) -> None:
         for bad in ({"tenant": "acme", "weight": "nan"}, {"tenant": "acme", "weight": "1e9"},
                     {"tenant": "<b>", "weight": "2"}):
             assert client.post("/tenants/weight", data={"csrf": csrf, **bad}).status_code == 400
+
+
+def test_the_binding_page_pauses_and_resumes_it(settings: Settings) -> None:
+    dead_letters(settings, "orders", [{"id": 1}])
+    with console(settings) as client:
+        csrf = log_in(client)
+        sample(client)
+        assert 'id="pause"' in client.get("/bindings/orders").text
+        paused = client.post("/bindings/orders/pause", data={"csrf": csrf})
+        assert paused.status_code == 200 and 'id="paused"' in paused.text
+        assert 'id="resume"' in paused.text and "by console:operator" in paused.text
+        assert set(read_paused(settings)) == {"orders"}
+        assert sample(client).view("orders").state == "paused"  # type: ignore[union-attr]
+        resumed = client.post("/bindings/orders/resume", data={"csrf": csrf})
+        assert 'id="paused"' not in resumed.text and 'id="pause"' in resumed.text
+        assert read_paused(settings) == {}
+        assert client.post("/bindings/nosuch/pause", data={"csrf": csrf}).status_code == 404
+        assert read_paused(settings) == {}
 
 
 def _quota_cell(page: str, tenant: str) -> str:

@@ -92,6 +92,9 @@ def test_stopping_gives_up_on_a_stuck_tailer_and_says_where_it_was(
     manager = TailerManager.__new__(TailerManager)
     manager.follower = SimpleNamespace(stop=lambda: None)  # type: ignore[assignment]
     manager._lock = threading.Lock()
+    manager._stopping = threading.Event()
+    manager._pause_loop = SimpleNamespace(join=lambda timeout_s: None)  # type: ignore[assignment]
+    manager.pauses = SimpleNamespace(close=lambda: None)  # type: ignore[assignment]
     thread = threading.Thread(target=stuck_in_the_client, daemon=True)
     thread.start()
     stop = threading.Event()
