@@ -122,6 +122,13 @@ def _serve_metrics(port: int | None, health: Health) -> None:
         serve_health(port, health)  # logs the port it bound
 
 
+def readiness(health: Health) -> str:
+    """A process's readiness as a status line: ``running``, or ``not ready: <why>``."""
+    why = health.not_ready()
+    return "running" if not why else "not ready: " + "; ".join(
+        f"{name}: {reason}" for name, reason in sorted(why.items()))
+
+
 def _on_serving(health: Health, settings: Settings) -> Callable[[str], None]:
     """The ``ready_callback`` of a server (scheduler, Submitter): called on its event loop
     once it serves; from then on the loop's turns are its liveness, and it is ready while
@@ -167,8 +174,15 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
     elif component == "submitter":
         from asynctier.submitter.server import run_submitter
 
-        run_submitter(settings, listen=submitter_listen or settings.submitter_listen, stop=stop,
-                      options=submitter_options, ready_callback=_on_serving(health, settings))
+        where = submitter_listen or settings.submitter_listen
+        board = StatusBoard(settings, "submitter",
+                            extra=lambda: {f"submitter {where}": readiness(health)})
+        board.start()
+        try:
+            run_submitter(settings, listen=where, stop=stop, options=submitter_options,
+                          ready_callback=_on_serving(health, settings))
+        finally:
+            board.stop()
     elif component == "tailers":
         run_tailers(settings, stop, options, export_lag=metrics_port is not None,
                     health=health)

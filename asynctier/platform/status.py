@@ -1,11 +1,13 @@
-"""Where a process says how its supervised loops do, for ``asynctier bindings`` and ``lag``.
+"""Where a process says how its supervised loops do, for ``asynctier bindings``, ``lag``
+and the console.
 
-Each tailer and delay process publishes, every second, the state of each of its loops
+Each tailer, delay and Submitter process publishes, every second, the state of each of its loops
 (``running``, ``restarting: <error>``, ``failing: <error>``...) to one Redis hash,
 ``<prefix>:tailer-status``, under a field of its own (``host:pid:component``) with an
 expiry: a process that died drops out once it has passed. A loop is named by its binding
 (``orders``), a binding's second loop by ``orders:parked`` or ``orders:queue``, a delay
-tailer by ``delay:30s``. The CLI reads the hash whole and gives each binding the worst
+tailer by ``delay:30s``; a Submitter adds a line of its own, ``submitter <address>``, with
+its readiness. The CLI reads the hash whole and gives each binding the worst
 state of its own loops and of the delay tailers of its ladder.
 
 Publishing is best effort: with Redis away the tailers go on (logged once), and the CLI
@@ -52,8 +54,10 @@ class StatusBoard:
     published to Redis while it runs."""
 
     def __init__(self, settings: Settings, component: str,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 extra: Callable[[], Mapping[str, str]] | None = None) -> None:
         self.settings = settings
+        self.extra = extra  # lines of the process itself (a Submitter's readiness)
         self.key = status_key(settings)
         self.field = f"{socket.gethostname()}:{os.getpid()}:{component}"
         self.clock = clock
@@ -62,8 +66,11 @@ class StatusBoard:
         self._down = False
 
     def snapshot(self) -> dict[str, str]:
-        """Each supervised loop's status line."""
-        return {name: r.shown() for name, r in loops().items()}
+        """Each supervised loop's status line, and the process's own (``extra``)."""
+        found = {name: r.shown() for name, r in loops().items()}
+        if self.extra is not None:
+            found.update(self.extra())
+        return found
 
     def start(self) -> None:
         """Publish every :data:`PUBLISH_EVERY_S` in a thread of its own."""

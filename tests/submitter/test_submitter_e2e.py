@@ -16,6 +16,7 @@ import pytest
 from asynctier import Client
 from asynctier.client import BindingNotFound, InvalidWorkload
 from asynctier.platform.config import Settings
+from asynctier.platform.status import read_statuses
 from asynctier.submitter.protocol import Result, Workload
 from tests.faults.checker import succeeded
 from tests.helpers import wait_until
@@ -103,6 +104,13 @@ def test_kafka_binding_answers_partition_and_offset(plat: SubmitterPlatform) -> 
             client.submit("nope", doc(1))
     wait_ran(plat, set(range(300)), 120)
     assert 999 not in succeeded(plat.calls())
+    # the Submitter says it is ready where the console and the CLI read the processes
+    line = f"submitter 127.0.0.1:{plat.submitter_ports['submitter']}"
+    wait_until(lambda: (read_statuses(plat.settings) or {}).get(line) == "running", 10,
+               "the Submitter's status line")
+    plat.stop("submitter")
+    wait_until(lambda: line not in (read_statuses(plat.settings) or {}), 10,
+               "a stopped Submitter's line gone")
 
 
 def test_submit_cli_prints_a_summary_with_line_numbers(
