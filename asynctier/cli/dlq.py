@@ -1,4 +1,5 @@
-"""``asynctier dlq list | show | replay BINDING``: inspect and replay dead letters."""
+"""``asynctier dlq list | show | replay | purge BINDING``: inspect, replay and delete dead
+letters."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from asynctier.delay_streams.dlq import (
     ReplayOptions,
     ReplayReport,
     list_dead_letters,
+    purge_dead_letters,
     replay,
     show_dead_letter,
 )
@@ -32,7 +34,7 @@ from asynctier.platform.registry import BindingRegistry
 
 @click.group()
 def dlq() -> None:
-    """Dead letters: list them, show one, replay them after a fix."""
+    """Dead letters: list them, show one, replay them after a fix, delete them."""
 
 
 @dlq.command("list")
@@ -121,6 +123,23 @@ def _decoded(settings: Settings, name: str, value: bytes | None) -> Any:
         return json.loads(json.dumps(decode(value), default=repr))
     except DecodeError as exc:
         return f"({exc.reason}: {exc})"
+
+
+@dlq.command()
+@click.argument("binding")
+@click.option("--all", "everything", is_flag=True,
+              help="Every dead letter, replayed or not (asks for --yes).")
+@click.option("--yes", is_flag=True, help="Yes, delete them all (with --all).")
+@click.pass_context
+def purge(ctx: click.Context, binding: str, everything: bool, yes: bool) -> None:
+    """Delete the dead letters a bulk replay has passed (before the replay position), or
+    with --all --yes every one. Kafka deletes up to an offset: a dead letter after one
+    never replayed is kept."""
+    if everything and not yes:
+        raise click.UsageError("--all deletes dead letters never replayed too: add --yes")
+    done = purge_dead_letters(settings_of(ctx), binding, everything)
+    click.echo(f"deleted {done.deleted} dead letter(s) of {binding}; {done.kept} kept "
+               f"(from offset {done.first_kept})")
 
 
 @dlq.command("replay")

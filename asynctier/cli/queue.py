@@ -251,6 +251,23 @@ def cancel(ctx: click.Context, topic: str, item_id: str, namespace: str) -> None
     click.echo(f"cancelled {item_id!r} of {namespace}/{topic}")
 
 
+@queue.command("run-now")
+@click.argument("topic")
+@click.argument("item_id", metavar="ID")
+@_namespace_option
+@click.pass_context
+def run_now(ctx: click.Context, topic: str, item_id: str, namespace: str) -> None:
+    """Make a delayed item (waiting out a retry's backoff or its deliver-after) due now;
+    exit 1 when there is no delayed item ID (a ready, running or waiting one is left)."""
+    with _queue(ctx) as q:
+        done = q.run_now(namespace, topic, item_id)
+    if not done:
+        click.echo(f"no delayed item {item_id!r} in {namespace}/{topic} (`asynctier queue "
+                   "show` says what state it is in)", err=True)
+        sys.exit(1)
+    click.echo(f"{item_id!r} of {namespace}/{topic} is due now")
+
+
 @queue.command()
 @click.argument("topic")
 @_namespace_option

@@ -4,6 +4,8 @@ and each writes an audit line."""
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -13,6 +15,7 @@ from asynctier.console import params
 from asynctier.console.security import audit, check_action, log_in, same_secret
 from asynctier.console.state import console_of, render
 from asynctier.delay_streams.dlq import LetterFilter, ReplayOptions
+from asynctier.delay_streams.dlq import purge_dead_letters as dlq_purge
 from asynctier.platform.paused import set_paused
 from asynctier.queue.admin import replay_at_rate
 
@@ -71,6 +74,25 @@ async def replay_dead_letters(request: Request) -> Response:
     return RedirectResponse(f"/jobs#job-{job.id}", status_code=303)
 
 
+async def purge_dead_letters(request: Request) -> Response:
+    """Delete the dead letters a bulk replay has passed, or (confirmed) every one
+    (``asynctier dlq purge [--all]``)."""
+    console = console_of(request)
+    await check_action(request, console.options)
+    name = params.binding_name(request.path_params["name"])
+    fields = {k: str(v) for k, v in (await request.form()).items()}
+    everything = fields.get("scope") == "all"
+    if everything and fields.get(CONFIRM) != "yes":
+        raise params.bad(CONFIRM, "deleting every dead letter drops those never replayed "
+                                  "too: tick the confirmation")
+    done = await run_in_threadpool(dlq_purge, console.settings, name, everything)
+    audit(request, "dlq purge", f"{name} ({'all' if everything else 'replayed'})",
+          done.deleted)
+    return render(request, "done.html", message=f"deleted {done.deleted} dead letter(s) of "
+                  f"{name}; {done.kept} kept (from offset {done.first_kept})",
+                  back=f"/dlq/{name}")
+
+
 async def stop_job(request: Request) -> Response:
     """Stop a replay at its next batch."""
     console = console_of(request)
@@ -100,6 +122,25 @@ async def cancel_item(request: Request) -> Response:
         raise HTTPException(404, f"no item {item_id!r} in {ns}/{topic}")
     return render(request, "done.html", message=f"cancelled item {item_id!r} of {ns}/{topic}",
                   back=f"/queue?namespace={ns}")
+
+
+async def run_item_now(request: Request) -> Response:
+    """Make a delayed queue item due now (``asynctier queue run-now``)."""
+    console = console_of(request)
+    await check_action(request, console.options)
+    ns = params.namespace(request.path_params["namespace"])
+    topic = params.topic(request.path_params["topic"])
+    form = await request.form()
+    item_id = params.text({k: str(v) for k, v in form.items()}, "id")
+    if not item_id:
+        raise params.bad("id", "give the item's id")
+    done = await run_in_threadpool(console.queue.run_now, ns, topic, item_id)
+    audit(request, "queue run-now", f"{ns}/{topic}/{item_id}", int(done))
+    if not done:
+        raise HTTPException(409, f"item {item_id!r} of {ns}/{topic} is not delayed: only a "
+                                 "delayed item can be made due now")
+    where = urlencode({"namespace": ns, "topic": topic, "id": item_id})
+    return RedirectResponse(f"/queue/item?{where}", status_code=303)
 
 
 async def replay_dead_items(request: Request) -> Response:

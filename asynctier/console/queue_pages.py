@@ -13,10 +13,14 @@ from starlette.responses import Response
 from asynctier.console import params
 from asynctier.console.state import console_of, render
 from asynctier.delay_streams.dlq import iso_ms, show_bytes
+from asynctier.queue.items import LIVE_STATES
 from asynctier.schedules.store import ScheduleStore
 
 #: Dead items a page lists.
 DEAD_PAGE = 100
+#: Live items a browsed page lists, and the furthest it pages (an offset walks the index).
+ITEMS_PAGE = 100
+MAX_START = 100_000
 
 
 async def queue(request: Request) -> Response:
@@ -52,6 +56,7 @@ async def item(request: Request) -> Response:
     doc["headers"] = [(k, show_bytes(v)[1]) for k, v in info.headers]
     doc["enqueued"] = iso_ms(info.enqueued_ms)
     doc["released"] = iso_ms(info.released_ms) if info.released_ms else ""
+    doc["due"] = iso_ms(info.deliver_after_ms) if info.deliver_after_ms else ""
     return render(request, "item.html", namespace=ns, topic=topic, doc=doc, info=info)
 
 
@@ -64,3 +69,22 @@ async def dead_items(request: Request) -> Response:
               "dead": iso_ms(r.dead_ms), "payload": show_bytes(r.payload)[1]} for r in rows]
     return render(request, "dead_items.html", namespace=ns, topic=topic, items=items,
                   now=time.time())
+
+
+async def items(request: Request) -> Response:
+    """A page of a topic's items in one state, as the lease takes them (priority first)."""
+    ns = params.namespace(request.path_params["namespace"])
+    topic = params.topic(request.path_params["topic"])
+    state = request.query_params.get("state", "ready")
+    if state not in LIVE_STATES:
+        raise params.bad("state", f"give one of {', '.join(LIVE_STATES)}")
+    start = params.integer(request.query_params, "start", 0, 0, MAX_START) or 0
+    rows = await run_in_threadpool(console_of(request).queue.browse, ns, topic, state,
+                                   ITEMS_PAGE, start)
+    shown = [{"id": r.id, "priority": r.priority, "attempts": r.attempts,
+              "enqueued": iso_ms(r.enqueued_ms),
+              "due": iso_ms(r.deliver_after_ms) if r.deliver_after_ms else "",
+              "owner": r.lease_owner or "", "payload": show_bytes(r.head)[1]} for r in rows]
+    return render(request, "items.html", namespace=ns, topic=topic, state=state,
+                  states=LIVE_STATES, items=shown, start=start, page=ITEMS_PAGE,
+                  more=len(rows) == ITEMS_PAGE and start + ITEMS_PAGE <= MAX_START)

@@ -35,6 +35,7 @@ from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError
+from asynctier.platform.kafka import admin
 from asynctier.platform.registry import BindingRegistry
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.platform.wire import Outcome
@@ -260,6 +261,40 @@ def dead_letter_span(settings: Settings, binding: str,
         return int(low), int(high)
     finally:
         consumer.close()
+
+
+@dataclass(frozen=True)
+class Purged:
+    """What a purge did: the dead letters deleted, the ones kept, the first offset kept."""
+
+    deleted: int
+    kept: int
+    first_kept: int
+
+
+def purge_dead_letters(settings: Settings, binding: str, everything: bool = False,
+                       timeout_s: float = 15.0) -> Purged:
+    """Delete ``binding``'s dead letters that a bulk replay has passed (those before the
+    replay group's position: ``dlq replay`` without a filter moves it), or every one
+    (``everything``). Kafka deletes up to an offset (``DeleteRecords``), so a dead letter
+    a chosen or filtered replay ran, but that lies after one never replayed, is kept."""
+    consumer = _consumer(settings, settings.names.dlq_replay_group(binding))
+    try:
+        tp = _partition(settings, consumer, binding, timeout_s)
+        low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+        replayed = -1 if everything else _committed(consumer, tp, timeout_s)
+    finally:
+        consumer.close()
+    upto = high if everything else min(max(replayed, low), high)
+    if upto > low:
+        client = admin(settings)  # kept until its futures are resolved: they need it
+        futures = client.delete_records([TopicPartition(tp.topic, 0, upto)],
+                                        request_timeout=timeout_s)
+        for future in futures.values():
+            future.result(timeout=timeout_s + 5)
+        log.info("dead letters of %s: deleted offsets %d to %d (%s); %d kept", binding,
+                 low, upto - 1, "all" if everything else "replayed", high - upto)
+    return Purged(max(0, upto - low), high - max(upto, low), max(upto, low))
 
 
 def show_dead_letter(settings: Settings, binding: str, offset: int,

@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal
 
 from asynctier.platform.errors import QueueError
 
@@ -90,6 +90,24 @@ class Leased:
     lease_ran_out: bool = False
     checkpoint: bytes | None = None
     checkpoint_kind: str | None = None
+
+
+#: The states :meth:`~asynctier.queue.store.QueueStore.browse` lists (dead items have
+#: their own list).
+LIVE_STATES: Final = ("ready", "delayed", "leased", "waiting")
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One live item in a browsed page: ``head``, the first bytes of its payload."""
+
+    id: str
+    priority: int
+    attempts: int
+    enqueued_ms: int
+    deliver_after_ms: int | None  # None while it waits for its parents
+    lease_owner: str | None
+    head: bytes
 
 
 @dataclass(frozen=True)

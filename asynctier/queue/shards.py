@@ -18,6 +18,7 @@ from asynctier.queue.items import (
     EnqueueResult,
     ItemInfo,
     Leased,
+    Listed,
     Nack,
     NewItem,
     Resolved,
@@ -157,6 +158,17 @@ class ShardedQueue:
         """:meth:`QueueStore.cancel` on the topic's shard."""
         return self.route_of(namespace, topic).call(
             lambda s: s.cancel(namespace, topic, item_id))
+
+    def browse(self, namespace: str, topic: str, state: str, limit: int = 100,
+               offset: int = 0) -> list[Listed]:
+        """:meth:`QueueStore.browse` on the topic's shard."""
+        return self.route_of(namespace, topic).call(
+            lambda s: s.browse(namespace, topic, state, limit, offset))
+
+    def run_now(self, namespace: str, topic: str, item_id: str) -> bool:
+        """:meth:`QueueStore.run_now` on the topic's shard."""
+        return self.route_of(namespace, topic).call(
+            lambda s: s.run_now(namespace, topic, item_id))
 
     def counts(self, namespace: str, topic: str | None = None) -> list[TopicCounts]:
         """:meth:`QueueStore.counts`: of the topic's shard, or of every shard."""

@@ -238,6 +238,33 @@ RETURNING id
 """
 
 #: The items running now (leased) of a namespace's topics, the longest running first.
+#: A delayed item (not leased, not waiting for parents, due later) made due now.
+RUN_NOW = f"""
+UPDATE {ITEMS} SET deliver_after = {NOW}
+WHERE namespace = %(ns)s AND topic = %(topic)s AND id = %(id)s
+  AND lease_owner IS NULL AND waiting_on = 0 AND deliver_after > {NOW}
+RETURNING id
+"""
+
+#: One page of a topic's live items in one state, in the order the lease takes them
+#: (priority, then due time: the lease index); at most 200 bytes of each payload.
+BROWSE = f"""
+WITH clock AS (SELECT {NOW} AS ms)
+SELECT id, priority, attempts, enqueued_ms, deliver_after, lease_owner, waiting_on,
+       substring(payload from 1 for 200)
+FROM {ITEMS}, clock
+WHERE namespace = %(ns)s AND topic = %(topic)s
+  AND CASE %(state)s
+        WHEN 'ready' THEN deliver_after <= clock.ms
+        WHEN 'delayed' THEN deliver_after > clock.ms AND lease_owner IS NULL
+                            AND waiting_on = 0
+        WHEN 'leased' THEN deliver_after > clock.ms AND lease_owner IS NOT NULL
+        WHEN 'waiting' THEN waiting_on > 0
+      END
+ORDER BY priority DESC, deliver_after, seq
+LIMIT %(limit)s OFFSET %(offset)s
+"""
+
 RUNNING = f"""
 SELECT topic, id, attempts, lease_owner, {NOW} - leased_ms, {NOW} - heartbeat_ms,
        {NOW} - checkpoint_ms, octet_length(checkpoint)

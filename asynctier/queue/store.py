@@ -35,6 +35,7 @@ from asynctier.queue import deps, sql
 from asynctier.queue.dsn import redact_dsn
 from asynctier.queue.items import (
     CHECKPOINT_KINDS,
+    LIVE_STATES,
     MAX_LEASE_BATCH,
     Dead,
     DeadItem,
@@ -42,6 +43,7 @@ from asynctier.queue.items import (
     Header,
     ItemInfo,
     Leased,
+    Listed,
     Nack,
     NewItem,
     Resolved,
@@ -334,6 +336,29 @@ class QueueStore:
             log.info("queue %s/%s: cancelling %r cancelled %d of its descendants", namespace,
                      topic, item_id, row[1] - row[0])
         return bool(row and row[0])
+
+    def browse(self, namespace: str, topic: str, state: str, limit: int = 100,
+               offset: int = 0) -> list[Listed]:
+        """One page of ``topic``'s items in ``state`` (one of :data:`LIVE_STATES`), in
+        the order the lease takes them: highest priority first, then the earliest due."""
+        _check_topic_args(namespace, topic)
+        if state not in LIVE_STATES:
+            raise QueueError(f"state {state!r}: give one of {', '.join(LIVE_STATES)}")
+        with self._conn() as conn:
+            rows = conn.execute(sql.BROWSE, {"ns": namespace, "topic": topic, "state": state,
+                                             "limit": limit, "offset": offset}).fetchall()
+        return [Listed(id=r[0], priority=r[1], attempts=r[2], enqueued_ms=r[3],
+                       deliver_after_ms=None if r[6] > 0 else r[4], lease_owner=r[5],
+                       head=bytes(r[7] or b"")) for r in rows]
+
+    def run_now(self, namespace: str, topic: str, item_id: str) -> bool:
+        """Make a delayed item (a retry's backoff, a deliver-after) due now; True when
+        there was one. A ready, leased, waiting or dead item is left as it is."""
+        _check_topic_args(namespace, topic)
+        with self._conn() as conn:
+            row = conn.execute(sql.RUN_NOW, {"ns": namespace, "topic": topic,
+                                             "id": item_id}).fetchone()
+        return row is not None
 
     def counts(self, namespace: str, topic: str | None = None) -> list[TopicCounts]:
         """Ready, delayed, leased and dead items and the oldest ready item's age, per

@@ -13,6 +13,7 @@ from asynctier.platform.config import Settings
 from asynctier.queue import Dead, QueueStore
 from asynctier.queue.admin import LineOptions, replay_at_rate
 from asynctier.queue.dsn import redact_dsn
+from asynctier.queue.items import NewItem
 from asynctier.queue.shards import ShardedQueue
 
 Run = Callable[..., Result]
@@ -96,6 +97,12 @@ def test_stats_show_cancel_dead_replay(run: Run, queue_store: QueueStore,
     assert replayed.exit_code == 0 and "replayed 1 dead item(s)" in replayed.output
     assert queue_store.dead_items(queue_namespace, "jobs") == []
 
+    queue_store.enqueue(queue_namespace, [NewItem("jobs", b"{}", id="later", delay_s=3600)])
+    now = run("queue", "run-now", "jobs", "later")
+    assert now.exit_code == 0 and "is due now" in now.output
+    assert queue_store.get(queue_namespace, "jobs", "later").state == "ready"  # type: ignore[union-attr]
+    again = run("queue", "run-now", "jobs", "later")
+    assert again.exit_code == 1 and "no delayed item 'later'" in again.output
     assert run("queue", "cancel", "jobs", "3").exit_code == 0
     assert queue_store.get(queue_namespace, "jobs", "3") is None
     gone = run("queue", "cancel", "jobs", "3")

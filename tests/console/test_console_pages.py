@@ -115,6 +115,12 @@ def test_a_dead_letter_replayed_from_the_console_runs_once(
         client.post("/dlq/orders/replay", data={"csrf": csrf, "confirm": "yes"})
         wait_until(lambda: len(ledger.read(ledger_file)) == 4, 30, "the bulk replay")
         assert sorted(c.id for c in ledger.read(ledger_file)) == [0, 1, 1, 2]
+        wait_until(lambda: _job_done(client), 30, "the bulk replay job to finish")
+        everything = client.post("/dlq/orders/purge", data={"csrf": csrf, "scope": "all"})
+        assert everything.status_code == 400 and "confirmation" in everything.text
+        purged = client.post("/dlq/orders/purge", data={"csrf": csrf, "scope": "replayed"})
+        assert purged.status_code == 200 and "deleted 3 dead letter(s) of orders" in purged.text
+        assert 'data-offset="' not in client.get("/dlq/orders").text
 
 
 def test_read_only_offers_no_action_and_refuses_a_forged_one(settings: Settings) -> None:
@@ -132,7 +138,9 @@ def test_read_only_offers_no_action_and_refuses_a_forged_one(settings: Settings)
                            ("/jobs/1/stop", {}),
                            ("/tenants/weight", {"tenant": "acme", "weight": "2"}),
                            ("/tenants/quota", {"tenant": "acme", "per_minute": "5"}),
-                           ("/bindings/orders/pause", {})):
+                           ("/bindings/orders/pause", {}),
+                           ("/queue/default/t/run-now", {"id": "1"}),
+                           ("/dlq/orders/purge", {"scope": "all", "confirm": "yes"})):
             response = client.post(path, data={**data, "csrf": csrf})
             assert response.status_code == 403 and "read-only" in response.text
         by_script = client.post("/dlq/orders/replay", data={"offset": "0"},
@@ -153,6 +161,21 @@ def test_queue_pages_find_and_cancel_an_item(settings: Settings, postgres: str,
         assert 'data-topic="jobs"' in counts
         item = client.get(f"/queue/item?namespace={queue_namespace}&topic=jobs&id=a1").text
         assert HOSTILE not in item and "&lt;script&gt;" in item
+        page = client.get(f"/queue/{queue_namespace}/jobs/items?state=ready").text
+        assert re.findall(r'data-item="([^"]+)"', page) == ["a1", "a2"]
+        assert HOSTILE not in page and "&lt;script&gt;" in page
+        assert client.get(f"/queue/{queue_namespace}/jobs/items?state=dead").status_code == 400
+        assert client.get(f"/queue/{queue_namespace}/jobs/items?start=-1").status_code == 400
+        queue_store.enqueue(queue_namespace, [NewItem("jobs", b"{}", id="a&3", delay_s=3600)])
+        later = client.get(f"/queue/item?namespace={queue_namespace}&topic=jobs&id=a%263")
+        assert 'id="run-now"' in later.text
+        assert 'id="run-now"' not in item  # a1 is ready: nothing to bring forward
+        ran = client.post(f"/queue/{queue_namespace}/jobs/run-now",
+                          data={"id": "a&3", "csrf": csrf})
+        assert ran.status_code == 200 and 'id="run-now"' not in ran.text
+        assert queue_store.get(queue_namespace, "jobs", "a&3").state == "ready"  # type: ignore[union-attr]
+        assert client.post(f"/queue/{queue_namespace}/jobs/run-now",
+                           data={"id": "a&3", "csrf": csrf}).status_code == 409
         gone = client.post(f"/queue/{queue_namespace}/jobs/cancel",
                            data={"id": "a1", "csrf": csrf})
         assert gone.status_code == 200 and "cancelled item" in gone.text

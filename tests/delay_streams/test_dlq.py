@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from asynctier.cli import main
+from asynctier.delay_streams.dlq import list_dead_letters
 from asynctier.delay_streams.handoff import Handoff, Parcel
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.binding import Binding
@@ -142,6 +143,25 @@ def test_replay_after_a_fix_runs_each_once_and_a_second_replay_redoes_nothing(
     again = cli(settings, scheduler, "dlq", "replay", "orders", "--from-start", "--limit", "10")
     assert "replayed 10 of 10" in again.output
     assert len(ledger.read(ledger_file)) == count + 10
+
+
+def test_purge_deletes_what_a_bulk_replay_passed_and_all_only_when_asked(
+        settings: Settings, scheduler: LocalScheduler, ledger_file: Path) -> None:
+    dead_letters(settings, "orders", [{"id": i, "always_fail": True} for i in range(5)])
+    scheduler.functions["orders"] = delayfuncs.fixed
+    assert "deleted 0 dead letter(s) of orders; 5 kept" in cli(
+        settings, scheduler, "dlq", "purge", "orders").output  # nothing replayed yet
+    assert cli(settings, scheduler, "dlq", "replay", "orders", "--limit", "3").exit_code == 0
+    done = cli(settings, scheduler, "dlq", "purge", "orders")
+    assert done.exit_code == 0, done.output
+    assert "deleted 3 dead letter(s) of orders; 2 kept (from offset 3)" in done.output
+    assert [x.offset for x in list_dead_letters(settings, "orders")] == [3, 4]
+    refused = cli(settings, scheduler, "dlq", "purge", "orders", "--all")
+    assert refused.exit_code != 0 and "add --yes" in refused.output
+    assert len(list_dead_letters(settings, "orders")) == 2
+    everything = cli(settings, scheduler, "dlq", "purge", "orders", "--all", "--yes")
+    assert "deleted 2 dead letter(s) of orders; 0 kept (from offset 5)" in everything.output
+    assert list_dead_letters(settings, "orders") == []
 
 
 def test_a_failing_canary_stops_the_replay_and_its_records_go_back_through_the_ladder(

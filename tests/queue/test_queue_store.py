@@ -206,6 +206,46 @@ def test_extend_lease_keeps_an_item_leased(queue_store: QueueStore,
     assert info is not None and info.state == "leased" and info.lease_owner == "a"
 
 
+def test_run_now_makes_only_a_delayed_item_due(queue_store: QueueStore,
+                                               queue_namespace: str) -> None:
+    ns = queue_namespace
+    queue_store.enqueue(ns, [NewItem(TOPIC, b"later", id="late", delay_s=3600),
+                             NewItem(TOPIC, b"now", id="now")])
+    assert queue_store.get(ns, TOPIC, "late").state == "delayed"  # type: ignore[union-attr]
+    assert not queue_store.run_now(ns, TOPIC, "now")  # ready already
+    assert not queue_store.run_now(ns, TOPIC, "nope")
+    assert queue_store.run_now(ns, TOPIC, "late")
+    assert queue_store.get(ns, TOPIC, "late").state == "ready"  # type: ignore[union-attr]
+    leased = queue_store.lease(ns, TOPIC, 5, 30, "w")
+    assert sorted(i.id for i in leased) == ["late", "now"]
+    assert not queue_store.run_now(ns, TOPIC, "late")  # leased: left to its owner
+    assert queue_store.get(ns, TOPIC, "late").lease_owner == "w"  # type: ignore[union-attr]
+
+
+def test_browse_lists_a_state_in_the_order_the_lease_takes_it(
+        queue_store: QueueStore, queue_namespace: str) -> None:
+    ns = queue_namespace
+    queue_store.enqueue(ns, [NewItem(TOPIC, b"low", id="low", priority=1),
+                             NewItem(TOPIC, b"high", id="high", priority=9),
+                             NewItem(TOPIC, b"mid", id="mid", priority=5),
+                             NewItem(TOPIC, b"x" * 500, id="big", priority=5),
+                             NewItem(TOPIC, b"later", id="later", delay_s=3600),
+                             NewItem(TOPIC, b"kid", id="kid", after=[(TOPIC, "later")])])
+    ready = queue_store.browse(ns, TOPIC, "ready")
+    assert [r.id for r in ready] == ["high", "mid", "big", "low"]
+    assert len(ready[2].head) == 200 and ready[0].head == b"high"
+    assert [r.id for r in queue_store.browse(ns, TOPIC, "ready", limit=2, offset=2)] == [
+        "big", "low"]
+    assert [r.id for r in queue_store.browse(ns, TOPIC, "delayed")] == ["later"]
+    (kid,) = queue_store.browse(ns, TOPIC, "waiting")
+    assert (kid.id, kid.deliver_after_ms) == ("kid", None)
+    queue_store.lease(ns, TOPIC, 1, 30, "w")
+    (leased,) = queue_store.browse(ns, TOPIC, "leased")
+    assert (leased.id, leased.lease_owner) == ("high", "w")
+    with pytest.raises(QueueError, match="state 'dead'"):
+        queue_store.browse(ns, TOPIC, "dead")
+
+
 def test_get_cancel_counts_dead_and_replay(queue_store: QueueStore,
                                            queue_namespace: str) -> None:
     queue_store.enqueue(queue_namespace, [
