@@ -1,7 +1,8 @@
 """The console in a real browser (Debian's chromium through chromedriver, driven by
 Selenium) over the real stack: log in, see the binding on the overview, follow it to a dead
 letter whose payload holds a script (shown as text, never run), replay it and see it run
-once, then find a queue item and cancel it.
+once, find a queue item and cancel it, pause the binding and resume it; and a read-only
+console that offers no action and refuses one a script posts.
 
 One headless browser for the session. With ``ASYNCTIER_SCREENSHOTS=DIR`` the test saves a
 screenshot of each page there (``docs/console`` holds the ones the docs show).
@@ -14,6 +15,7 @@ import os
 import shutil
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ import uvicorn
 
 from asynctier.console import ConsoleOptions, create_app
 from asynctier.platform.config import Settings
+from asynctier.platform.paused import read_paused
 from asynctier.queue import QueueStore
 from asynctier.queue.items import NewItem
 from tests.conftest import service_unavailable
@@ -57,23 +60,46 @@ def browser() -> Iterator[Any]:
     driver.quit()
 
 
-@pytest.fixture
-def served(settings: Settings, scheduler: LocalScheduler,  # noqa: F811
-           postgres: str) -> Iterator[str]:
-    """The console over the test's services on a free port; yields its base URL."""
-    settings = dataclasses.replace(settings, schedulers=(scheduler.address,),
-                                   queue_shards=(postgres,))
+@contextmanager
+def serving(settings: Settings, read_only: bool = False) -> Iterator[str]:
+    """The console over ``settings`` on a free port; yields its base URL."""
     port = free_port()
     app = create_app(settings, ConsoleOptions(listen=f"127.0.0.1:{port}", token=TOKEN,
-                                              sample_every_s=0.5))
+                                              sample_every_s=0.5, read_only=read_only))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_until(lambda: server.started, 20, "the console to serve")
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(20)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(20)
+
+
+@pytest.fixture
+def console_settings(settings: Settings, scheduler: LocalScheduler,  # noqa: F811
+                     postgres: str) -> Settings:
+    """The test's services, its local scheduler and its PostgreSQL."""
+    return dataclasses.replace(settings, schedulers=(scheduler.address,),
+                               queue_shards=(postgres,))
+
+
+@pytest.fixture
+def served(console_settings: Settings) -> Iterator[str]:
+    """The console over the test's services; yields its base URL."""
+    with serving(console_settings) as base:
+        yield base
+
+
+def _log_in(browser: Any, base: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(base + "/")
+    assert browser.current_url.endswith("/login")
+    browser.find_element(By.ID, "token").send_keys(TOKEN)
+    browser.find_element(By.ID, "login").click()
 
 
 def _shot(browser: Any, name: str) -> None:
@@ -103,10 +129,7 @@ def test_log_in_follow_a_dead_letter_replay_it_and_cancel_a_queue_item(
     scheduler.functions["orders"] = delayfuncs.fixed
     find = browser.find_element
 
-    browser.get(served + "/")
-    assert browser.current_url.endswith("/login")
-    find(By.ID, "token").send_keys(TOKEN)
-    find(By.ID, "login").click()
+    _log_in(browser, served)
     row = '[data-binding="orders"]'
 
     def dead_letters_link() -> str:
@@ -142,3 +165,42 @@ def test_log_in_follow_a_dead_letter_replay_it_and_cancel_a_queue_item(
     browser.switch_to.alert.accept()  # "Delete this item?"
     assert "cancelled item" in find(By.ID, "done").text
     assert queue_store.get(queue_namespace, "jobs", "x1") is None
+
+    # pause the binding from its page, and resume it
+    browser.get(f"{served}/bindings/orders")
+    find(By.ID, "pause").click()
+    browser.switch_to.alert.accept()  # "Pause orders? ..."
+    assert "Paused" in find(By.ID, "paused").text and set(read_paused(settings)) == {"orders"}
+    find(By.ID, "resume").click()
+    assert find(By.ID, "pause") and read_paused(settings) == {}
+
+
+def test_read_only_offers_no_action_and_refuses_a_forged_one(
+        browser: Any, console_settings: Settings) -> None:
+    from selenium.webdriver.common.by import By
+
+    dead_letters(console_settings, "orders", [{"id": 1}])
+    with serving(console_settings, read_only=True) as base:
+        _log_in(browser, base)
+        assert browser.find_element(By.ID, "read-only")
+        browser.implicitly_wait(0)  # what is looked for here must be absent: no waiting
+        try:
+            for page in ("/dlq/orders", "/dlq/orders/0", "/tenants"):
+                browser.get(base + page)
+                assert not browser.find_elements(  # logging out is the one form left
+                    By.CSS_SELECTOR, "form[method=post]:not([action='/logout'])"), page
+
+            def binding_page() -> bool:
+                browser.get(base + "/bindings/orders")
+                return "Binding orders" in browser.page_source
+
+            wait_until(binding_page, 30, "the binding page (the console reads every 0.5 s)")
+            assert not browser.find_elements(By.ID, "pause")
+            # a forged action, posted by a script in the logged-in page: refused by the server
+            status = browser.execute_async_script(
+                "const done = arguments[arguments.length - 1];"
+                "fetch('/bindings/orders/pause', {method: 'POST', body: new URLSearchParams("
+                "{csrf: 'forged'})}).then(r => done(r.status));")
+            assert status == 403 and read_paused(console_settings) == {}
+        finally:
+            browser.implicitly_wait(10)
