@@ -53,6 +53,7 @@ ROUTES = [
     Route("/tenants", tenants.tenants),
     Route("/tenants/weight", tenants.edit_weight, methods=["POST"]),
     Route("/tenants/quota", tenants.edit_quota, methods=["POST"]),
+    Route("/tenants/limits", tenants.edit_limits, methods=["POST"]),
     Route("/login", actions.login, methods=["GET", "POST"]),
     Route("/logout", actions.logout, methods=["POST"]),
     Route("/healthz", lambda request: PlainTextResponse("ok")),

@@ -1,7 +1,8 @@
 """The console in a real browser (Debian's chromium through chromedriver, driven by
 Selenium) over the real stack: log in, see the binding on the overview, follow it to a dead
 letter whose payload holds a script (shown as text, never run), replay it and see it run
-once, find a queue item and cancel it, pause the binding and resume it; and a read-only
+once, find a queue item and cancel it, watch the binding's lag fall to 0 as its group
+commits, pause the binding and resume it; and a read-only
 console that offers no action and refuses one a script posts.
 
 One headless browser for the session. With ``ASYNCTIER_SCREENSHOTS=DIR`` the test saves a
@@ -34,7 +35,7 @@ from tests.funcs import delay as delayfuncs
 from tests.funcs import ledger
 from tests.funcs.delay import LocalScheduler
 from tests.helpers import wait_until
-from tests.platform_harness import free_port
+from tests.platform_harness import free_port, produce_json
 
 HOSTILE = "<script>alert(1)</script>"
 
@@ -109,6 +110,31 @@ def _shot(browser: Any, name: str) -> None:
         browser.save_screenshot(str(Path(folder) / f"{name}.png"))
 
 
+def _text(browser: Any, element_id: str) -> str:
+    """The text of an element of the page as it is now ("" while the refresh replaces it)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return str(browser.find_element(By.ID, element_id).text)
+    except (NoSuchElementException, StaleElementReferenceException):
+        return ""
+
+
+def commit_to_the_end(settings: Settings, group: str, topic: str) -> None:
+    """Commit ``group`` at the end of every partition of ``topic``, as a tailer that drained
+    it would."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(settings.kafka_config(**{"group.id": group,
+                                                 "enable.auto.commit": False}))
+    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    ends = [TopicPartition(topic, p, consumer.get_watermark_offsets(
+        TopicPartition(topic, p), timeout=10)[1]) for p in parts]
+    consumer.commit(offsets=ends, asynchronous=False)
+    consumer.close()
+
+
 def _no_alert(browser: Any) -> bool:
     from selenium.common.exceptions import NoAlertPresentException
 
@@ -121,10 +147,12 @@ def _no_alert(browser: Any) -> bool:
 
 def test_log_in_follow_a_dead_letter_replay_it_and_cancel_a_queue_item(
         browser: Any, served: str, settings: Settings, scheduler: LocalScheduler,  # noqa: F811
-        ledger_file: Path, queue_store: QueueStore, queue_namespace: str) -> None:  # noqa: F811
+        ledger_file: Path, queue_store: QueueStore, queue_namespace: str,  # noqa: F811
+        unique_topic: Any) -> None:
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
+    topic = unique_topic(partitions=2, name=f"{settings.prefix}.src")  # the binding's
     dead_letters(settings, "orders", [{"id": 7, "always_fail": True, "note": HOSTILE}])
     scheduler.functions["orders"] = delayfuncs.fixed
     find = browser.find_element
@@ -165,6 +193,15 @@ def test_log_in_follow_a_dead_letter_replay_it_and_cancel_a_queue_item(
     browser.switch_to.alert.accept()  # "Delete this item?"
     assert "cancelled item" in find(By.ID, "done").text
     assert queue_store.get(queue_namespace, "jobs", "x1") is None
+
+    # the binding page's lag: 10 records, then none once its group committed them
+    produce_json(settings, topic, [{"id": i} for i in range(10)])
+    browser.get(f"{served}/bindings/orders")
+    wait_until(lambda: _text(browser, "lag") == "10", 30, "the binding page to show lag 10")
+    commit_to_the_end(settings, settings.names.group("orders"), topic)
+    wait_until(lambda: _text(browser, "lag") == "0", 30,
+               "the binding page to show the lag fall to 0 (it refreshes every 3 s)")
+    _shot(browser, "binding")
 
     # pause the binding from its page, and resume it
     browser.get(f"{served}/bindings/orders")

@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 
 from asynctier.platform.config import Settings
 from asynctier.platform.paused import read_paused
+from asynctier.platform.registry import BindingRegistry
 from asynctier.queue import QueueStore
 from asynctier.queue.items import NewItem
 from asynctier.queue.shards import ShardedQueue
@@ -140,7 +141,8 @@ def test_read_only_offers_no_action_and_refuses_a_forged_one(settings: Settings)
                            ("/tenants/quota", {"tenant": "acme", "per_minute": "5"}),
                            ("/bindings/orders/pause", {}),
                            ("/queue/default/t/run-now", {"id": "1"}),
-                           ("/dlq/orders/purge", {"scope": "all", "confirm": "yes"})):
+                           ("/dlq/orders/purge", {"scope": "all", "confirm": "yes"}),
+                           ("/tenants/limits", {"binding": "orders", "rate": "5"})):
             response = client.post(path, data={**data, "csrf": csrf})
             assert response.status_code == 403 and "read-only" in response.text
         by_script = client.post("/dlq/orders/replay", data={"offset": "0"},
@@ -343,6 +345,31 @@ def test_the_binding_page_pauses_and_resumes_it(settings: Settings) -> None:
         assert read_paused(settings) == {}
         assert client.post("/bindings/nosuch/pause", data={"csrf": csrf}).status_code == 404
         assert read_paused(settings) == {}
+
+
+def test_tenants_page_sets_a_bindings_rate_and_cap_as_bind_stores_them(
+        settings: Settings) -> None:
+    dead_letters(settings, "orders", [{"id": 1}])
+    registry = BindingRegistry(settings)
+    with console(settings) as client:
+        csrf = log_in(client)
+        sample(client)
+        assert 'data-limits="orders"' in client.get("/tenants").text
+        set_ = client.post("/tenants/limits", data={"csrf": csrf, "binding": "orders",
+                                                    "rate": "50", "concurrency": "4"})
+        assert set_.status_code == 200
+        stored = registry.load()["orders"]
+        assert (stored.rate_per_s, stored.max_concurrency) == (50.0, 4)
+        for bad in ({"rate": "-1"}, {"rate": "nan"}, {"concurrency": "0"},
+                    {"concurrency": "1.5"}):
+            form = {"csrf": csrf, "binding": "orders", **bad}
+            assert client.post("/tenants/limits", data=form).status_code == 400
+        assert client.post("/tenants/limits", data={"csrf": csrf, "binding": "nosuch"}
+                           ).status_code == 404
+        client.post("/tenants/limits", data={"csrf": csrf, "binding": "orders", "rate": "",
+                                             "concurrency": ""})
+        stored = registry.load()["orders"]
+        assert (stored.rate_per_s, stored.max_concurrency) == (None, None)
 
 
 def _quota_cell(page: str, tenant: str) -> str:
