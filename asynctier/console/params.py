@@ -85,7 +85,7 @@ def text(query: Mapping[str, str], name: str) -> str:
 
 
 def moment(query: Mapping[str, str], name: str) -> int:
-    """An optional UTC time (``2026-12-04T05:00``, as a datetime-local field sends it) as
+    """An optional UTC time (``YYYY-MM-DDTHH:MM``, as a datetime-local field sends it) as
     epoch ms; 0 when absent."""
     value = query.get(name, "")
     if value == "":
@@ -93,7 +93,7 @@ def moment(query: Mapping[str, str], name: str) -> int:
     try:
         when = datetime.fromisoformat(value[:40])
     except ValueError:
-        raise bad(name, f"{value[:40]!r} is not a time such as 2026-12-04T05:00") from None
+        raise bad(name, f"{value[:40]!r} is not a time as YYYY-MM-DDTHH:MM (UTC)") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return int(when.timestamp() * 1000)

@@ -209,7 +209,7 @@ def _check_seconds(value: float, what: str, where: str, low: float) -> None:
 
 
 def iso(t_ms: int) -> str:
-    """Epoch milliseconds as ISO 8601 UTC (``2026-12-04T05:00:00Z``; ms when not whole)."""
+    """Epoch milliseconds as ISO 8601 UTC (``YYYY-MM-DDTHH:MM:SSZ``; ms when not whole)."""
     moment = datetime.fromtimestamp(t_ms / 1000, UTC)
     text = moment.isoformat(timespec="milliseconds" if t_ms % 1000 else "seconds")
     return text.replace("+00:00", "Z")
