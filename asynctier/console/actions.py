@@ -13,7 +13,7 @@ from starlette.responses import RedirectResponse, Response
 
 from asynctier.console import params
 from asynctier.console.security import audit, check_action, log_in, same_secret
-from asynctier.console.state import console_of, render
+from asynctier.console.state import Console, console_of, render
 from asynctier.delay_streams.dlq import LetterFilter, ReplayOptions
 from asynctier.delay_streams.dlq import purge_dead_letters as dlq_purge
 from asynctier.platform.paused import set_paused
@@ -106,8 +106,8 @@ async def stop_job(request: Request) -> Response:
     return RedirectResponse("/jobs", status_code=303)
 
 
-async def cancel_item(request: Request) -> Response:
-    """Delete one queue item (``asynctier queue cancel``)."""
+async def _item_action(request: Request) -> tuple[Console, str, str, str]:
+    """The checks of an action on one queue item, and (console, namespace, topic, id)."""
     console = console_of(request)
     await check_action(request, console.options)
     ns = params.namespace(request.path_params["namespace"])
@@ -116,6 +116,12 @@ async def cancel_item(request: Request) -> Response:
     item_id = params.text({k: str(v) for k, v in form.items()}, "id")
     if not item_id:
         raise params.bad("id", "give the item's id")
+    return console, ns, topic, item_id
+
+
+async def cancel_item(request: Request) -> Response:
+    """Delete one queue item (``asynctier queue cancel``)."""
+    console, ns, topic, item_id = await _item_action(request)
     gone = await run_in_threadpool(console.queue.cancel, ns, topic, item_id)
     audit(request, "queue cancel", f"{ns}/{topic}/{item_id}", int(gone))
     if not gone:
@@ -126,14 +132,7 @@ async def cancel_item(request: Request) -> Response:
 
 async def run_item_now(request: Request) -> Response:
     """Make a delayed queue item due now (``asynctier queue run-now``)."""
-    console = console_of(request)
-    await check_action(request, console.options)
-    ns = params.namespace(request.path_params["namespace"])
-    topic = params.topic(request.path_params["topic"])
-    form = await request.form()
-    item_id = params.text({k: str(v) for k, v in form.items()}, "id")
-    if not item_id:
-        raise params.bad("id", "give the item's id")
+    console, ns, topic, item_id = await _item_action(request)
     done = await run_in_threadpool(console.queue.run_now, ns, topic, item_id)
     audit(request, "queue run-now", f"{ns}/{topic}/{item_id}", int(done))
     if not done:
