@@ -5,6 +5,7 @@
     client = Client.from_env()            # the Submitters of asynctier.toml / ASYNCTIER_SUBMITTERS
     result = client.submit("resize", {"image": "a.png"}, priority=10)
     results = client.submit_many("resize", payloads)   # one Result per payload, in order
+    client.submit("publish", {"video": 7}, id="pub-7", after=["enc-7-hd", "enc-7-sd"])
 
 A payload is bytes (sent as they are), a str (UTF-8) or anything else (JSON). Calls are
 batched (``max_batch`` workloads a call) and spread over the Submitters; a Submitter that
@@ -12,6 +13,11 @@ does not answer (UNAVAILABLE, or RESOURCE_EXHAUSTED: it is full) is left for ano
 and ``throttled`` workloads are sent again after their retry-after, with backoff, until
 ``deadline_s``. A workload sent again after a lost answer may be written twice unless it
 has an id (a queue item with an id is written once: the second answer is ``duplicate``).
+
+``after`` (queue bindings): the ids the workload waits for, each acked first (an id of the
+binding's topic, or a ``(topic, id)`` pair); a parent must exist already or come earlier in
+the same call, and one that dies makes the workload dead ``parent_failed`` unless
+``on_parent_failure="run"``.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from asynctier.submitter.protocol import (
     METHOD,
     RETRY_AFTER_KEY,
     Call,
+    Parent,
     Result,
     Workload,
     decode_results,
@@ -68,6 +75,13 @@ class BindingNotFound(SubmitError):
 
 class SubmitterUnavailable(SubmitError):
     """No Submitter answered before the deadline."""
+
+
+def parent_refs(after: Iterable[str | tuple[str, str]]) -> tuple[Parent, ...]:
+    """``after`` as the wire's parents: an id of the binding's topic, or (topic, id)."""
+    if isinstance(after, str):
+        raise TypeError("after takes a list of ids, not one id: after=[id]")
+    return tuple((None, p) if isinstance(p, str) else (p[0], p[1]) for p in after)
 
 
 def as_payload(payload: Any) -> bytes:
@@ -137,12 +151,14 @@ class Client:
 
     def submit(self, binding: str, payload: Any, *, key: bytes | None = None,
                priority: int | None = None, delay: float | None = None,
-               id: str | None = None, headers: Iterable[tuple[str, bytes | None]] = ()
-               ) -> Result:
+               id: str | None = None, headers: Iterable[tuple[str, bytes | None]] = (),
+               after: Iterable[str | tuple[str, str]] = (),
+               on_parent_failure: str | None = None) -> Result:
         """Submit one workload; raises InvalidWorkload when it is refused as invalid."""
         [result] = self.submit_many(binding, [payload], key=key, priority=priority,
                                     delay=delay, ids=None if id is None else [id],
-                                    headers=headers)
+                                    headers=headers, after=after,
+                                    on_parent_failure=on_parent_failure)
         if result.status == "invalid":
             raise InvalidWorkload(result.reason or "invalid", result)
         return result
@@ -151,12 +167,16 @@ class Client:
                     priority: int | None = None, delay: float | None = None,
                     ids: Sequence[str] | None = None,
                     headers: Iterable[tuple[str, bytes | None]] = (),
+                    after: Iterable[str | tuple[str, str]] = (),
+                    on_parent_failure: str | None = None,
                     all_or_nothing: bool = False) -> list[Result]:
-        """Submit many workloads in batched calls; one Result per payload, in order (its
-        ``position`` the payload's index). A payload may be a :class:`Workload` (its own
-        fields); ``key``, ``priority``, ``delay`` and ``headers`` apply to the others."""
+        """Submit many workloads in batched calls (in order: a parent before its children);
+        one Result per payload, in order (its ``position`` the payload's index). A payload
+        may be a :class:`Workload` (its own fields); ``key``, ``priority``, ``delay``,
+        ``headers``, ``after`` and ``on_parent_failure`` apply to the others."""
         workloads = self.workloads(payloads, key=key, priority=priority, delay=delay,
-                                   ids=ids, headers=headers)
+                                   ids=ids, headers=headers, after=after,
+                                   on_parent_failure=on_parent_failure)
         if all_or_nothing and len(workloads) > self.max_batch:
             raise SubmitError(f"all or nothing takes at most {self.max_batch} workloads "
                               "(one call)")
@@ -171,17 +191,21 @@ class Client:
     def workloads(payloads: Iterable[Any], *, key: bytes | None = None,
                   priority: int | None = None, delay: float | None = None,
                   ids: Sequence[str] | None = None,
-                  headers: Iterable[tuple[str, bytes | None]] = ()) -> list[Workload]:
+                  headers: Iterable[tuple[str, bytes | None]] = (),
+                  after: Iterable[str | tuple[str, str]] = (),
+                  on_parent_failure: str | None = None) -> list[Workload]:
         """The workloads of ``payloads`` with the shared fields."""
         shared = tuple(headers)
         delay_ms = None if delay is None else round(delay * 1000)
+        parents = parent_refs(after)
         out = []
         for i, p in enumerate(payloads):
             if isinstance(p, Workload):
                 out.append(p)
             else:
                 out.append(Workload(as_payload(p), key, shared, priority, delay_ms,
-                                    None if ids is None else ids[i]))
+                                    None if ids is None else ids[i], parents,
+                                    on_parent_failure))
         return out
 
     def _send_batch(self, binding: str, workloads: list[Workload], all_or_nothing: bool

@@ -2,7 +2,8 @@
 
 Each non-empty line is one workload's payload, sent as it is (the Submitter checks it
 against the binding's format). With ``--envelope`` each line is a JSON object
-``{"payload": ..., "id": ..., "priority": ..., "delay": seconds, "key": "..."}`` whose
+``{"payload": ..., "id": ..., "priority": ..., "delay": seconds, "key": "...",
+"after": [id or [topic, id], ...], "on_parent_failure": "fail" or "run"}`` whose
 ``payload`` (a string is sent as its UTF-8, anything else as JSON) is the workload. The
 summary counts accepted, duplicate, invalid (with line numbers) and throttled workloads;
 it exits 1 when any was invalid or left throttled. ``asynctier enqueue`` and ``asynctier
@@ -19,7 +20,7 @@ from typing import Any
 import click
 
 from asynctier.cli import settings_of
-from asynctier.client import Client, SubmitError, as_payload
+from asynctier.client import Client, SubmitError, as_payload, parent_refs
 from asynctier.submitter.protocol import Result, Workload
 
 #: Lines sent per batch of calls (and per step of the progress bar).
@@ -38,9 +39,18 @@ def _envelope(line: str, number: int) -> Workload:
         raise click.UsageError(f'line {number}: give an object with a "payload" field')
     delay = doc.get("delay")
     key = doc.get("key")
+    after = doc.get("after", [])
+    if not isinstance(after, list) or not all(
+            isinstance(p, str) or (isinstance(p, list) and len(p) == 2
+                                   and all(isinstance(x, str) for x in p)) for p in after):
+        raise click.UsageError(f'line {number}: "after" is a list of ids, or of [topic, id]')
+    opf = doc.get("on_parent_failure")
+    if opf not in (None, "fail", "run"):
+        raise click.UsageError(f'line {number}: "on_parent_failure" is "fail" or "run"')
     return Workload(as_payload(doc["payload"]), None if key is None else str(key).encode(),
                     (), doc.get("priority"), None if delay is None else round(delay * 1000),
-                    doc.get("id"))
+                    doc.get("id"), parent_refs(p if isinstance(p, str) else (p[0], p[1])
+                                               for p in after), opf)
 
 
 def _summary(results: list[Result], lines: list[int]) -> tuple[str, bool]:
@@ -58,7 +68,8 @@ def _summary(results: list[Result], lines: list[int]) -> tuple[str, bool]:
 @click.command()
 @click.argument("binding")
 @click.option("--envelope", is_flag=True,
-              help='Each line is {"payload": ..., "id", "priority", "delay", "key"}.')
+              help='Each line is {"payload": ..., "id", "priority", "delay", "key", "after", '
+                   '"on_parent_failure"}.')
 @click.option("--priority", type=int, help="The priority of every workload (queue bindings).")
 @click.option("--deadline", type=float, default=300.0, show_default=True,
               help="Seconds to keep sending throttled workloads again.")

@@ -67,6 +67,20 @@ class QueueError(AsynctierError):
     names the item and says what to fix."""
 
 
+class ParentRefused(QueueError):
+    """An enqueue refused because of one item's parent (unknown, dead, or later in the
+    batch): nothing of the batch was written. ``position``: that item's place in the
+    batch; ``parent``: (topic, id); ``problem``: what is wrong with it and what to do."""
+
+    def __init__(self, position: int, item_id: str, topic: str, parent: tuple[str, str],
+                 problem: str) -> None:
+        super().__init__(f"item {position} ({item_id!r}) of topic {topic!r}: its parent "
+                         f"{parent[0]}/{parent[1]} {problem}")
+        self.position = position
+        self.parent = parent
+        self.problem = problem
+
+
 class ScheduleError(AsynctierError):
     """A schedule refused (a bad cron, time zone, interval, payload) or not found."""
 

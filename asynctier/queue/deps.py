@@ -31,7 +31,7 @@ from typing import Any
 
 import psycopg
 
-from asynctier.platform.errors import QueueError
+from asynctier.platform.errors import ParentRefused
 from asynctier.queue.items import NewItem
 from asynctier.queue.sql import DEAD, EDGES, ITEMS, NOW, WAITING_MS
 
@@ -231,7 +231,7 @@ ORDER BY w.ord
 def hold_children(conn: psycopg.Connection[Any], namespace: str, items: Sequence[NewItem],
                   ids: Sequence[str], created: set[tuple[str, str]]) -> None:
     """After the batch's insert (same transaction): check every parent, hold the created
-    children and add their edges. QueueError (the caller's transaction rolls back) when a
+    children and add their edges. ParentRefused (the caller's transaction rolls back) when a
     parent is unknown, dead, or later in the batch."""
     position = {(item.topic, item_id): n for n, (item, item_id)
                 in enumerate(zip(items, ids, strict=True))}
@@ -240,9 +240,9 @@ def hold_children(conn: psycopg.Connection[Any], namespace: str, items: Sequence
         for parent in item.after:
             at = position.get(parent)
             if at is not None and at >= n:
-                raise QueueError(f"item {n} ({ids[n]!r}) of topic {item.topic!r}: its parent "
-                                 f"{parent[0]}/{parent[1]} comes later in the batch; put "
-                                 "parents first (a graph may have no cycle)")
+                raise ParentRefused(n, ids[n], item.topic, parent,
+                                    "comes later in the batch; put parents first (a graph "
+                                    "may have no cycle)")
             wanted.add(parent)
     _check_parents(conn, namespace, items, ids, wanted)
     children = [(item, item_id) for item, item_id in zip(items, ids, strict=True)
@@ -272,13 +272,14 @@ def _check_parents(conn: psycopg.Connection[Any], namespace: str, items: Sequenc
     dead = {(r[0], r[1]): r[2] for r in conn.execute(PARENTS_DEAD, params).fetchall()}
     ref = missing[0]
     n, item = next((n, i) for n, i in enumerate(items) if ref in i.after)
-    where = f"item {n} ({ids[n]!r}) of topic {item.topic!r}: its parent {ref[0]}/{ref[1]}"
     if ref in dead:
-        raise QueueError(f"{where} is dead ({dead[ref]}): replay it first "
-                         f"(asynctier queue replay {ref[0]} --id {ref[1]}), or leave it out")
-    raise QueueError(f"{where} is not in namespace {namespace!r}: enqueue parents first (or "
-                     "earlier in the same batch); an acked item is not kept, so enqueue a "
-                     "child before its parents finish")
+        raise ParentRefused(n, ids[n], item.topic, ref,
+                            f"is dead ({dead[ref]}): replay it first (asynctier queue replay "
+                            f"{ref[0]} --id {ref[1]}), or leave it out")
+    raise ParentRefused(n, ids[n], item.topic, ref,
+                        f"is not in namespace {namespace!r}: enqueue parents first (or earlier "
+                        "in the same batch); an acked item is not kept, so enqueue a child "
+                        "before its parents finish")
 
 
 def release(conn: psycopg.Connection[Any], namespace: str, topic: str,

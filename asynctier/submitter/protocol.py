@@ -11,6 +11,7 @@ from typing import Literal, NamedTuple
 
 from asynctier.platform.schemas import schema_json
 from asynctier.platform.wire import fingerprint
+from asynctier.queue.items import ON_PARENT_FAILURE  # in the order of the schema's enum
 
 SERVICE = "asynctier.Submitter"
 VERSION = fingerprint([schema_json("workloads"), schema_json("workload_results")])
@@ -19,6 +20,8 @@ METHOD = f"/{SERVICE}/SubmitWorkloadsV{VERSION}"
 RETRY_AFTER_KEY = "retry-after-ms"
 
 WorkloadStatus = Literal["accepted", "duplicate", "invalid", "throttled"]
+#: A parent of a queue workload: (topic, id); topic None: the binding's own topic.
+Parent = tuple[str | None, str]
 
 
 class Workload(NamedTuple):
@@ -33,6 +36,8 @@ class Workload(NamedTuple):
     priority: int | None = None
     delay_ms: int | None = None
     id: str | None = None
+    after: tuple[Parent, ...] = ()
+    on_parent_failure: str | None = None
 
 
 class Result(NamedTuple):
@@ -86,8 +91,22 @@ def encode_call(call: Call) -> bytes:
         out.append(_NULL if w.priority is None else _SOME + _varint(w.priority))
         out.append(_NULL if w.delay_ms is None else _SOME + _varint(w.delay_ms))
         out.append(_NULL if w.id is None else _SOME + _string(w.id))
+        if w.after:
+            out.append(_varint(len(w.after)))
+            for topic, ident in w.after:
+                out.append(_NULL if topic is None else _some_string(topic))
+                out.append(_string(ident))
+        out.append(_NULL)  # the end of the parents' array (or its empty block)
+        out.append(_NULL if w.on_parent_failure is None else _SOME + _on_failure_symbol(w))
     out.append(_NULL)
     return b"".join(out)
+
+
+def _on_failure_symbol(w: Workload) -> bytes:
+    if w.on_parent_failure not in ON_PARENT_FAILURE:
+        raise ValueError(f"on_parent_failure {w.on_parent_failure!r} is not one of "
+                         f"{', '.join(ON_PARENT_FAILURE)}")
+    return _varint(ON_PARENT_FAILURE.index(w.on_parent_failure))
 
 
 def decode_call(data: bytes) -> Call:
@@ -125,8 +144,13 @@ def _read_call(data: bytes) -> Call:
             else:
                 delay_ms, pos = None, pos + 1
             ident, pos = _opt_bytes(data, pos)
+            if data[pos]:
+                after, pos = _parents(data, pos)
+            else:
+                after, pos = (), pos + 1
+            on_failure, pos = _on_parent_failure(data, pos)
             append(Workload(payload, key, headers, priority, delay_ms,
-                            None if ident is None else ident.decode()))
+                            None if ident is None else ident.decode(), after, on_failure))
         n, pos = _count(data, pos)
     if pos != len(data):
         raise ValueError(f"{len(data) - pos} byte(s) after the call's end")
@@ -145,6 +169,27 @@ def _headers(data: bytes, pos: int) -> tuple[tuple[tuple[str, bytes | None], ...
             headers.append((name.decode(), value))
         n, pos = _count(data, pos)
     return tuple(headers), pos
+
+
+def _parents(data: bytes, pos: int) -> tuple[tuple[Parent, ...], int]:
+    n, pos = _count(data, pos)
+    parents: list[Parent] = []
+    while n:
+        for _ in range(n):
+            topic, pos = _opt_bytes(data, pos)
+            ident, pos = _bytes(data, pos)
+            parents.append((None if topic is None else topic.decode(), ident.decode()))
+        n, pos = _count(data, pos)
+    return tuple(parents), pos
+
+
+def _on_parent_failure(data: bytes, pos: int) -> tuple[str | None, int]:
+    choice, pos = _opt_long(data, pos)
+    if choice is None:
+        return None, pos
+    if not 0 <= choice < len(ON_PARENT_FAILURE):
+        raise ValueError(f"byte {pos - 1}: {choice} is not a symbol of on_parent_failure")
+    return ON_PARENT_FAILURE[choice], pos
 
 
 def _long(data: bytes, pos: int) -> tuple[int, int]:

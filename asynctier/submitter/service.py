@@ -22,7 +22,7 @@ import grpc
 from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
 from asynctier.platform.binding_source import BindingSource
-from asynctier.platform.errors import HandoffError, QueueUnavailable
+from asynctier.platform.errors import HandoffError, ParentRefused, QueueUnavailable
 from asynctier.platform.framed import RegistryClients
 from asynctier.platform.redis_client import REDIS_DOWN
 from asynctier.queue.items import NewItem
@@ -227,17 +227,21 @@ class Submitter:
                        results: list[Result | None]) -> None:
         if self.group is None:
             raise Refused(grpc.StatusCode.UNAVAILABLE, "this Submitter has no queue store")
-        items = [NewItem(binding.topic, w.payload or b"", id=w.id or uuid.uuid4().hex,
-                         priority=w.priority or 0, headers=w.headers,
-                         delay_s=None if w.delay_ms is None else w.delay_ms / 1000)
-                 for w in workloads]
-        try:
-            written = await self.group.enqueue(binding.tenant, binding.topic, items)
-        except QueueUnavailable as exc:
-            raise Refused(grpc.StatusCode.UNAVAILABLE,
-                          f"the queue of binding {binding.name} is unavailable (a commit "
-                          "cut off mid-way, as in a failover, may have landed: send again "
-                          f"with the same ids, which are not enqueued twice): {exc}") from exc
+        items = [_item(binding.topic, w) for w in workloads]
+        while True:  # each refused parent takes out its child (and theirs), then again
+            if not items:
+                return
+            try:
+                written = await self.group.enqueue(binding.tenant, binding.topic, items)
+                break
+            except ParentRefused as exc:
+                go, items = _refuse_children(go, items, exc, results)
+            except QueueUnavailable as exc:
+                raise Refused(grpc.StatusCode.UNAVAILABLE,
+                              f"the queue of binding {binding.name} is unavailable (a commit "
+                              "cut off mid-way, as in a failover, may have landed: send again "
+                              f"with the same ids, which are not enqueued twice): {exc}"
+                              ) from exc
         for i, item, res in zip(go, items, written, strict=True):
             results[i] = Result("accepted" if res.created else "duplicate", i, res.id,
                                 topic=item.topic)
@@ -255,3 +259,29 @@ class Submitter:
         for i, (partition, offset) in zip(go, spots, strict=True):
             results[i] = Result("accepted", i, topic=binding.topic, partition=partition,
                                 offset=offset)
+
+
+def _item(topic: str, w: Workload) -> NewItem:
+    """The queue item of a valid workload of a binding of ``topic``."""
+    return NewItem(topic, w.payload or b"", id=w.id or uuid.uuid4().hex,
+                   priority=w.priority or 0, headers=w.headers,
+                   delay_s=None if w.delay_ms is None else w.delay_ms / 1000,
+                   after=tuple((t or topic, i) for t, i in w.after),
+                   on_parent_failure=w.on_parent_failure or "fail")
+
+
+def _refuse_children(go: list[int], items: list[NewItem], exc: ParentRefused,
+                     results: list[Result | None]) -> tuple[list[int], list[NewItem]]:
+    """Answer the item the store refused for its parent ``invalid``, and the items of the
+    call that wait for it (and for them); the rest, to write again."""
+    refused = {(items[exc.position].topic, items[exc.position].id)}
+    cause = {exc.position: f"its parent {exc.parent[0]}/{exc.parent[1]} {exc.problem}"}
+    for n, item in enumerate(items[exc.position + 1:], exc.position + 1):
+        parent = next((p for p in item.after if p in refused), None)
+        if parent is not None:
+            refused.add((item.topic, item.id or ""))  # _item gave every item its id
+            cause[n] = f"its parent {parent[0]}/{parent[1]} was refused: see that workload"
+    for n, why in cause.items():
+        results[go[n]] = Result("invalid", go[n], items[n].id, reason=f"workload {go[n]}: {why}")
+    keep = [n for n in range(len(items)) if n not in cause]
+    return [go[n] for n in keep], [items[n] for n in keep]

@@ -16,12 +16,15 @@ from asynctier.queue.items import (
     MAX_PAYLOAD_BYTES,
     check_id,
     check_priority,
+    check_topic,
 )
 from asynctier.submitter.protocol import Workload
 
 #: The largest payload the Submitter takes by default (1 MiB, the queue's own limit).
 DEFAULT_MAX_PAYLOAD_BYTES = MAX_PAYLOAD_BYTES
 MAX_HEADER_NAME = 256
+#: The most parents one workload may wait for (a fan-in of more: a tree of joins).
+MAX_PARENTS = 10_000
 
 
 class Validator:
@@ -59,7 +62,8 @@ class Validator:
         name = self.binding.name
         if not self._queue:
             for given, what in ((w.priority, "priority"), (w.delay_ms, "delay"),
-                                (w.id, "id")):
+                                (w.id, "id"), (w.after or None, "parent (after)"),
+                                (w.on_parent_failure, "on_parent_failure")):
                 if given is not None:
                     return (f"binding {name} reads a Kafka topic: a {what} applies to queue "
                             f"bindings only; leave it out")
@@ -72,8 +76,17 @@ class Validator:
                 check_priority(w.priority)
             if w.id is not None:
                 check_id(w.id)
+            for topic, ident in w.after:
+                check_topic(topic or self.binding.topic, "parent: ")
+                check_id(ident, "parent: ")
         except QueueError as exc:
             return str(exc)
+        if len(w.after) > MAX_PARENTS:
+            return (f"{len(w.after):,} parents, over the {MAX_PARENTS:,} one workload may "
+                    "wait for: join them in steps (children of parts, then one child of those)")
+        own = self.binding.topic
+        if w.id is not None and any((t or own, i) == (own, w.id) for t, i in w.after):
+            return f"it names itself ({w.id!r}) as its parent"
         if w.delay_ms is not None and not 0 <= w.delay_ms <= MAX_DELAY_S * 1000:
             return (f"delay {w.delay_ms / 1000:g}s is out of range: give seconds from 0 to "
                     f"{MAX_DELAY_S:g} (365 days)")

@@ -362,3 +362,61 @@ def test_a_kafka_bindings_lag_over_the_cap_throttles_it(
             assert f"the backlog of {topic} is" in (late.reason or "")
     finally:
         next(gen, None)
+
+
+def test_a_graph_through_the_sdk_waits_for_its_parents(
+        submitter: Served, queue_store: QueueStore, tenant: str) -> None:
+    """The upload flow through the Submitter: three encodes, then a publish ``after`` them in
+    the same call, and a mail ``after`` the publish (another call, another topic's parent
+    named by (topic, id)). The children are stored waiting with their parents; acking the
+    parents releases them in turn."""
+    encodes = [Workload(b'{"id": %d}' % n, id=f"enc-{n}") for n in range(3)]
+    publish = Workload(b'{"id": 9}', id="pub", after=tuple((None, f"enc-{n}") for n in range(3)))
+    with submitter.client() as client:
+        results = client.submit_many("q", [*encodes, publish])
+        [mail] = client.submit_many("other", [b'{"id": 10}'], ids=["mail"],
+                                    after=[("work", "pub")])
+        opf = client.submit("q", b'{"id": 11}', id="anyway", after=["enc-0"],
+                            on_parent_failure="run")
+    assert [r.status for r in results] == ["accepted"] * 4
+    assert mail.status == "invalid" and "is not in namespace" in (mail.reason or ""), \
+        "binding other is another tenant's: the parent is not in its namespace"
+    assert opf.status == "accepted"
+    info = queue_store.get(tenant, "work", "pub")
+    assert info is not None and info.state == "waiting" and info.waiting_on == 3
+    assert [p[:2] for p in info.parents] == [("work", f"enc-{n}") for n in range(3)]
+    leased = sorted(i.id for i in queue_store.lease(tenant, "work", 10, 30, "w"))
+    assert leased == ["enc-0", "enc-1", "enc-2"], "the children wait"
+    assert queue_store.resolve(tenant, "work", "w", acks=leased).acked == 3
+    assert sorted(i.id for i in queue_store.lease(tenant, "work", 10, 30, "w")) == [
+        "anyway", "pub"]
+
+
+def test_a_refused_parent_refuses_its_children_in_the_call_and_no_one_else(
+        submitter: Served, queue_store: QueueStore, tenant: str) -> None:
+    """A child of an unknown id is invalid, saying which parent and what to do; its own
+    child in the same call is invalid too, naming it; the call's other workloads (a
+    graph beside it) are stored. Bad parents are refused before anything is written."""
+    loads = [Workload(b'{"id": 1}', id="root"),
+             Workload(b'{"id": 2}', id="orphan", after=((None, "nobody"),)),
+             Workload(b'{"id": 3}', id="grand", after=((None, "orphan"),)),
+             Workload(b'{"id": 4}', id="leaf", after=((None, "root"),)),
+             Workload(b'{"id": 5}', id="self", after=((None, "self"),)),
+             Workload(b'{"id": 6}', id="bad", after=((None, "a\nb"),)),
+             Workload(b'{"id": 7}', id="opf", on_parent_failure="later")]
+    with submitter.client() as client:
+        results = client.submit_many("q", loads[:-1])
+        with pytest.raises(ValueError, match="on_parent_failure 'later' is not one of fail"):
+            client.submit_many("q", loads[-1:])  # not on the wire: the enum has no such value
+    status = {loads[r.position].id: (r.status, r.reason or "") for r in results}
+    assert status["root"][0] == status["leaf"][0] == "accepted"
+    assert status["orphan"][0] == "invalid"
+    assert "workload 1: its parent work/nobody is not in namespace" in status["orphan"][1]
+    assert status["grand"] == ("invalid",
+                               "workload 2: its parent work/orphan was refused: see that workload")
+    assert "names itself ('self') as its parent" in status["self"][1]
+    assert "parent: id 'a\\nb' is not valid" in status["bad"][1]
+    assert queue_store.get(tenant, "work", "orphan") is None
+    assert queue_store.get(tenant, "work", "grand") is None
+    leaf = queue_store.get(tenant, "work", "leaf")
+    assert leaf is not None and leaf.state == "waiting"

@@ -50,7 +50,8 @@ def test_a_plain_run_starts_a_submitter_with_its_listen_address() -> None:
 
 def test_a_call_and_its_results_survive_the_wire() -> None:
     call = Call("b", [Workload(b"{}", b"k", (("h", b"v"), ("n", None)), 5, 1500, "x"),
-                      Workload(None)], all_or_nothing=True)
+                      Workload(None, after=((None, "p"), ("encodes", "q")),
+                               on_parent_failure="run")], all_or_nothing=True)
     assert decode_call(encode_call(call)) == call
     results = [Result("accepted", 0, "x", "t", 2, 40), Result("throttled", 1, reason="r",
                                                               retry_after_ms=900)]
@@ -117,7 +118,9 @@ def fastavro_call(call: Call) -> bytes:
         "binding": call.binding, "all_or_nothing": call.all_or_nothing,
         "workloads": [{"payload": w.payload, "key": w.key,
                        "headers": [{"name": n, "value": v} for n, v in w.headers],
-                       "priority": w.priority, "delay_ms": w.delay_ms, "id": w.id}
+                       "priority": w.priority, "delay_ms": w.delay_ms, "id": w.id,
+                       "after": [{"topic": t, "id": i} for t, i in w.after],
+                       "on_parent_failure": w.on_parent_failure}
                       for w in call.workloads]})
     return buf.getvalue()
 
@@ -127,7 +130,10 @@ _long = st.none() | st.integers(-(2**63), 2**63 - 1)
 _workload = st.builds(
     Workload, _bytes, _bytes,
     st.lists(st.tuples(st.text(max_size=40), _bytes), max_size=3).map(tuple),
-    _long, _long, _text)
+    _long, _long, _text,
+    st.lists(st.tuples(st.none() | st.text(max_size=40), st.text(max_size=40)),
+             max_size=3).map(tuple),
+    st.sampled_from([None, "fail", "run"]))
 _call = st.builds(Call, st.text(max_size=60), st.lists(_workload, max_size=30),
                   st.booleans())
 
