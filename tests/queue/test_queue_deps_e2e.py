@@ -37,20 +37,25 @@ def item(ident: int, parents: list[int], **doc: object) -> NewItem:
                    after=[(TOPIC, str(p)) for p in parents])
 
 
-def graph() -> list[tuple[int, list[int]]]:
-    """1 -> 1,000 -> 1 (ids 0, 1..1000, 1001), and 100 chains of 10 (ids from 2000)."""
+def graph(scale: int = 1) -> list[tuple[int, list[int]]]:
+    """1 -> 1,000 -> 1 (ids 0, 1..1000, 1001), and 100 chains of 10 (ids from 1,000,000):
+    2,002 items; ``scale`` times the fan-out, the fan-in and the chains (5: 10,002)."""
+    wide = 1000 * scale
     nodes: list[tuple[int, list[int]]] = [(0, [])]
-    nodes += [(k, [0]) for k in range(1, 1001)]
-    nodes.append((1001, list(range(1, 1001))))
-    for chain in range(100):
-        base = 2000 + chain * 10
+    nodes += [(k, [0]) for k in range(1, wide + 1)]
+    nodes.append((wide + 1, list(range(1, wide + 1))))
+    for chain in range(100 * scale):
+        base = 1_000_000 + chain * 10
         nodes += [(base + k, [base + k - 1] if k else []) for k in range(10)]
     return nodes
 
 
+@pytest.mark.parametrize("scale", [1, pytest.param(5, marks=pytest.mark.slow)])
 def test_a_graph_drains_in_order_with_the_scheduler_killed_mid_drain(
-        plat: QueuePlatform, queue_store: QueueStore, queue_namespace: str) -> None:
-    nodes = graph()
+        plat: QueuePlatform, queue_store: QueueStore, queue_namespace: str, scale: int) -> None:
+    """The default run drains 2,002 items; ``--long`` the 10,002 of five times the shapes,
+    where every child must start within 1 s of its last parent's success (p99)."""
+    nodes = graph(scale)
     plat.bind_queue("g", TOPIC, queue_namespace, "--lease", "2s", "--idempotent")
     for at in range(0, len(nodes), 1000):  # parents always in an earlier batch or earlier
         queue_store.enqueue(queue_namespace, [item(i, ps, sleep=0.005)
@@ -58,11 +63,11 @@ def test_a_graph_drains_in_order_with_the_scheduler_killed_mid_drain(
     plat.start("scheduler")
     plat.supervise("scheduler")
     plat.start("tailers")
-    wait_until(lambda: len(succeeded(plat.calls())) >= 600, 120, "a part done")
+    wait_until(lambda: len(succeeded(plat.calls())) >= 600 * scale, 120 * scale, "a part done")
     assert len(succeeded(plat.calls())) < len(nodes), "drained before the kill"
     killed_at = time.time()
     plat.kill("scheduler")
-    wait_succeeded(plat, {i for i, _ in nodes}, 240)
+    wait_succeeded(plat, {i for i, _ in nodes}, 240 * scale)
 
     calls = plat.calls()
     first_start = {i: c[0].at for i, c in starts(calls).items()}
@@ -90,7 +95,9 @@ def test_a_graph_drains_in_order_with_the_scheduler_killed_mid_drain(
           f"restart ({len(healthy)} children) p50 {healthy[len(healthy) // 2]:.3f}s p99 "
           f"{p99:.3f}s")
     assert len(healthy) > 100
-    assert p99 < 2.0  # the parent's success to its ack, the release, the lease poll, queueing
+    # the parent's success to its ack, the release, the lease poll, queueing; the default
+    # run shares the two cores with another test
+    assert p99 < (1.0 if scale > 1 else 2.0)
 
 
 def test_a_parent_fixed_and_replayed_runs_its_children_once_each(
