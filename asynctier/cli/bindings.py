@@ -87,7 +87,7 @@ def _size(what: str, text: str) -> int:
                    "reader schema every writer version is resolved to.")
 @click.option("--schema-registry", "schema_registry", metavar="URL",
               help="The records are framed for this schema registry (its Confluent-"
-                   "compatible API); --format avro or jsonschema. Credentials and TLS: "
+                   "compatible API); --format avro, jsonschema or protobuf. Credentials and TLS: "
                    "the config's [schema_registry].")
 @click.option("--check-schema", is_flag=True,
               help="With --schema-registry and --schema: refuse a reader schema that cannot "

@@ -75,24 +75,31 @@ def _produce_all(producer: ConfirmingProducer, topic: str, lines: IO[str],
               help="Frame each line for this schema registry (its Confluent-compatible "
                    "API), written with --schema; credentials: the config's "
                    "[schema_registry].")
-@click.option("--schema", "schema_file", type=click.File("r"),
-              help="The writer schema (an Avro schema, or a JSON Schema with --format "
-                   "jsonschema), registered under the subject <TOPIC>-value.")
+@click.option("--schema", "schema_file", type=click.File("rb"),
+              help="The writer schema (an Avro schema, a JSON Schema with --format "
+                   "jsonschema, a descriptor set of protoc --include_imports "
+                   "--descriptor_set_out with --format protobuf), registered under the "
+                   "subject <TOPIC>-value.")
 @click.option("--format", "fmt", type=click.Choice(FRAMED_FORMATS), default="avro",
               show_default=True, help="The framed format (with --schema-registry).")
+@click.option("--message", help="--format protobuf: the message of the descriptor set each "
+                                "line is (a full name such as shop.Order).")
 @click.option("--register", is_flag=True,
               help="Register the schema under the subject when it is not there yet.")
 @click.pass_context
 def produce(ctx: click.Context, topic: str, key_field: str, registry: str | None,
-            schema_file: IO[str] | None, fmt: str, register: bool) -> None:
+            schema_file: IO[bytes] | None, fmt: str, message: str | None,
+            register: bool) -> None:
     """Produce JSON lines from stdin to TOPIC, with delivery confirmed."""
     settings = settings_of(ctx)
     encode = None
     if (registry is None) != (schema_file is None):
         raise BindingError("schema: --schema-registry URL and --schema FILE go together")
+    if message is not None and fmt != "protobuf":
+        raise BindingError("schema: --message is for --format protobuf")
     if registry is not None and schema_file is not None:
         encode = framed_encoder(fmt, registry, topic, schema_file.read(),
-                                RegistryClients(settings.schema_registry), register)
+                                RegistryClients(settings.schema_registry), register, message)
     count = produce_lines(settings, topic, sys.stdin, key_field or None, encode=encode)
     click.echo(f"produced {count} record(s) to {topic}, all confirmed", err=True)
 

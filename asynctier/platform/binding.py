@@ -21,15 +21,15 @@ from asynctier.platform.errors import BindingError
 from asynctier.platform.schemas import decode_stored, encode_stored
 
 Priority = Literal["urgent", "normal", "batch"]
-PayloadFormat = Literal["json", "avro", "bytes", "jsonschema"]
+PayloadFormat = Literal["json", "avro", "bytes", "jsonschema", "protobuf"]
 RedisPolicy = Literal["fail_open", "fail_closed"]
 Isolation = Literal["thread", "process"]
 Ordering = Literal["none", "key"]
 
 PRIORITIES: tuple[Priority, ...] = ("urgent", "normal", "batch")
-FORMATS: tuple[PayloadFormat, ...] = ("json", "avro", "bytes", "jsonschema")
+FORMATS: tuple[PayloadFormat, ...] = ("json", "avro", "bytes", "jsonschema", "protobuf")
 #: The formats that may be read through a schema registry (``--schema-registry``).
-REGISTRY_FORMATS: tuple[PayloadFormat, ...] = ("avro", "jsonschema")
+REGISTRY_FORMATS: tuple[PayloadFormat, ...] = ("avro", "jsonschema", "protobuf")
 REDIS_POLICIES: tuple[RedisPolicy, ...] = ("fail_open", "fail_closed")
 ISOLATIONS: tuple[Isolation, ...] = ("thread", "process")
 #: A Kafka binding whose timeout is above this runs its records from the queue (moved).
@@ -240,8 +240,8 @@ class Binding:
                    f"--schema-registry is for --format {' or '.join(REGISTRY_FORMATS)}")
             _check(_URL_RE.fullmatch(self.schema_registry) is not None, "schema_registry",
                    f"{self.schema_registry!r} is not an http:// or https:// URL")
-        elif self.format == "jsonschema":
-            raise BindingError("schema_registry: --format jsonschema needs "
+        elif self.format in ("jsonschema", "protobuf"):
+            raise BindingError(f"schema_registry: --format {self.format} needs "
                                "--schema-registry URL (its records are registry-framed)")
         if self.format != "avro":
             _check(self.schema is None, "schema",

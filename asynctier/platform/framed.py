@@ -1,9 +1,13 @@
 """Payloads framed in the schema-registry wire format: a zero magic byte, the writer
-schema's id (4 bytes, big-endian), then the body.
+schema's id (4 bytes, big-endian), then the body (Protobuf: the message's indexes in its
+file first, as zigzag varints).
 
 confluent-kafka's ``schema_registry`` serdes do the work (fastavro underneath for Avro):
 the writer schema is fetched once per id and cached by the client, and an Avro binding's
-reader schema (``--schema``) resolves every writer version to one shape. What goes wrong
+reader schema (``--schema``) resolves every writer version to one shape. A Protobuf record
+is read with its writer's descriptor (fetched in the registry's ``serialized`` form, as
+confluent's deserializer does) and handed over as protobuf's JSON mapping: a message
+decodes by field numbers, so every writer version reads the same way. What goes wrong
 is sorted here, because it decides what becomes of the record:
 
 - the registry does not answer (refused, timed out, 5xx, 401/403): the record is not at
@@ -14,6 +18,7 @@ is sorted here, because it decides what becomes of the record:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Mapping
@@ -23,7 +28,7 @@ from asynctier.platform.errors import BindingError, DecodeError, SchemaRegistryU
 from asynctier.platform.wire import NOT_FRAMED, UNDECODABLE, UNKNOWN_SCHEMA
 
 #: The formats a binding may read through a registry.
-FRAMED_FORMATS = ("avro", "jsonschema")
+FRAMED_FORMATS = ("avro", "jsonschema", "protobuf")
 #: How long one registry call may take, and how often the client tries it, unless the
 #: ``[schema_registry]`` table says otherwise: a chunk waits that long per new id.
 DEFAULT_CLIENT_CONFIG = {"timeout": "5", "max.retries": "1", "retries.wait.ms": "200"}
@@ -83,11 +88,14 @@ def framed_decoder(fmt: str, url: str, topic: str, reader_schema: str | None,
                                    reader_schema)
     elif fmt == "jsonschema":
         deserialize = JSONDeserializer(None, schema_registry_client=client, conf=conf)
+    elif fmt == "protobuf":
+        deserialize = _protobuf_reader(client)
     else:
         raise ValueError(f"{fmt!r} is not a registry format ({', '.join(FRAMED_FORMATS)})")
     # Avro reads without a context: confluent's per-record subject and rule look-ups (which
     # a binding does not use) cost a third more; JSON Schema needs one.
-    ctx = None if fmt == "avro" else SerializationContext(topic, MessageField.VALUE)
+    ctx = None if fmt in ("avro", "protobuf") else SerializationContext(topic,
+                                                                       MessageField.VALUE)
 
     def decode(data: bytes | None) -> Any:
         schema_id = schema_id_of(data)
@@ -149,14 +157,111 @@ def _avro_reader(client: Any, first: Callable[[bytes, Any], Any],
 _UNSEEN = object()
 
 
-def framed_encoder(fmt: str, url: str, topic: str, schema: str, clients: RegistryClients,
-                   register: bool = False) -> Callable[[Any], bytes]:
+def _protobuf_reader(client: Any) -> Callable[[bytes, Any], Any]:
+    """Protobuf bodies read with the writer's message class, made once per schema id and
+    message indexes from the registry's descriptor (confluent's helpers build its pool,
+    with the well-known types and the schema's references), then turned into protobuf's
+    JSON mapping with every field, set or not, under its name in the ``.proto``."""
+    import io
+
+    from confluent_kafka.schema_registry._sync.protobuf import _resolve_named_schema
+    from confluent_kafka.schema_registry.common.serde import SchemaId
+    from confluent_kafka.schema_registry.protobuf import _init_pool
+    from google.protobuf import json_format, message_factory
+    from google.protobuf.descriptor_pool import DescriptorPool
+
+    classes: dict[tuple[int, tuple[int, ...]], Any] = {}
+
+    def message_class(schema_id: int, indexes: tuple[int, ...]) -> Any:
+        schema, file = _descriptor(client, schema_id)
+        pool = DescriptorPool()
+        _init_pool(pool)
+        _resolve_named_schema(schema, client, pool)
+        pool.AddSerializedFile(file.SerializeToString())
+        names, messages = [], file.message_type
+        for at in indexes:  # a top-level message, then nested ones
+            if not 0 <= at < len(messages):
+                raise ValueError(f"message index {at} is not in schema id {schema_id} "
+                                 f"(it has {len(messages)} there)")
+            names.append(messages[at].name)
+            messages = messages[at].nested_type
+        full = ".".join([file.package, *names] if file.package else names)
+        return message_factory.GetMessageClass(pool.FindMessageTypeByName(full))
+
+    def read(data: bytes, ctx: Any) -> Any:
+        frame = SchemaId("PROTOBUF")
+        body = frame.from_bytes(io.BytesIO(data))
+        key = (int(frame.id or 0), tuple(frame.message_indexes or (0,)))
+        cls = classes.get(key)
+        if cls is None:
+            cls = classes[key] = message_class(*key)
+        message = cls()
+        message.ParseFromString(body.read())
+        return json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                         always_print_fields_with_no_presence=True)
+
+    return read
+
+
+def _descriptor(client: Any, schema_id: int) -> tuple[Any, Any]:
+    """The registry's schema ``schema_id`` and its FileDescriptorProto, asked for in the
+    ``serialized`` form: Confluent's registry gives it in base64, Apicurio as the bytes
+    themselves, and Apicurio refuses (5xx) a schema stored as a base64 descriptor (as
+    confluent's serializer registers them), which its plain form then is. (The client
+    caches a schema by id whatever its form: so the serialized form is asked for first.)"""
+    from confluent_kafka.schema_registry import SchemaRegistryError
+
+    try:
+        schema = client.get_schema(schema_id, fmt="serialized")
+    except SchemaRegistryError as exc:
+        if exc.http_status_code == 404:
+            raise
+        schema = client.get_schema(schema_id)
+    file = _parsed(schema.schema_str or "")
+    if file is None:
+        raise ValueError(f"schema id {schema_id}: the registry gives no Protobuf descriptor "
+                         "that parses (base64 or serialized); register the schema with "
+                         "confluent-kafka's ProtobufSerializer, or as .proto text")
+    return schema, file
+
+
+def _parsed(text: str) -> Any:
+    """The FileDescriptorProto ``text`` holds in base64, or as its bytes; None if neither."""
+    import base64
+    import binascii
+
+    from google.protobuf import descriptor_pb2
+    from google.protobuf.message import DecodeError as ProtoDecodeError
+
+    candidates = []
+    with contextlib.suppress(binascii.Error, ValueError):
+        candidates.append(base64.b64decode(text, validate=True))
+    with contextlib.suppress(UnicodeEncodeError):
+        candidates.append(text.encode("latin-1"))
+    for data in candidates:
+        file = descriptor_pb2.FileDescriptorProto()
+        try:
+            file.ParseFromString(data)
+        except ProtoDecodeError:
+            continue
+        if file.message_type:
+            return file
+    return None
+
+
+def framed_encoder(fmt: str, url: str, topic: str, schema: bytes, clients: RegistryClients,
+                   register: bool = False, message: str | None = None
+                   ) -> Callable[[Any], bytes]:
     """An encoder of documents into registry-framed ``fmt`` payloads of ``topic`` with the
-    writer ``schema`` (JSON text), confluent-kafka's serializers: the schema must be
-    registered under the topic's subject (``<topic>-value``), or is with ``register``."""
+    writer ``schema``, confluent-kafka's serializers: an Avro schema or a JSON Schema (JSON
+    text), or for Protobuf a descriptor set (``protoc --include_imports
+    --descriptor_set_out``) and the ``message`` of it to write (a JSON document in
+    protobuf's JSON mapping). The schema must be registered under the topic's subject
+    (``<topic>-value``), or is with ``register``."""
     from confluent_kafka.schema_registry import topic_subject_name_strategy
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.schema_registry.json_schema import JSONSerializer
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
     client = clients.client(url)
@@ -164,9 +269,17 @@ def framed_encoder(fmt: str, url: str, topic: str, schema: str, clients: Registr
             "subject.name.strategy": topic_subject_name_strategy}
     serialize: Callable[[Any, Any], bytes | None]
     if fmt == "avro":
-        serialize = AvroSerializer(client, schema, conf=conf)
+        serialize = AvroSerializer(client, schema.decode(), conf=conf)
     elif fmt == "jsonschema":
-        serialize = JSONSerializer(schema, client, conf=conf)
+        serialize = JSONSerializer(schema.decode(), client, conf=conf)
+    elif fmt == "protobuf":
+        from google.protobuf import json_format
+
+        cls = message_class(schema, message)
+        writer = ProtobufSerializer(cls, client, {**conf, "use.deprecated.format": False})
+
+        def serialize(doc: Any, ctx: Any) -> bytes | None:
+            return writer(json_format.ParseDict(doc, cls()), ctx)  # type: ignore[no-any-return]
     else:
         raise ValueError(f"{fmt!r} is not a registry format ({', '.join(FRAMED_FORMATS)})")
     ctx = SerializationContext(topic, MessageField.VALUE)
@@ -178,6 +291,38 @@ def framed_encoder(fmt: str, url: str, topic: str, schema: str, clients: Registr
         return value
 
     return encode
+
+
+def message_class(descriptor_set: bytes, message: str | None) -> Any:
+    """The class of ``message`` (a full name such as ``shop.Order``) of a Protobuf
+    descriptor set; BindingError saying what is there when it is not."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from google.protobuf.message import DecodeError as ProtoDecodeError
+
+    files = descriptor_pb2.FileDescriptorSet()
+    try:
+        files.ParseFromString(descriptor_set)
+    except ProtoDecodeError as exc:
+        raise BindingError("schema: a Protobuf schema is a descriptor set (protoc "
+                           f"--include_imports --descriptor_set_out=FILE): {exc}") from None
+    pool = descriptor_pool.DescriptorPool()
+    names = []
+    for file in files.file:
+        pool.Add(file)
+        names += [f"{file.package}.{m.name}" if file.package else m.name
+                  for m in file.message_type]
+    if not names:
+        raise BindingError("schema: the descriptor set has no message (protoc "
+                           "--include_imports --descriptor_set_out=FILE)")
+    if message is None:
+        if len(names) > 1:
+            raise BindingError(f"schema: give --message, one of {', '.join(names)}")
+        message = names[0]
+    try:
+        return message_factory.GetMessageClass(pool.FindMessageTypeByName(message))
+    except KeyError:
+        raise BindingError(f"schema: message {message!r} is not in the descriptor set: "
+                           f"give one of {', '.join(names)}") from None
 
 
 def check_reader_schema(url: str, topic: str, reader: str, clients: RegistryClients,

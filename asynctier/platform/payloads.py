@@ -1,5 +1,5 @@
 """Decoding an item's payload by its binding's format: ``json``, ``avro``, ``bytes``, or
-registry-framed ``avro`` / ``jsonschema`` (:mod:`asynctier.platform.framed`).
+registry-framed ``avro`` / ``jsonschema`` / ``protobuf`` (:mod:`asynctier.platform.framed`).
 
 Records are data: nothing here unpickles or evaluates anything. A payload that does not
 decode raises :class:`DecodeError`; the runtime turns it into ``failed("undecodable: ...")``

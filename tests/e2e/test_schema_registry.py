@@ -2,8 +2,9 @@
 written by confluent-kafka's own serializers.
 
 The decoder alone: writer versions resolved to the reader schema, each failure sorted
-(``unknown_schema``, ``not_framed``, ``undecodable``, the registry down: a retry). Then the
-platform's processes drain Avro v1 and v2 and JSON Schema records; the registry is frozen
+(``unknown_schema``, ``not_framed``, ``undecodable``, the registry down: a retry), and
+Protobuf read by its writer's descriptor. Then the platform's processes drain Avro v1 and
+v2, JSON Schema and Protobuf records; the registry is frozen
 mid-drain and no record is dead-lettered for it (the JSON Schema binding runs in worker
 processes, which decode with the config's registry settings too). With ``--long`` the
 registry is stopped for 20 s instead (and restarted: its schemas are kept). An HTTPS
@@ -23,9 +24,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from confluent_kafka import Producer
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from asynctier.cli import main
@@ -79,6 +81,50 @@ def _serializer(url: str, schema: dict[str, Any], json_schema: bool = False) -> 
     return write
 
 
+def proto_classes(version: int) -> dict[str, Any]:
+    """Message classes of ``shop/order.proto`` (no protoc here: built from a descriptor),
+    as a team's generated code would be: ``Header``, then ``Order`` (so Order's frame
+    names message index 1) with a nested ``Line``; version 2 adds ``Order.qty``."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    f = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(name=f"shop/order-v{version}.proto",
+                                              package="shop", syntax="proto3")
+    file.message_type.add(name="Header").field.add(name="source", number=1,
+                                                   type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    order = file.message_type.add(name="Order")
+    order.field.add(name="id", number=1, type=f.TYPE_INT32, label=f.LABEL_OPTIONAL)
+    order.field.add(name="note", number=2, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    order.field.add(name="lines", number=3, type=f.TYPE_MESSAGE, label=f.LABEL_REPEATED,
+                    type_name=".shop.Order.Line")
+    if version > 1:
+        order.field.add(name="qty", number=4, type=f.TYPE_INT32, label=f.LABEL_OPTIONAL)
+    line = order.nested_type.add(name="Line")
+    line.field.add(name="sku", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"shop.{name}"))
+            for name in ("Header", "Order", "Order.Line")}
+
+
+def _proto_serializer(url: str, version: int) -> Callable[[dict[str, Any], str], bytes]:
+    """confluent-kafka's own ProtobufSerializer of ``Order`` (version 1 or 2)."""
+    classes = proto_classes(version)
+    ser = ProtobufSerializer(classes["Order"], SchemaRegistryClient({"url": url}),
+                             {"use.deprecated.format": False})
+
+    def write(doc: dict[str, Any], topic: str) -> bytes:
+        message = classes["Order"](id=doc["id"], note=doc.get("note", ""),
+                                   lines=[classes["Order.Line"](sku=s) for s in doc["skus"]])
+        if "qty" in doc:
+            message.qty = doc["qty"]
+        value = ser(message, SerializationContext(topic, MessageField.VALUE))
+        assert value is not None
+        return value
+
+    return write
+
+
 def _binding(topic: str, url: str, fmt: str = "avro", reader: dict[str, Any] | None = None,
              **more: Any) -> Binding:
     return Binding(name=f"b{abs(hash(topic)) % 10_000}", topic=topic,
@@ -101,6 +147,35 @@ def test_writer_versions_resolve_to_the_reader_schema(schema_registry: RegistryN
     assert as_v2(new) == {"id": 2, "note": "gift"}
     as_written = decoder_for(_binding(topic, schema_registry.url))
     assert as_written(old) == {"id": 1}
+
+
+def test_protobuf_records_read_as_their_writer_wrote_them(schema_registry: RegistryNode,
+                                                          prefix: str) -> None:
+    """Protobuf written by confluent's serializer, versions 1 and 2 of the message (a field
+    added): both decode, by the descriptor of their own schema id, to protobuf's JSON
+    mapping with every field; the failures are sorted as for Avro."""
+    topic = f"{prefix}.pb-orders"
+    old = _proto_serializer(schema_registry.url, 1)({"id": 1, "skus": ["a", "b"]}, topic)
+    new = _proto_serializer(schema_registry.url, 2)(
+        {"id": 2, "note": "gift", "skus": [], "qty": 3}, topic)
+    assert schema_id_of(old) != schema_id_of(new)
+    assert old[5] != 0, "Order is message 1 of its file: the frame names its index"
+    decode = decoder_for(_binding(topic, schema_registry.url, "protobuf"))
+    assert decode(old) == {"id": 1, "note": "", "lines": [{"sku": "a"}, {"sku": "b"}]}
+    assert decode(new) == {"id": 2, "note": "gift", "lines": [], "qty": 3}
+    # a schema registered as .proto text (as Java's serializer does) reads the same way
+    text = ('syntax = "proto3";\npackage shop;\nmessage Header { string source = 1; }\n'
+            "message Order { int32 id = 1; string note = 2; }\n")
+    text_id = SchemaRegistryClient({"url": schema_registry.url}).register_schema(
+        f"{topic}-text", Schema(text, "PROTOBUF"))
+    body = proto_classes(1)["Order"](id=5, note="t").SerializeToString()
+    assert decode(_frame(text_id, b"\x02\x02" + body)) == {"id": 5, "note": "t"}
+    for reason, payload in {"unknown_schema": _frame(UNKNOWN_ID, new[5:]),
+                            "not_framed": b"\x08\x01",
+                            "undecodable": new[:7] + b"\x12\x09gi"}.items():
+        with pytest.raises(DecodeError) as caught:
+            decode(payload)
+        assert caught.value.reason == reason, caught.value
 
 
 def test_each_failure_has_its_own_reason(schema_registry: RegistryNode, prefix: str) -> None:
@@ -172,8 +247,14 @@ def test_a_binding_names_its_registry_with_a_registry_format() -> None:
         Binding("b", "t", "m:f", format="jsonschema").validate()
     with pytest.raises(BindingError, match="is not an http"):
         Binding("b", "t", "m:f", format="avro", schema_registry="ftp://x").validate()
-    kept_binding = Binding("b", "t", "m:f", format="avro", schema_registry="http://r/x")
-    assert Binding.decode(kept_binding.encode()) == kept_binding
+    with pytest.raises(BindingError, match="--format protobuf needs --schema-registry"):
+        Binding("b", "t", "m:f", format="protobuf").validate()
+    with pytest.raises(BindingError, match="--schema is only for --format avro"):
+        Binding("b", "t", "m:f", format="protobuf", schema="{}",
+                schema_registry="http://r/x").validate()
+    for fmt in ("avro", "protobuf"):
+        kept_binding = Binding("b", "t", "m:f", format=fmt, schema_registry="http://r/x")
+        assert Binding.decode(kept_binding.encode()) == kept_binding
 
 
 def _cli(settings: Settings, *args: str, input: str | None = None) -> Any:
@@ -213,6 +294,35 @@ def test_produce_frames_lines_and_bind_checks_the_reader_schema(
     assert _cli(settings, *base, str(files["v2"])).exit_code == 0
 
 
+def test_produce_frames_protobuf_from_a_descriptor_set(
+        settings: Settings, schema_registry: RegistryNode, unique_topic: Callable[..., str],
+        tmp_path: Path) -> None:
+    """JSON lines in protobuf's JSON mapping, framed as ``shop.Order`` of a descriptor set
+    (what ``protoc --include_imports --descriptor_set_out`` writes): read back as written."""
+    from google.protobuf import descriptor_pb2
+
+    topic, url = unique_topic(1), schema_registry.url
+    order = proto_classes(2)["Order"]
+    desc = tmp_path / "order.desc"
+    fds = descriptor_pb2.FileDescriptorSet()
+    order.DESCRIPTOR.file.CopyToProto(fds.file.add())
+    desc.write_bytes(fds.SerializeToString())
+    lines = "".join(json.dumps({"id": i, "lines": [{"sku": f"s{i}"}]}) + "\n"
+                    for i in range(2))
+    base = ["produce", topic, "--schema-registry", url, "--format", "protobuf", "--schema",
+            str(desc), "--register"]
+    ambiguous = _cli(settings, *base, input=lines)
+    assert ambiguous.exit_code != 0 and "give --message, one of shop.Header, shop.Order" \
+        in ambiguous.output
+    unknown = _cli(settings, *base, "--message", "shop.Parcel", input=lines)
+    assert "message 'shop.Parcel' is not in the descriptor set" in unknown.output
+    done = _cli(settings, *base, "--message", "shop.Order", "--key", "id", input=lines)
+    assert done.exit_code == 0, done.output
+    decode = decoder_for(_binding(topic, url, "protobuf"))
+    assert [decode(m.value()) for m in read_topic(settings, topic)] == [  # type: ignore[attr-defined]
+        {"id": i, "note": "", "lines": [{"sku": f"s{i}"}], "qty": 0} for i in range(2)]
+
+
 # --------------------------------------------------------------------------- the platform
 
 
@@ -246,7 +356,7 @@ def _dead_letters(settings: Settings, name: str) -> dict[str, dict[str, bytes]]:
 def test_framed_records_drain_through_an_outage(
         platform: Platform, settings: Settings, schema_registry: RegistryNode,
         unique_topic: Callable[..., str], tmp_path: Path, outage: str) -> None:
-    avro_topic, json_topic = unique_topic(2), unique_topic(1)
+    avro_topic, json_topic, pb_topic = unique_topic(2), unique_topic(1), unique_topic(1)
     url = schema_registry.url
     reader = tmp_path / "order-v2.avsc"
     reader.write_text(json.dumps(V2))
@@ -256,6 +366,8 @@ def test_framed_records_drain_through_an_outage(
     platform.cli("bind", "events", "--topic", json_topic, "--function",
                  "tests.funcs.shapes:keep", "--format", "jsonschema",
                  "--schema-registry", url, "--retry-ladder", "1s", "--isolation", "process")
+    platform.cli("bind", "parcels", "--topic", pb_topic, "--function",
+                 "tests.funcs.shapes:keep", "--format", "protobuf", "--schema-registry", url)
     v1, v2 = _serializer(url, V1), _serializer(url, V2)
     body = v2({"id": 0, "note": "x"}, avro_topic)[5:]
     _produce(settings, avro_topic, [(f"v1-{i}", v1({"id": i}, avro_topic)) for i in range(3)]
@@ -263,9 +375,12 @@ def test_framed_records_drain_through_an_outage(
              + [("unknown", _frame(UNKNOWN_ID, body)), ("plain", b'{"id": 9}')])
     js = _serializer(url, JSON_SCHEMA, json_schema=True)
     _produce(settings, json_topic, [(f"js-{i}", js({"id": i}, json_topic)) for i in range(3)])
+    pb = _proto_serializer(url, 2)
+    _produce(settings, pb_topic, [(f"pb-{i}", pb({"id": i, "skus": ["x"], "qty": i}, pb_topic))
+                                  for i in range(3)])
     for name in ("scheduler", "tailers", "delay"):
         platform.start(name)
-    wait_until(lambda: len(kept(platform.ledger)) == 9, 90, "the first records ran")
+    wait_until(lambda: len(kept(platform.ledger)) == 12, 90, "the first records ran")
 
     # a writer version no scheduler has seen yet arrives while the registry is out
     v3 = _serializer(url, V3)
@@ -294,6 +409,7 @@ def test_framed_records_drain_through_an_outage(
         "v1-0": {"id": 0, "note": "none"}, "v2-0": {"id": 0, "note": "new"},
         "v3-7": {"id": 7, "note": "late"}}  # v3's qty is not in the reader schema
     assert got["js-2"] == {"id": 2}
+    assert got["pb-2"] == {"id": 2, "note": "", "lines": [{"sku": "x"}], "qty": 2}
     dead = _dead_letters(settings, "orders")
     assert sorted(dead) == ["plain", "unknown"]  # none for the outage
     assert dead["unknown"][n.H_REASON] == b"unknown_schema"
@@ -301,7 +417,7 @@ def test_framed_records_drain_through_an_outage(
     assert dead["plain"][n.H_REASON] == b"not_framed"
     shown = json.loads(platform.cli("dlq", "show", "orders", "0", "--json").stdout)
     assert shown["decoded"].startswith(("(unknown_schema: ", "(not_framed: "))
-    assert _dead_letters(settings, "events") == {}
+    assert _dead_letters(settings, "events") == _dead_letters(settings, "parcels") == {}
 
 
 def _retried_for_outage(settings: Settings) -> bool:
