@@ -33,7 +33,8 @@ import psycopg
 
 from asynctier.platform.errors import ParentRefused
 from asynctier.queue.items import NewItem
-from asynctier.queue.sql import DEAD, EDGES, ITEMS, NOW, WAITING_MS
+from asynctier.queue.sql import DEAD, EDGES, ITEMS, NOTIFY_READY, NOW, WAITING_MS
+from asynctier.queue.wakeups import notify_key
 
 #: Why a waiting child died: one of its parents died.
 PARENT_FAILED = "parent_failed"
@@ -97,7 +98,7 @@ SET waiting_on = c.waiting_on - k.n,
 FROM counted k
 WHERE c.namespace = %(ns)s AND c.topic = k.child_topic AND c.id = k.child_id
   AND c.waiting_on > 0
-RETURNING c.id
+RETURNING c.topic, c.waiting_on <= 0
 """
 
 #: After deaths: every waiting descendant that fails with its parent dies parent_failed
@@ -285,9 +286,13 @@ def _check_parents(conn: psycopg.Connection[Any], namespace: str, items: Sequenc
 def release(conn: psycopg.Connection[Any], namespace: str, topic: str,
             ids: Sequence[str]) -> int:
     """Count down the children of ``ids`` that ended without dying; returns how many
-    children were touched."""
-    return len(conn.execute(RELEASE, {"ns": namespace, "topic": topic,
-                                      "ids": list(ids)}).fetchall())
+    children were touched. The topics of released children are woken (their tailers lease
+    at once, :mod:`asynctier.queue.wakeups`)."""
+    rows = conn.execute(RELEASE, {"ns": namespace, "topic": topic, "ids": list(ids)}).fetchall()
+    ready = sorted({child_topic for child_topic, released in rows if released})
+    if ready:
+        conn.execute(NOTIFY_READY, {"keys": [notify_key(namespace, t) for t in ready]})
+    return len(rows)
 
 
 def propagate(conn: psycopg.Connection[Any], namespace: str, topic: str,

@@ -59,6 +59,11 @@ ON CONFLICT DO NOTHING
 RETURNING topic, id
 """
 
+#: Wake the listeners of these ``namespace<TAB>topic`` keys (delivered at commit).
+NOTIFY_READY = """
+SELECT pg_notify('asynctier_queue', key) FROM unnest(%(keys)s::text[]) AS k(key)
+"""
+
 LEASE = f"""
 WITH picked AS (
     SELECT id, deliver_after, attempts, lease_owner, expires_ms, last_error

@@ -57,6 +57,7 @@ from asynctier.queue.items import (
     check_topic,
 )
 from asynctier.queue.migrate import migrate
+from asynctier.queue.wakeups import notify_key
 
 log = logging.getLogger(__name__)
 
@@ -435,10 +436,17 @@ def enqueue_in(conn: Conn, namespace: str, items: Sequence[NewItem]) -> list[Enq
     else:
         created = {(t, i) for t, i in conn.execute(sql.ENQUEUE, params).fetchall()}
     results = []
+    ready: set[str] = set()  # the topics with new items ready now: their tailers are woken
     for item, item_id in zip(items, ids, strict=True):
         key = (item.topic, item_id)
         results.append(EnqueueResult(item_id, key in created))
+        if key in created and not item.after and not item.delay_s and (
+                item.deliver_after_ms is None):
+            ready.add(item.topic)
         created.discard(key)  # the same id twice in one batch: only the first is new
+    if ready:
+        conn.execute(sql.NOTIFY_READY,
+                     {"keys": [notify_key(namespace, topic) for topic in sorted(ready)]})
     return results
 
 

@@ -9,8 +9,10 @@ attempts -> a dead item with its reason. While an item runs, its lease is extend
 scheduler reports it alive; when the reports stop (the scheduler or the tailer died), the
 lease runs out and the item is leased again elsewhere.
 
-Wake-up: a bounded poll. An empty lease is not asked again for :data:`IDLE_POLL_S`: a
-lease query on an empty topic is cheap for PostgreSQL (``make bench-queue``), and a record
+Wake-up: an enqueue of ready items notifies its topic (:mod:`asynctier.queue.wakeups`),
+and the tailer leases at once; otherwise a bounded poll: an empty lease is not asked again
+for :data:`IDLE_POLL_S` (a lease query on an empty topic is cheap for PostgreSQL, ``make
+bench-queue``), so an item whose notification was lost, or that became ready by its delay,
 waits at most that long.
 """
 
@@ -32,6 +34,7 @@ from asynctier.platform.calls import CallBuilder
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError, HandoffError
 from asynctier.platform.rpc import SchedulerClient
+from asynctier.queue import wakeups
 from asynctier.queue.items import Dead, Leased, Nack
 from asynctier.queue.shards import ShardedQueue
 from asynctier.tailers.long_work import COMPONENT, LongWork
@@ -78,17 +81,26 @@ class QueueSource:
         self.stats: Counter[str] = Counter()
         self._quiet_until = 0.0
         self._down_logged = 0.0
+        route = queue.route_of(self.namespace, self.topic)
+        self._wakeups = wakeups.acquire(route.name, lambda: route.store.dsn)
+        self._woken = self._wakeups.subscribe(self.namespace, self.topic)
+
+    def close(self) -> None:
+        """Stop listening for this topic's wake-ups."""
+        self._wakeups.unsubscribe(self.namespace, self.topic, self._woken)
+        wakeups.release(self._wakeups)
 
     # -- reading --------------------------------------------------------------------------
 
     def read(self, max_records: int, wait_s: float) -> list[Leased]:
-        """Lease up to ``max_records`` ready items; an empty topic is asked again only
-        after :data:`IDLE_POLL_S` (waiting at most ``wait_s`` here)."""
+        """Lease up to ``max_records`` ready items; an empty topic is asked again when an
+        enqueue wakes it, or after :data:`IDLE_POLL_S` (waiting at most ``wait_s`` here)."""
         now = time.monotonic()
         if now < self._quiet_until:
-            self.stop.wait(min(wait_s, self._quiet_until - now))
-            if time.monotonic() < self._quiet_until:
+            woken = self._woken.wait(min(wait_s, self._quiet_until - now))
+            if not woken and time.monotonic() < self._quiet_until:
                 return []
+        self._woken.clear()  # a wake-up from now on leases again
         try:
             leased = self.queue.lease(self.namespace, self.topic, max_records,
                                       self.binding.lease_s, self.owner,
@@ -215,6 +227,7 @@ class QueueTailer:
         try:
             LongWork(source, self.client, self.options, self.hook).run(stop)
         finally:
+            source.close()
             metrics.set_in_flight(COMPONENT, self.binding.name, 0)
             if own:
                 queue.close()

@@ -192,6 +192,7 @@ def test_items_leased_again_after_their_lease_ran_out_are_counted(
     with ShardedQueue([postgres]) as queue:
         source = QueueSource(binding, queue, "tailer", threading.Event())
         again = source.read(10, 0.0)
+        source.close()
     assert len(again) == 5
     ran_out = {item.id for item in again if item.lease_ran_out}
     assert ran_out == {first[1].id, first[2].id}

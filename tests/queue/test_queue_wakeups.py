@@ -1,0 +1,93 @@
+"""Prompt pickup on a real PostgreSQL: an enqueue of ready items wakes the tailers of its
+topic through LISTEN/NOTIFY; a lost listener comes back by itself, and the poll remains."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from asynctier.platform.binding import Binding
+from asynctier.platform.supervise import RestartPolicy
+from asynctier.queue import NewItem, QueueStore, wakeups
+from asynctier.queue.shards import ShardedQueue
+from asynctier.tailers import queue as queue_tailer
+from asynctier.tailers.queue import QueueSource
+from tests.helpers import wait_until
+
+
+def test_a_ready_enqueue_wakes_its_topic_and_a_delayed_one_does_not(
+        postgres: str, queue_store: QueueStore, queue_namespace: str) -> None:
+    ns = queue_namespace
+    listener = wakeups.Wakeups("test", lambda: postgres).start()
+    try:
+        wait_until(lambda: listener.listening, 10, "the listener listens")
+        mine, other = listener.subscribe(ns, "jobs"), listener.subscribe(ns, "other")
+        queue_store.enqueue(ns, [NewItem("jobs", b"{}", delay_s=60)])
+        assert not mine.wait(0.3), "a delayed item is found by the poll, not woken for"
+        queue_store.enqueue(ns, [NewItem("jobs", b"{}"), NewItem("jobs", b"{}")])
+        assert mine.wait(5), "a ready item wakes its topic"
+        assert not other.is_set()
+        mine.clear()
+        queue_store.enqueue(ns, [NewItem("jobs", b"{}", id="same")])
+        assert mine.wait(5)
+        mine.clear()
+        queue_store.enqueue(ns, [NewItem("jobs", b"{}", id="same")])  # a duplicate: no news
+        assert not mine.wait(0.3)
+    finally:
+        listener.stop()
+
+
+def test_the_tailer_leases_as_soon_as_an_item_is_enqueued(
+        postgres: str, queue_store: QueueStore, queue_namespace: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the poll set to 30 s, an idle source still leases an item within a second of
+    its enqueue: the notification woke it."""
+    monkeypatch.setattr(queue_tailer, "IDLE_POLL_S", 30.0)
+    binding = Binding(name="prompt", topic="prompt", function="m:f", tenant=queue_namespace,
+                      source_kind="queue")
+    with ShardedQueue([postgres]) as queue:
+        source = QueueSource(binding, queue, "tailer", threading.Event())
+        try:
+            wait_until(lambda: source._wakeups.listening, 10, "the listener listens")
+            assert source.read(10, 0.0) == []  # empty: quiet for 30 s from now
+            enqueued_at: list[float] = []
+
+            def enqueue_later() -> None:
+                time.sleep(0.2)  # the source is waiting by then
+                enqueued_at.append(time.monotonic())
+                queue_store.enqueue(queue_namespace, [NewItem("prompt", b"{}", id="x")])
+
+            threading.Thread(target=enqueue_later).start()
+            got = source.read(10, 10.0)
+            waited = time.monotonic() - enqueued_at[0]
+        finally:
+            source.close()
+    assert [item.id for item in got] == ["x"]
+    assert waited < 1.0, f"leased {waited:.3f}s after the enqueue"
+
+
+def test_a_listener_whose_connection_is_killed_comes_back(
+        postgres: str, queue_store: QueueStore, queue_namespace: str) -> None:
+    ns = queue_namespace
+    listener = wakeups.Wakeups("killed", lambda: postgres)
+    listener.policy = RestartPolicy(first_s=0.1, max_s=0.5)
+    listener.start()
+    try:
+        wait_until(lambda: listener.listening, 10, "the listener listens")
+        event = listener.subscribe(ns, "jobs")
+        with psycopg.connect(postgres, autocommit=True) as conn:
+            killed = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE query LIKE %s AND pid <> pg_backend_pid()",
+                (f"LISTEN {wakeups.CHANNEL}%",)).fetchall()
+        assert killed, "the listener's backend was found"
+        wait_until(lambda: listener.restarts >= 1 and listener.listening, 10,
+                   "the listener restarted")
+        event.clear()
+        queue_store.enqueue(ns, [NewItem("jobs", b"{}")])
+        assert event.wait(5), "woken again after the restart"
+    finally:
+        listener.stop()
