@@ -33,8 +33,7 @@ import psycopg
 
 from asynctier.platform.errors import ParentRefused
 from asynctier.queue.items import NewItem
-from asynctier.queue.sql import DEAD, EDGES, ITEMS, NOTIFY_READY, NOW, WAITING_MS
-from asynctier.queue.wakeups import notify_key
+from asynctier.queue.sql import DEAD, EDGES, ITEMS, NOW, WAITING_MS
 
 #: Why a waiting child died: one of its parents died.
 PARENT_FAILED = "parent_failed"
@@ -281,18 +280,6 @@ def _check_parents(conn: psycopg.Connection[Any], namespace: str, items: Sequenc
                         f"is not in namespace {namespace!r}: enqueue parents first (or earlier "
                         "in the same batch); an acked item is not kept, so enqueue a child "
                         "before its parents finish")
-
-
-def release(conn: psycopg.Connection[Any], namespace: str, topic: str,
-            ids: Sequence[str]) -> int:
-    """Count down the children of ``ids`` that ended without dying; returns how many
-    children were touched. The topics of released children are woken (their tailers lease
-    at once, :mod:`asynctier.queue.wakeups`)."""
-    rows = conn.execute(RELEASE, {"ns": namespace, "topic": topic, "ids": list(ids)}).fetchall()
-    ready = sorted({child_topic for child_topic, released in rows if released})
-    if ready:
-        conn.execute(NOTIFY_READY, {"keys": [notify_key(namespace, t) for t in ready]})
-    return len(rows)
 
 
 def propagate(conn: psycopg.Connection[Any], namespace: str, topic: str,

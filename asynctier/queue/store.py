@@ -230,6 +230,7 @@ class QueueStore:
                                           "reasons": [_text(d.reason) for d in deads],
                                           "errors": [_text(d.error) for d in deads]}))
         # Each after the statements it follows, to see their effects (queue/deps.py).
+        release_at = len(statements)  # its rows: (child topic, released) of each child
         if acks:
             statements.append((deps.RELEASE, {"ns": namespace, "topic": topic,
                                               "ids": list(acks)}))
@@ -239,7 +240,13 @@ class QueueStore:
         with self._conn() as conn:
             with conn.pipeline(), conn.transaction():
                 cursors = [conn.execute(query, params) for query, params in statements]
-            done = [{row[0] for row in cursor.fetchall()} for cursor in cursors]
+            rows = [cursor.fetchall() for cursor in cursors]
+            if acks:  # the topics of the children the acks released: their tailers wake
+                woken = sorted({child for child, released in rows[release_at] if released})
+                if woken:
+                    conn.execute(sql.NOTIFY_READY,
+                                 {"keys": [notify_key(namespace, t) for t in woken]})
+        done = [{row[0] for row in found} for found in rows]
         counts = iter(done)
         acked = next(counts) if acks else set()
         nacked = next(counts) if nacks else set()

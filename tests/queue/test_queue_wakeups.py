@@ -36,6 +36,14 @@ def test_a_ready_enqueue_wakes_its_topic_and_a_delayed_one_does_not(
         mine.clear()
         queue_store.enqueue(ns, [NewItem("jobs", b"{}", id="same")])  # a duplicate: no news
         assert not mine.wait(0.3)
+        # a child waiting for its parent: its topic wakes when the parent's ack releases it
+        child = listener.subscribe(ns, "publish")
+        queue_store.enqueue(ns, [NewItem("encode", b"{}", id="p"),
+                                 NewItem("publish", b"{}", id="c", after=[("encode", "p")])])
+        assert not child.wait(0.3), "the child waits"
+        [parent] = queue_store.lease(ns, "encode", 1, 30, "w")
+        queue_store.resolve(ns, "encode", "w", acks=[parent.id])
+        assert child.wait(5), "the release woke the child's topic"
     finally:
         listener.stop()
 
