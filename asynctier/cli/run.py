@@ -110,10 +110,11 @@ def _start_schedules(settings: Settings, stop: threading.Event) -> Supervisor:
     """The schedule loop of this tailers process (docs/design.md, Schedules: it lives with
     the tailers, which already talk to the queue's PostgreSQL; the scheduler never does)."""
     from asynctier.queue.shards import ShardedQueue
-    from asynctier.schedules.loop import ScheduleLoop
+    from asynctier.schedules.loop import ScheduleLoop, start_relays
 
-    loop = ScheduleLoop(ShardedQueue.from_settings(settings, pool_size=2))
-    return Supervisor("schedules", loop.run, stop, what="the schedule loop",
+    queue = ShardedQueue.from_settings(settings, pool_size=2)
+    start_relays(settings, queue, stop)
+    return Supervisor("schedules", ScheduleLoop(queue).run, stop, what="the schedule loop",
                       hint="is the queue's PostgreSQL up? (`asynctier queue shards`)").start()
 
 

@@ -22,7 +22,7 @@ from asynctier.platform.signals import stop_on_signals
 from asynctier.platform.supervise import Supervisor
 from asynctier.queue.items import MAX_PRIORITY, MIN_PRIORITY
 from asynctier.queue.shards import ShardedQueue
-from asynctier.schedules.loop import POLL_S, ScheduleLoop
+from asynctier.schedules.loop import POLL_S, STOP_RELAY_S, ScheduleLoop, start_relays
 from asynctier.schedules.spec import (
     CATCH_UPS,
     DEFAULT_CATCH_UP_MAX,
@@ -61,7 +61,8 @@ def _every(_ctx: click.Context, _param: click.Parameter, value: str | None) -> i
 
 @click.group()
 def schedule() -> None:
-    """Schedules: enqueue one item on a queue topic per tick (cron or --every)."""
+    """Schedules: one item on a queue topic, or one record on a Kafka topic, per tick (cron
+    or --every)."""
 
 
 @schedule.command()
@@ -71,7 +72,9 @@ def schedule() -> None:
 @click.option("--every", callback=_every, help="Tick every this long (30s, 5m; >= 1s).")
 @click.option("--timezone", default="UTC", show_default=True,
               help="IANA time zone of --cron (Europe/Paris).")
-@click.option("--queue", "topic", required=True, help="The queue topic each tick feeds.")
+@click.option("--queue", "queue_topic", help="The queue topic each tick feeds.")
+@click.option("--topic", "kafka_topic",
+              help="Or: the Kafka topic each tick is written to (once, by the relay).")
 @click.option("--payload", default="{}", show_default=True,
               help="A JSON object; each tick adds schedule, tick and tick_ms to it.")
 @click.option("--priority", type=click.IntRange(MIN_PRIORITY, MAX_PRIORITY), default=0,
@@ -89,20 +92,41 @@ def schedule() -> None:
               help="Add it even when no binding reads the queue topic (yet).")
 @click.pass_context
 def add(ctx: click.Context, name: str, namespace: str, cron: str | None, every: int | None,
-        timezone: str, topic: str, payload: str, priority: int, expire_after: float | None,
-        catch_up: Any, catch_up_max: int, grace: float, replace: bool, unbound: bool) -> None:
-    """Add (or --replace) the schedule NAME: one item on --queue TOPIC per tick."""
+        timezone: str, queue_topic: str | None, kafka_topic: str | None, payload: str,
+        priority: int, expire_after: float | None, catch_up: Any, catch_up_max: int,
+        grace: float, replace: bool, unbound: bool) -> None:
+    """Add (or --replace) the schedule NAME: one item on --queue TOPIC, or one record on
+    Kafka --topic TOPIC, per tick."""
+    if (queue_topic is None) == (kafka_topic is None):
+        raise click.UsageError("give exactly one of --queue TOPIC (a queue topic) or --topic "
+                               "TOPIC (a Kafka topic)")
+    topic = queue_topic or kafka_topic or ""
     spec = Schedule(namespace=namespace, name=name, topic=topic, cron=cron,
                     every_s=every, timezone=timezone, payload=payload,
                     priority=priority, expire_s=expire_after, catch_up=catch_up,
-                    catch_up_max=catch_up_max, grace_s=grace)
+                    catch_up_max=catch_up_max, grace_s=grace,
+                    target="queue" if queue_topic else "kafka")
     if not unbound:
-        _check_bound(ctx, namespace, topic)
+        if spec.target == "queue":
+            _check_bound(ctx, namespace, topic)
+        else:
+            _check_kafka_bound(ctx, topic)
         _check_decodes(ctx, spec)
     with _queue(ctx) as q:
         info = ScheduleStore(q).add(spec, replace=replace)
-    click.echo(f"schedule {name} (version {info.version}): {spec.when()} -> queue "
-               f"{namespace}/{topic}; next tick {iso(info.next_ms)}")
+    where = f"queue {namespace}/{topic}" if spec.target == "queue" else f"Kafka topic {topic}"
+    click.echo(f"schedule {name} (version {info.version}): {spec.when()} -> {where}; next "
+               f"tick {iso(info.next_ms)}")
+
+
+def _check_kafka_bound(ctx: click.Context, topic: str) -> None:
+    """Refuse a Kafka topic no binding reads: its records would wait forever."""
+    if any(b.source_kind == "kafka" and b.topic == topic
+           for b in BindingRegistry(settings_of(ctx)).load().values()):
+        return
+    raise click.UsageError(f"no binding reads Kafka topic {topic!r}, so nothing would run its "
+                           f"records: bind one first (asynctier bind NAME --topic {topic} "
+                           "--function module:fn), or pass --unbound")
 
 
 def _check_decodes(ctx: click.Context, spec: Schedule) -> None:
@@ -110,12 +134,15 @@ def _check_decodes(ctx: click.Context, spec: Schedule) -> None:
     (an avro binding, say): every tick would be a dead item."""
     tick = spec.tick_payload(spec.after(0))
     for b in BindingRegistry(settings_of(ctx)).load().values():
-        if b.source_kind == "queue" and b.topic == spec.topic and b.tenant == spec.namespace:
+        reads = (b.source_kind == "kafka" and b.topic == spec.topic if spec.target == "kafka"
+                 else b.source_kind == "queue" and b.topic == spec.topic
+                 and b.tenant == spec.namespace)
+        if reads:
             try:
                 decoder_for(b)(tick)
             except DecodeError as exc:
                 raise ScheduleError(
-                    f"schedule {spec.name!r}: binding {b.name} reads queue topic "
+                    f"schedule {spec.name!r}: binding {b.name} reads {spec.target} topic "
                     f"{spec.topic!r} as {b.format} and cannot decode a tick's item ({exc}); "
                     "a tick is a JSON object: target a binding with --format json or "
                     "bytes") from None
@@ -132,11 +159,12 @@ def list_(ctx: click.Context, namespace: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(docs, indent=2))
         return
-    table = Table("name", "state", "when", "queue", "next", "last tick", "lateness", "fired",
+    table = Table("name", "state", "when", "target", "next", "last tick", "lateness", "fired",
                   "skipped", title=f"schedules {namespace}", title_justify="left")
     for d in docs:
         late = "" if d["lateness_s"] is None else f"{d['lateness_s']:.2f}s"
-        table.add_row(d["name"], d["state"], d["when"] or d["error"], d["topic"] or "",
+        target = "" if d["topic"] is None else f"{d['target']} {d['topic']}"
+        table.add_row(d["name"], d["state"], d["when"] or d["error"], target,
                       d["next"], d["last_tick"] or "never", late, str(d["fired"]),
                       str(d["skipped"]))
     Console(soft_wrap=not sys.stdout.isatty()).print(table)
@@ -210,8 +238,11 @@ def run(ctx: click.Context, poll_s: float, namespaces: tuple[str, ...]) -> None:
     stop_on_signals(stop)
     with _queue(ctx) as q:
         loop = ScheduleLoop(q, poll_s=poll_s, namespaces=namespaces or None)
+        relays = start_relays(settings_of(ctx), q, stop)
         Supervisor("schedules", loop.run, stop, what="the schedule loop",
                    hint="is the queue's PostgreSQL up?").start().join()
+        for relay in relays:
+            relay.join(STOP_RELAY_S)
 
 
 COMMANDS = [schedule]

@@ -1,4 +1,5 @@
-"""Time-triggered work: schedules that enqueue one queue item per tick.
+"""Time-triggered work: schedules that enqueue one queue item (or, through the outbox and
+its relay, :mod:`~asynctier.schedules.relay`, one Kafka record) per tick.
 
 A schedule (:mod:`~asynctier.schedules.spec`) is stored in PostgreSQL beside the queue
 (:mod:`~asynctier.schedules.store`); any number of processes run the loop

@@ -21,7 +21,7 @@ from typing import Any
 
 from asynctier.queue.items import NewItem
 from asynctier.queue.store import QueueStore, enqueue_in
-from asynctier.schedules import sql
+from asynctier.schedules import relay, sql
 from asynctier.schedules.spec import Schedule, plan
 from asynctier.schedules.store import ScheduleInfo, read_row
 
@@ -79,8 +79,10 @@ _ADVANCE_KEYS = ("namespaces", "names", "next_ms", "last_tick_ms", "lateness_ms"
 
 
 def _items(schedule: Schedule, ticks: tuple[int, ...]) -> list[NewItem]:
-    return [NewItem(schedule.topic, schedule.tick_payload(t), id=schedule.item_id(t),
-                    priority=schedule.priority, deliver_after_ms=t, ttl_s=schedule.expire_s)
+    headers = () if schedule.target == "queue" else relay.outbox_headers(schedule)
+    return [NewItem(schedule.queue_topic, schedule.tick_payload(t), id=schedule.item_id(t),
+                    priority=schedule.priority, deliver_after_ms=t, ttl_s=schedule.expire_s,
+                    headers=headers)
             for t in ticks]
 
 

@@ -16,10 +16,13 @@ import time
 from collections.abc import Callable, Sequence
 
 from asynctier.platform import metrics
+from asynctier.platform.config import Settings
 from asynctier.platform.errors import QueueUnavailable
+from asynctier.platform.supervise import Supervisor
 from asynctier.queue.route import ShardRoute
 from asynctier.queue.shards import ShardedQueue
 from asynctier.schedules.fire import Round, fire_due, next_due_in_s
+from asynctier.schedules.relay import KafkaRelay
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +31,22 @@ log = logging.getLogger(__name__)
 POLL_S = 0.2
 #: An offset between this process's clock and the database's above this is logged.
 CLOCK_WARN_S = 1.0
+#: How long a stopping process waits for its Kafka relays' round under way: not long, a
+#: round cut off (its commit made, its ack not) is acked by the next relay's recovery.
+STOP_RELAY_S = 2.0
+
+
+def start_relays(settings: Settings, queue: ShardedQueue, stop: threading.Event
+                 ) -> list[Supervisor]:
+    """The Kafka relay of every shard (:mod:`asynctier.schedules.relay`), each under a
+    supervisor, beside this process's schedule loop; each waits for its shard's lock."""
+    return [Supervisor(f"kafka-relay:{route.name}", KafkaRelay(settings, route).run, stop,
+                       what=f"the Kafka relay of Kafka-target schedules on shard {route.name}",
+                       hint="Their ticks wait in the outbox queue topic, nothing is lost; "
+                            "check that Kafka and the shard answer.",
+                       policy=settings.restarts,
+                       on_restart=metrics.count_task_restart).start()
+            for route in queue.routes]
 
 
 class ScheduleLoop:

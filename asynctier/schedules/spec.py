@@ -37,6 +37,11 @@ MIN_EVERY_S = 1
 TICK_KEYS = ("schedule", "tick", "tick_ms")
 #: The largest schedule payload (JSON text), in bytes.
 MAX_PAYLOAD_BYTES = 64 * 1024
+Target = Literal["queue", "kafka"]
+TARGETS: tuple[Target, ...] = ("queue", "kafka")
+#: The queue topic of a namespace whose items are ticks bound for Kafka topics.
+OUTBOX_TOPIC = "asynctier.kafka-outbox"
+
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
@@ -45,7 +50,10 @@ class Schedule:
     """One schedule: exactly one of ``cron`` (5 fields, in ``timezone``) or ``every_s``
     (whole seconds, ticks at multiples of it since the epoch); each tick enqueues one item
     on queue ``topic`` of ``namespace``, with ``payload`` (a JSON object) plus the tick's
-    time, ``priority``, and an expiry ``expire_s`` after its firing (None: none)."""
+    time, ``priority``, and an expiry ``expire_s`` after its firing (None: none).
+    ``target="kafka"``: ``topic`` is a Kafka topic; the tick's item goes to the
+    namespace's outbox (:data:`OUTBOX_TOPIC`) and is relayed there once
+    (:mod:`asynctier.schedules.relay`)."""
 
     namespace: str
     name: str
@@ -59,9 +67,15 @@ class Schedule:
     catch_up: CatchUp = "none"
     catch_up_max: int = DEFAULT_CATCH_UP_MAX
     grace_s: float = DEFAULT_GRACE_S
+    target: Target = "queue"
 
     def __post_init__(self) -> None:
         check(self)
+
+    @property
+    def queue_topic(self) -> str:
+        """The queue topic its ticks' items go to (and whose shard holds its row)."""
+        return self.topic if self.target == "queue" else OUTBOX_TOPIC
 
     @property
     def zone(self) -> ZoneInfo:
@@ -138,7 +152,12 @@ def check(s: Schedule) -> None:
         raise ScheduleError(f"schedule name {s.name!r} is not valid: use 1 to 100 letters, "
                             "digits, '.', '_' or '-', starting with a letter or digit")
     where = f"schedule {s.name!r}: "
+    if s.target not in TARGETS:
+        raise ScheduleError(f"{where}target {s.target!r} is not one of {', '.join(TARGETS)}")
     check_topic(s.topic, where)
+    if s.topic == OUTBOX_TOPIC:
+        raise ScheduleError(f"{where}topic {OUTBOX_TOPIC} is the platform's own: choose "
+                            "another")
     if (s.cron is None) == (s.every_s is None):
         raise ScheduleError(f"{where}give exactly one of --cron or --every")
     _check_zone(s.timezone, where)

@@ -12,15 +12,16 @@ NOW = "asynctier_queue_now_ms()"
 #: The columns a :class:`~asynctier.schedules.store.ScheduleInfo` is read from, in order.
 COLUMNS = ("namespace, name, topic, cron, every_s, timezone, payload, priority, expire_s, "
            "catch_up, catch_up_max, grace_s, version, paused, next_ms, last_tick_ms, "
-           "last_fired_ms, last_lateness_ms, fired, skipped, error")
+           "last_fired_ms, last_lateness_ms, fired, skipped, error, target")
 
 CLOCK = f"SELECT {NOW}"
 
 INSERT = f"""
 INSERT INTO {TABLE} (namespace, name, topic, cron, every_s, timezone, payload, priority,
-                     expire_s, catch_up, catch_up_max, grace_s, next_ms)
+                     expire_s, catch_up, catch_up_max, grace_s, next_ms, target)
 VALUES (%(namespace)s, %(name)s, %(topic)s, %(cron)s, %(every_s)s, %(timezone)s, %(payload)s,
-        %(priority)s, %(expire_s)s, %(catch_up)s, %(catch_up_max)s, %(grace_s)s, %(next_ms)s)
+        %(priority)s, %(expire_s)s, %(catch_up)s, %(catch_up_max)s, %(grace_s)s, %(next_ms)s,
+        %(target)s)
 ON CONFLICT DO NOTHING
 RETURNING name
 """
@@ -31,7 +32,8 @@ REPLACE = f"""
 UPDATE {TABLE} SET topic = %(topic)s, cron = %(cron)s, every_s = %(every_s)s,
     timezone = %(timezone)s, payload = %(payload)s, priority = %(priority)s,
     expire_s = %(expire_s)s, catch_up = %(catch_up)s, catch_up_max = %(catch_up_max)s,
-    grace_s = %(grace_s)s, next_ms = %(next_ms)s, version = version + 1, error = '',
+    grace_s = %(grace_s)s, next_ms = %(next_ms)s, target = %(target)s,
+    version = version + 1, error = '',
     updated_ms = {NOW}
 WHERE namespace = %(namespace)s AND name = %(name)s
 RETURNING version

@@ -54,6 +54,7 @@ class ScheduleInfo:
         return {
             "name": self.name, "namespace": self.namespace, "state": self.state,
             "when": s.when() if s else None, "topic": s.topic if s else None,
+            "target": s.target if s else None,
             "version": self.version, "next": iso(self.next_ms),
             "next_in_s": (self.next_ms - self.now_ms) / 1000.0,
             "last_tick": None if self.last_tick_ms is None else iso(self.last_tick_ms),
@@ -68,13 +69,13 @@ def read_row(row: tuple[Any, ...]) -> ScheduleInfo:
     """One row of ``sql.COLUMNS`` + the database's now, checked as a new schedule is."""
     (namespace, name, topic, cron, every_s, timezone, payload, priority, expire_s, catch_up,
      catch_up_max, grace_s, version, paused, next_ms, last_tick_ms, last_fired_ms,
-     lateness_ms, fired, skipped, error, now_ms) = row
+     lateness_ms, fired, skipped, error, target, now_ms) = row
     schedule: Schedule | None = None
     try:
         schedule = Schedule(namespace=namespace, name=name, topic=topic, cron=cron,
                             every_s=every_s, timezone=timezone, payload=payload,
                             priority=priority, expire_s=expire_s, catch_up=catch_up,
-                            catch_up_max=catch_up_max, grace_s=grace_s)
+                            catch_up_max=catch_up_max, grace_s=grace_s, target=target)
     except (ScheduleError, TypeError) as exc:
         error = error or f"its stored row is refused: {exc}"
     return ScheduleInfo(namespace=str(namespace), name=str(name), schedule=schedule,
@@ -105,9 +106,10 @@ class ScheduleStore:
             raise ScheduleError(
                 f"schedule {schedule.name!r} exists in namespace {schedule.namespace!r}: "
                 "pass --replace to change it, or remove it first")
-        route = self.queue.route_of(schedule.namespace, schedule.topic)
-        if old is not None and old.schedule is not None and old.schedule.topic != schedule.topic:
-            old_route = self.queue.route_of(old.namespace, old.schedule.topic)
+        route = self.queue.route_of(schedule.namespace, schedule.queue_topic)
+        if (old is not None and old.schedule is not None
+                and old.schedule.queue_topic != schedule.queue_topic):
+            old_route = self.queue.route_of(old.namespace, old.schedule.queue_topic)
             if old_route is not route:  # another shard: remove there, add here
                 self.remove(old.namespace, old.name)
                 old = None
