@@ -42,7 +42,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from asynctier.platform.config import Settings
-from asynctier.platform.errors import QueueError
+from asynctier.platform.errors import QueueError, QueueUnavailable
 from asynctier.platform.kafka import admin, ensure_topics, producer_config, topic_replication
 from asynctier.queue.items import Dead, Leased, Nack, Resolved, check_topic
 from asynctier.queue.route import ShardRoute
@@ -58,6 +58,10 @@ H_TICK = "asynctier.tick-id"
 #: Items leased per round, and their lease.
 BATCH = 500
 LEASE_S = 30.0
+#: A tick Kafka refuses (its topic deleted, say) is tried again after RETRY_S, and dies
+#: (reason ``max_attempts``, the last error kept) after this many tries.
+MAX_ATTEMPTS = 20
+RETRY_S = 5.0
 #: How often an idle relay looks for ticks; how often a relay that waits for the shard's
 #: lock asks again.
 POLL_S = 0.2
@@ -101,12 +105,13 @@ class KafkaRelay:
         self.relayed = 0
         #: Whether it holds the shard's lock now.
         self.leading = False
+        self._waiting = False  # the shard's silence was said
 
     def run(self, stop: threading.Event) -> None:
         """Wait until the shard has had a Kafka-target tick (a deployment without such
         schedules never talks to Kafka here), then for the shard's lock; then relay until
         ``stop``."""
-        while not self._namespaces():
+        while not self._outbox_used():
             if stop.wait(LOCK_RETRY_S):
                 return
         with psycopg.connect(self.route.store.dsn, autocommit=True, connect_timeout=5) as lock:
@@ -222,7 +227,7 @@ class KafkaRelay:
             producer.abort_transaction(TXN_TIMEOUT_S)
             for ns, item in batch:
                 self._resolve(ns, self.owner,
-                              nacks=[Nack(item.id, 1.0, error=f"Kafka: {err.str()}")])
+                              nacks=[Nack(item.id, RETRY_S, error=f"Kafka: {err.str()}")])
             log.warning("kafka relay of shard %s: Kafka refused a batch of %d tick(s) "
                         "(%s); given back, tried again", self.route.name, len(batch), err.str())
             return
@@ -233,12 +238,25 @@ class KafkaRelay:
         self.relayed += len(batch)
 
     def _lease(self, ns: str, n: int) -> list[Leased]:
-        return self.route.call(lambda s: s.lease(ns, OUTBOX_TOPIC, n, LEASE_S, self.owner))
+        return self.route.call(lambda s: s.lease(ns, OUTBOX_TOPIC, n, LEASE_S, self.owner,
+                                                 max_attempts=MAX_ATTEMPTS))
 
     def _resolve(self, ns: str, owner: str, acks: Sequence[str] = (),
                  nacks: Sequence[Nack] = (), deads: Sequence[Dead] = ()) -> Resolved:
         return self.route.call(lambda s: s.resolve(ns, OUTBOX_TOPIC, owner, acks, nacks,
                                                    deads))
+
+    def _outbox_used(self) -> bool:
+        """Whether the shard has had outbox items; a shard that does not answer is waited
+        for quietly (said once), as the schedule loop does: nothing is relayed from it."""
+        try:
+            return bool(self._namespaces())
+        except QueueUnavailable as exc:
+            if not self._waiting:
+                self._waiting = True
+                log.info("kafka relay: queue shard %s does not answer (%s); nothing is "
+                         "relayed from it until it does", self.route.name, exc)
+            return False
 
     def _namespaces(self) -> list[str]:
         return sorted({ns for ns, topic in self.route.call(lambda s: s.topics())

@@ -271,7 +271,13 @@ _workload = st.builds(
              max_size=2).map(tuple),
     st.one_of(st.none(), st.integers(-2000, 2000), INT64),
     st.one_of(st.none(), st.integers(-10, 10**12), INT64),
-    st.one_of(st.none(), st.text(max_size=12), st.text(min_size=200, max_size=210)))
+    st.one_of(st.none(), st.text(max_size=12), st.text(min_size=200, max_size=210)),
+    # parents: unknown ids, bad ids, bad topics; the enum's two symbols (anything else is
+    # not on the wire: the raw and cut frames above reach the rest)
+    st.lists(st.tuples(st.one_of(st.none(), st.sampled_from(["work", "bad topic", ""])),
+                       st.one_of(st.text(max_size=12), st.just("a\nb"))),
+             max_size=2).map(tuple),
+    st.one_of(st.none(), st.sampled_from(["fail", "run"])))
 CALLS = st.one_of(
     st.binary(max_size=300),
     st.builds(lambda binding, loads, whole: protocol.encode_call(
