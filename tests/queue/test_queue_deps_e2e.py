@@ -63,7 +63,11 @@ def test_a_graph_drains_in_order_with_the_scheduler_killed_mid_drain(
     plat.start("scheduler")
     plat.supervise("scheduler")
     plat.start("tailers")
-    wait_until(lambda: len(succeeded(plat.calls())) >= 600 * scale, 120 * scale, "a part done")
+    # killed early (a tenth done, looked at every 50 ms): since an ack wakes the released
+    # children's tailers, the graph drains in seconds, and a later kill left too few
+    # children after the restart to measure
+    wait_until(lambda: len(succeeded(plat.calls())) >= 200 * scale, 120 * scale, "a part done",
+               max_interval=0.05)
     assert len(succeeded(plat.calls())) < len(nodes), "drained before the kill"
     killed_at = time.time()
     plat.kill("scheduler")
@@ -87,6 +91,7 @@ def test_a_graph_drains_in_order_with_the_scheduler_killed_mid_drain(
 
     back_at = min(c.at for c in calls if c.kind == "S" and c.at > killed_at)
     every, healthy = waits(0.0), waits(back_at)
+    assert len(healthy) > 100, (len(every), len(healthy))
     p99 = healthy[int(len(healthy) * 0.99) - 1]
     print(f"\ngraph of {len(nodes)} items, scheduler SIGKILLed mid-drain: none early; a "
           f"child's start after its last parent's last success: all p50 "
@@ -94,7 +99,6 @@ def test_a_graph_drains_in_order_with_the_scheduler_killed_mid_drain(
           f"{every[-1]:.3f}s (the kill and the scheduler's restart included); after the "
           f"restart ({len(healthy)} children) p50 {healthy[len(healthy) // 2]:.3f}s p99 "
           f"{p99:.3f}s")
-    assert len(healthy) > 100
     # the parent's success to its ack, the release, the lease poll, queueing; the default
     # run shares the two cores with another test
     assert p99 < (1.0 if scale > 1 else 2.0)
