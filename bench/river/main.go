@@ -4,8 +4,8 @@
 //	drain  -dsn DSN -jobs N -batch B -workers W   insert N no-op jobs B at a time
 //	       (InsertManyFast: COPY), then start a client and time the drain of the backlog.
 //	pickup -dsn DSN -jobs N -gap-min MS -gap-max MS [-rate R]   an idle client; N single
-//	       jobs inserted at random gaps (or at R per second): the delay from each insert's
-//	       return to its Work call.
+//	       jobs inserted at random gaps (or at R per second): the delay from just before
+//	       each insert to its Work call.
 //
 // It prints one JSON object on stdout. River's schema is migrated by River's own migrator
 // into schema "river" (search_path), apart from asynctier's tables.
