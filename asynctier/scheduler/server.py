@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 #: Finishing the calls under way longer than this is logged with what was left.
 SLOW_STOP_S = 5.0
+#: The most a step of the stop after the calls' grace may take (leaving the membership,
+#: stopping the workers): a SIGTERM ends the process whatever hangs.
+STOP_STEP_S = 10.0
 #: How often a ``threading.Event`` stop is looked at.
 STOP_POLL_S = 0.1
 
@@ -145,14 +148,28 @@ async def _serve(settings: Settings, scheduler: Scheduler, listen: str, stop: St
                  "(at most %gs; %d item(s) queued or running)", address, opts.stop_grace_s,
                  scheduler.load)
         started = time.monotonic()
-        await heartbeat.stop(leave=True)
+        await _bounded(heartbeat.stop(leave=True), STOP_STEP_S, "leaving the membership",
+                       address)
         await server.stop(opts.stop_grace_s)
         took = time.monotonic() - started
         if took > SLOW_STOP_S:  # says what held the stop up, the next time one is slow
             log.warning("scheduler %s: finishing the calls under way took %.1fs; %d item(s) "
                         "still queued or running", address, took, scheduler.load)
-        await scheduler.stop()
+        await _bounded(scheduler.stop(), STOP_STEP_S,
+                       "stopping its workers, gates, write-downs and worker processes",
+                       address)
         log.info("scheduler %s stopped", address)
+
+
+async def _bounded(step: Any, limit_s: float, what: str, address: str) -> None:
+    """Await one step of the stop for at most ``limit_s``: a step that hangs is named in the
+    log and left, so that a SIGTERM always ends the process (what it left undone is done
+    again elsewhere: items whose outcomes were not answered are sent again)."""
+    try:
+        await asyncio.wait_for(step, limit_s)
+    except TimeoutError:
+        log.error("scheduler %s: %s took over %gs; exiting without it", address, what,
+                  limit_s)
 
 
 def _log_start(address: str, listen: str, port: int, scheduler: Scheduler,
