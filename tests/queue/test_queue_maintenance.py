@@ -20,9 +20,10 @@ DRAIN_ITEMS = 50_000
 #: server, the table's threshold 1,000 rows at any size, no cost delay) reclaims them
 #: within seconds: stats reach pg_stat within 1 s, the launcher looks every 1 s, a vacuum
 #: of this small table takes under 2 s. This drain runs at ~4,000 items/s here, so at most
-#: 2 x 4,000/s x (1 + 1 + 2) s = 32,000 wait at once: the bound is 40,000, well under the
-#: 100,000 (measured at cb91dde: at most 13,500 over the drain).
-DEAD_TUPLES_BOUND = 40_000
+#: 2 x 4,000/s x (1 + 1 + 2) s = 32,000 wait at once on a quiet machine. In the default run
+#: another test shares the two cores and a vacuum can start seconds late (once 42,529): the
+#: bound is 60,000, still well under the 100,000 of a drain that nothing reclaims.
+DEAD_TUPLES_BOUND = 60_000
 
 
 def dead_tuples(dsn: str) -> tuple[int, int]:
