@@ -62,9 +62,17 @@ def test_the_tailer_leases_as_soon_as_an_item_is_enqueued(
             wait_until(lambda: source._wakeups.listening, 10, "the listener listens")
             assert source.read(10, 0.0) == []  # empty: quiet for 30 s from now
             enqueued_at: list[float] = []
+            waiting = threading.Event()
+            wait = source._woken.wait
+
+            def watched(timeout: float | None = None) -> bool:
+                waiting.set()
+                return wait(timeout)
+
+            source._woken.wait = watched  # type: ignore[method-assign]
 
             def enqueue_later() -> None:
-                time.sleep(0.2)  # the source is waiting by then
+                assert waiting.wait(10), "the source never waited"
                 enqueued_at.append(time.monotonic())
                 queue_store.enqueue(queue_namespace, [NewItem("prompt", b"{}", id="x")])
 
