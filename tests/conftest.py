@@ -108,6 +108,20 @@ def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devsta
 
 
 @pytest.fixture(scope="session")
+def jaeger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devstack.JaegerNode]:
+    """A running Jaeger of our own: spans over OTLP to ``.endpoint``, read back by
+    ``.trace(id)``."""
+    try:
+        node = devstack.start_test_jaeger(tmp_path_factory.mktemp("stack"))
+    except ServiceError as exc:
+        service_unavailable("Jaeger", exc)
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture(scope="session")
 def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """DSN of a running PostgreSQL: the first of ``$ASYNCTIER_QUEUE_SHARDS`` or our own."""
     given = os.environ.get("ASYNCTIER_QUEUE_SHARDS")

@@ -6,6 +6,7 @@ fault-injection hook of the fault tests is here too (:mod:`asynctier.dev.faults`
 in the runtime imports this package: the CLI composes it in.
 """
 
+from asynctier.dev.jaeger import JaegerNode
 from asynctier.dev.kafka import (
     KafkaJars,
     KafkaNode,
@@ -32,6 +33,7 @@ from asynctier.dev.stack import DevStack, ServiceStatus, round_trip
 from asynctier.dev.testing import (
     postgres_data_root,
     random_password,
+    start_test_jaeger,
     start_test_kafka,
     start_test_postgres,
     start_test_redis,
@@ -45,6 +47,7 @@ __all__ = [
     "DEFAULT_REDIS_PORT",
     "Daemon",
     "DevStack",
+    "JaegerNode",
     "KafkaJars",
     "KafkaNode",
     "PostgresNode",
@@ -66,6 +69,7 @@ __all__ = [
     "registry_answers",
     "require_binary",
     "round_trip",
+    "start_test_jaeger",
     "start_test_kafka",
     "start_test_postgres",
     "start_test_redis",

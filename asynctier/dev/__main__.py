@@ -1,5 +1,5 @@
 """``python -m asynctier.dev fetch``: prefetch Kafka's jars and the schema registry, and
-build the chart's Go tools (helm, kubecheck) when missing (scripts/setup.sh)."""
+build the Go tools (helm, kubecheck, jaeger) when missing (scripts/setup.sh)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from asynctier.dev.gotools import HELM, KUBECHECK
+from asynctier.dev.gotools import HELM, JAEGER, KUBECHECK
 from asynctier.dev.kafka import KafkaJars
 from asynctier.dev.registry import RegistryApp
 from asynctier.platform.errors import ServiceError
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 def _main(argv: Sequence[str]) -> int:
     """``python -m asynctier.dev fetch``: prefetch Kafka's jars and the schema registry,
-    build helm and kubecheck."""
+    build helm, kubecheck and jaeger."""
     if list(argv) != ["fetch"]:
         print("usage: python -m asynctier.dev fetch", file=sys.stderr)
         return 2
@@ -28,7 +28,7 @@ def _main(argv: Sequence[str]) -> int:
         print(f"Kafka jars ready in {libs}")
         registry = RegistryApp().ensure()
         print(f"Apicurio Registry ready in {registry.parent}")
-        for tool in (HELM, KUBECHECK):
+        for tool in (HELM, KUBECHECK, JAEGER):
             print(f"{tool.name} ready: {tool.ensure()}")
     except ServiceError as exc:
         print(f"error: {exc}", file=sys.stderr)

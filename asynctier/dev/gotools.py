@@ -1,9 +1,11 @@
-"""The Go tools the chart's tests use, built once from the Go module proxy and cached under
+"""The Go tools the tests use, built once from the Go module proxy and cached under
 ``~/.cache/asynctier/go-tools/``:
 
 * ``helm`` (:data:`HELM`): ``helm lint`` and ``helm template`` of ``deploy/helm/asynctier``;
 * ``kubecheck`` (:data:`KUBECHECK`, ``deploy/helm/kubecheck``): the rendered manifests
-  against Kubernetes' API types (client-go's strict decoding and apply schema).
+  against Kubernetes' API types (client-go's strict decoding and apply schema);
+* ``jaeger`` (:data:`JAEGER`, ``deploy/jaeger``): the traces' backend in the tests and
+  ``asynctier dev up --with tracing`` (:mod:`asynctier.dev.jaeger`).
 
 A tool's folder is named for its version (helm) or the hash of its sources (kubecheck), so
 a second set-up finds it at once and a changed version builds anew.
@@ -38,6 +40,9 @@ class GoTool:
     package: str = ""
     version: str = ""
     source: Path | None = None
+    #: What ``go build`` builds in ``source``: the folder's own package, or a ``tool`` its
+    #: go.mod pins (a program whose go.mod has replace directives: ``go install`` refuses).
+    target: str = "."
     cache_dir: Path = field(default_factory=default_cache_dir)
 
     @property
@@ -77,7 +82,7 @@ class GoTool:
         if self.source is None:
             argv, cwd = [go, "install", f"{self.package}@{self.version}"], None
         else:
-            argv, cwd = [go, "build", "-o", str(staging / self.name), "."], self.source
+            argv, cwd = [go, "build", "-o", str(staging / self.name), self.target], self.source
         log.info("building %s with Go (%s): a few minutes, once", self.name, " ".join(argv))
         try:
             done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
@@ -96,4 +101,6 @@ class GoTool:
 
 HELM = GoTool("helm", package="helm.sh/helm/v4/cmd/helm", version="v4.3.2")
 KUBECHECK = GoTool("kubecheck", source=ROOT / "deploy" / "helm" / "kubecheck")
+JAEGER = GoTool("jaeger", source=ROOT / "deploy" / "jaeger",
+                target="github.com/jaegertracing/jaeger/cmd/jaeger")
 

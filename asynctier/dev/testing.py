@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from asynctier.dev.jaeger import JaegerNode
 from asynctier.dev.kafka import KafkaJars, KafkaNode
 from asynctier.dev.postgres import PostgresNode, check_reachable, server_user
 from asynctier.dev.process import TlsFiles, default_cache_dir, free_port
@@ -50,6 +51,12 @@ def start_test_registry(root: Path, cache_dir: Path | None = None,
     app = RegistryApp(cache_dir=cache_dir or default_cache_dir())
     return _started(lambda: RegistryNode(root / "registry", free_port(), free_port(),
                                          app=app, tls=tls))
+
+
+def start_test_jaeger(root: Path) -> JaegerNode:
+    """A Jaeger on free loopback ports under ``root``, started."""
+    return _started(lambda: JaegerNode(root / "jaeger", free_port(), free_port(), free_port(),
+                                       free_port()))
 
 
 def start_test_redis_cluster(root: Path, replicas: int = 0) -> RedisClusterNodes:

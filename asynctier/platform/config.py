@@ -34,6 +34,11 @@ The file::
     "basic.auth.user.info" = "user:secret"  # for every --schema-registry URL
     "ssl.ca.location" = "certs/ca.pem"
 
+    [tracing]                            # OpenTelemetry spans over OTLP (gRPC); off by
+    enabled = true                       # default, OTEL_* variables win over these
+    endpoint = "http://127.0.0.1:4317"
+    sample_ratio = 0.01                  # the share of new traces kept
+
     [queue]                              # the queue source's PostgreSQL shards
     shards = ["postgresql://asynctier@127.0.0.1:5432/asynctier"]
 
@@ -79,6 +84,7 @@ from asynctier.platform.rpcsecurity import RpcSecurity
 from asynctier.platform.rpcsecurity import from_mapping as rpc_from_mapping
 from asynctier.platform.rpcsecurity import with_env as rpc_with_env
 from asynctier.platform.supervise import RestartPolicy
+from asynctier.platform.tracing import TracingSettings
 
 DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -275,6 +281,8 @@ class Settings:
     #: ``[schema_registry]``: credentials, TLS files and timeouts of the schema registries
     #: that registry-framed bindings name (confluent-kafka's SchemaRegistryClient keys).
     schema_registry: Mapping[str, str] = field(default_factory=dict)
+    #: ``[tracing]``: OpenTelemetry spans, and where they are exported (off by default).
+    tracing: TracingSettings = field(default_factory=TracingSettings)
 
     @property
     def names(self) -> Names:
@@ -329,11 +337,11 @@ class Settings:
     def from_mapping(cls, doc: Mapping[str, Any], source: str = "config") -> Settings:
         """Settings from a parsed TOML document."""
         unknown = set(doc) - {"asynctier", "kafka", "redis", "queue", "scheduler", "rpc",
-                              "schema_registry"}
+                              "schema_registry", "tracing"}
         if unknown:
             raise ConfigError(
                 f"{source}: unknown table(s) {sorted(unknown)}; expected [asynctier], "
-                "[kafka], [redis], [queue], [scheduler], [rpc], [schema_registry]"
+                "[kafka], [redis], [queue], [scheduler], [rpc], [schema_registry], [tracing]"
             )
         workers, tier_weights = _scheduler_table(dict(doc.get("scheduler", {})), source)
         main = dict(doc.get("asynctier", {}))
@@ -379,6 +387,7 @@ class Settings:
                 spill_order=_spill_order(main.get("spill_order", [])),
                 restarts=RestartPolicy.parse(str(main.get("restarts", ""))),
                 schema_registry=_registry_table(dict(doc.get("schema_registry", {})), source),
+                tracing=TracingSettings.from_table(dict(doc.get("tracing", {})), source),
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {exc}") from exc
@@ -429,6 +438,9 @@ class Settings:
         rpc = rpc_with_env(self.rpc, env)
         if rpc is not self.rpc:
             changes["rpc"] = rpc
+        traced = self.tracing.with_env(env)
+        if traced != self.tracing:
+            changes["tracing"] = traced
         return replace(self, **changes) if changes else self
 
 

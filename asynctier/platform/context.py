@@ -60,18 +60,20 @@ class Context:
     (``topic/partition/offset`` for Kafka); ``attempt`` counts from 1; ``record_time`` and
     ``deadline`` are epoch seconds (the function should be done by ``deadline``).
     ``resumed`` is the state the last attempt of this item saved with :meth:`checkpoint`
-    (None when it saved none): a function that finds one continues from there.
+    (None when it saved none): a function that finds one continues from there. ``trace``
+    is the OpenTelemetry context of this attempt while tracing is on (None otherwise); it
+    is the current context while the function runs, so spans it starts nest there.
 
     A plain class with slots, not a dataclass: one is built per item on the hot path.
     """
 
     __slots__ = ("_saver", "attempt", "binding", "deadline", "headers", "key", "record_time",
-                 "resumed", "source", "tenant")
+                 "resumed", "source", "tenant", "trace")
 
     def __init__(self, binding: str, key: bytes | None,
                  headers: tuple[tuple[str, bytes | None], ...], source: str, attempt: int,
                  record_time: float, deadline: float, tenant: str = "default",
-                 resumed: Any = None, saver: Saver | None = None) -> None:
+                 resumed: Any = None, saver: Saver | None = None, trace: Any = None) -> None:
         self.binding = binding
         self.key = key
         self.headers = headers
@@ -82,6 +84,7 @@ class Context:
         self.tenant = tenant
         self.resumed = resumed
         self._saver = saver
+        self.trace = trace
 
     def header(self, name: str) -> bytes | None:
         """The value of the first header called ``name`` (None when absent)."""

@@ -18,8 +18,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from asynctier.platform import metrics
+from asynctier.platform import metrics, tracing
 from asynctier.platform.binding import Binding
 from asynctier.platform.cancel import cancel_and_wait
 from asynctier.platform.supervise import supervise_task
@@ -38,6 +39,9 @@ from asynctier.scheduler.outcomes import error_text
 from asynctier.scheduler.runtime import Runtime
 from asynctier.scheduler.sizing import ChunkSizer
 
+if TYPE_CHECKING:
+    from asynctier.scheduler.traces import AttemptSpans
+
 log = logging.getLogger(__name__)
 
 #: Called with outcomes as they are known (a run stream sends them at once).
@@ -55,6 +59,12 @@ def _reporter(report: Report) -> Callable[[asyncio.Future[list[Outcome]]], None]
         if not future.cancelled() and future.exception() is None:
             report(future.result())
     return done
+
+
+def _attempt_spans(binding: Binding, items: list[Item]) -> AttemptSpans:
+    from asynctier.scheduler.traces import AttemptSpans  # imports OpenTelemetry: only while on
+
+    return AttemptSpans(binding, items)
 
 
 def _fits_one_burst(binding: Binding, n: int) -> bool:
@@ -107,6 +117,17 @@ class Dispatcher:
         ``queue_after_s`` (long work); the outcomes are returned at the end all the same.
         """
         stamp_deadlines(binding, items)
+        if not tracing.enabled():
+            return await self._submit(binding, items, report)
+        spans, results = _attempt_spans(binding, items), []
+        try:
+            results = await self._submit(binding, items, report)
+            return results
+        finally:
+            spans.end(results)
+
+    async def _submit(self, binding: Binding, items: list[Item],
+                      report: Report | None) -> list[Outcome]:
         refused, items = await self.gates.admit_batch(binding, items)
         skipped, items, busy = await self.claims.claim_batch(binding, items)
         skipped = refused + skipped

@@ -43,7 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from asynctier.platform import metrics
+from asynctier.platform import metrics, tracing
 from asynctier.platform.binding import Binding
 from asynctier.platform.context import Context
 from asynctier.platform.errors import DecodeError
@@ -54,7 +54,7 @@ from asynctier.platform.wire import Item, Outcome, ok
 from asynctier.scheduler import outcomes
 from asynctier.scheduler.processes import ProcessPool
 from asynctier.scheduler.resolver import Function, FunctionResolver
-from asynctier.scheduler.work import resumed_of, saver_of
+from asynctier.scheduler.work import resumed_of, saver_of, trace_of
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def context_of(binding: Binding, item: Item, deadline: float) -> Context:
     return Context(binding.name, item["key"],
                    tuple((h["name"], h["value"]) for h in headers) if headers else (),
                    item["source_ref"], item["attempt"], item["record_time_ms"] / 1000.0,
-                   deadline, binding.tenant, resumed_of(item), saver_of(item))
+                   deadline, binding.tenant, resumed_of(item), saver_of(item), trace_of(item))
 
 
 class SyncRun:
@@ -292,6 +292,12 @@ class _Harvest:
             self.early([self.by_id[o["id"]] for o in oks], oks)
 
 
+def _traced(function: Function) -> Function:
+    from asynctier.scheduler.traces import traced  # imports OpenTelemetry: only while on
+
+    return traced(function)
+
+
 class Runtime:
     """Resolves functions and runs chunks; owns the bounded pool of sync worker threads.
 
@@ -328,7 +334,8 @@ class Runtime:
         """The job of ``binding``; ModuleNotAllowed / FunctionNotFound when refused."""
         job = self._jobs.get(binding.name)
         if job is None or job.binding is not binding:
-            job = Job(binding, self.resolver.resolve(binding.function),
+            function = self.resolver.resolve(binding.function)
+            job = Job(binding, _traced(function) if tracing.enabled() else function,
                       decoder_for(binding, self.registries),
                       binding.encode() if binding.isolation == "process" else b"")
             self._jobs[binding.name] = job

@@ -61,6 +61,13 @@ JSON_SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"}},
 UNKNOWN_ID = 987_654
 FREEZE_S = 4.0
 OUTAGE_S = 20.0
+REGISTRY_CALL_S = 15
+
+
+def _registry_client(url: str) -> SchemaRegistryClient:
+    """The tests' own client: a call that gets no answer in 15 s is retried (three times) and
+    then fails the test, where the client's default would wait for ever."""
+    return SchemaRegistryClient({"url": url, "timeout": REGISTRY_CALL_S, "max.retries": 3})
 
 
 def _frame(schema_id: int, body: bytes) -> bytes:
@@ -69,7 +76,7 @@ def _frame(schema_id: int, body: bytes) -> bytes:
 
 def _serializer(url: str, schema: dict[str, Any], json_schema: bool = False) -> Callable[
         [dict[str, Any], str], bytes]:
-    client = SchemaRegistryClient({"url": url})
+    client = _registry_client(url)
     text = json.dumps(schema)
     ser = JSONSerializer(text, client) if json_schema else AvroSerializer(client, text)
 
@@ -110,7 +117,7 @@ def proto_classes(version: int) -> dict[str, Any]:
 def _proto_serializer(url: str, version: int) -> Callable[[dict[str, Any], str], bytes]:
     """confluent-kafka's own ProtobufSerializer of ``Order`` (version 1 or 2)."""
     classes = proto_classes(version)
-    ser = ProtobufSerializer(classes["Order"], SchemaRegistryClient({"url": url}),
+    ser = ProtobufSerializer(classes["Order"], _registry_client(url),
                              {"use.deprecated.format": False})
 
     def write(doc: dict[str, Any], topic: str) -> bytes:
@@ -166,7 +173,7 @@ def test_protobuf_records_read_as_their_writer_wrote_them(schema_registry: Regis
     # a schema registered as .proto text (as Java's serializer does) reads the same way
     text = ('syntax = "proto3";\npackage shop;\nmessage Header { string source = 1; }\n'
             "message Order { int32 id = 1; string note = 2; }\n")
-    text_id = SchemaRegistryClient({"url": schema_registry.url}).register_schema(
+    text_id = _registry_client(schema_registry.url).register_schema(
         f"{topic}-text", Schema(text, "PROTOBUF"))
     body = proto_classes(1)["Order"](id=5, note="t").SerializeToString()
     assert decode(_frame(text_id, b"\x02\x02" + body)) == {"id": 5, "note": "t"}

@@ -1,0 +1,137 @@
+"""The scheduler's spans (docs/design.md, Traces), made only while tracing is on (this
+module imports OpenTelemetry: it is imported then only).
+
+Each attempt of an item is one ``process <binding>`` span, from the item's arrival at the
+scheduler to its outcome: the gap before its ``run <function>`` child is the time it
+waited (in the queue, or refused: the outcome's reason and error say why); the outcome
+(``ok``, ``retry`` after some seconds, ``failed``) and whether it spent an attempt are its
+attributes. The function runs inside the ``run`` span, so its own spans nest there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace as otel
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from asynctier.platform import tracing
+from asynctier.platform.binding import Binding
+from asynctier.platform.context import Context
+from asynctier.platform.tracing_ids import FixedIds
+from asynctier.platform.wire import Item, Outcome
+from asynctier.scheduler.resolver import Function
+from asynctier.scheduler.work import StreamItem
+
+#: The longest error text kept on a span.
+ERROR_MAX_CHARS = 500
+
+
+def _span_context(parent: tracing.Parent) -> SpanContext:
+    return SpanContext(parent.trace_id, parent.span_id, is_remote=True,
+                       trace_flags=TraceFlags(TraceFlags.SAMPLED if parent.sampled else 0))
+
+
+def _attributes(binding: Binding, item: Item) -> dict[str, Any]:
+    queue = binding.source_kind == "queue"
+    attrs: dict[str, Any] = {
+        "messaging.system": "asynctier.queue" if queue else "kafka",
+        "messaging.destination.name": binding.topic,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.message.id": item["source_ref"],
+        "messaging.consumer.group.name": binding.name,
+        "asynctier.binding": binding.name,
+        "asynctier.tenant": binding.tenant,
+        "asynctier.priority": binding.priority,
+        "asynctier.attempt": item["attempt"],
+    }
+    if queue:
+        attrs["asynctier.queue.item_id"] = item["source_ref"].rsplit("/", 1)[-1]
+        attrs["asynctier.queue.priority"] = item["priority"]
+    return attrs
+
+
+def _start(binding: Binding, item: Item) -> Any:
+    tracer = tracing.tracer()
+    headers = [(h["name"], h["value"]) for h in item["headers"]]
+    found = tracing.record_trace(headers, item["source_ref"], tracing.sample_ratio())
+    if found.malformed is not None:
+        tracing.warn_malformed(binding.name, found.malformed)
+    links = [Link(_span_context(found.link))] if found.link is not None else None
+    name, attrs = f"process {binding.name}", _attributes(binding, item)
+    if found.derived and item["attempt"] == 1:
+        # the record's first attempt is its trace's root, with the ids its later attempts
+        # derive as their parent
+        ids: FixedIds = tracing.ids()
+        with ids.given(found.parent.trace_id, found.parent.span_id):
+            return tracer.start_span(name, otel_context.Context(), SpanKind.CONSUMER, attrs,
+                                     links)
+    parent = otel.set_span_in_context(otel.NonRecordingSpan(_span_context(found.parent)),
+                                      otel_context.Context())
+    return tracer.start_span(name, parent, SpanKind.CONSUMER, attrs, links)
+
+
+def _finish(span: Any, outcome: Outcome) -> None:
+    status = outcome["status"]
+    span.set_attribute("asynctier.outcome", status)
+    if status == "ok":
+        span.set_status(Status(StatusCode.OK))
+    else:
+        span.set_attribute("asynctier.spends_attempt", outcome["spends_attempt"])
+        if outcome["reason"]:
+            span.set_attribute("asynctier.reason", outcome["reason"])
+        if outcome["after_s"] is not None:
+            span.set_attribute("asynctier.retry_after_s", outcome["after_s"])
+        error = (outcome["error"] or "")[:ERROR_MAX_CHARS]
+        span.set_status(Status(StatusCode.ERROR, error or status))
+    span.end()
+
+
+class AttemptSpans:
+    """The ``process`` spans of one submit call's items: started as they arrive, each
+    ended with its outcome."""
+
+    def __init__(self, binding: Binding, items: Sequence[Item]) -> None:
+        self.spans: dict[int, Any] = {}
+        for item in items:
+            span = self.spans[item["id"]] = _start(binding, item)
+            cast(StreamItem, item)["trace"] = otel.set_span_in_context(
+                span, otel_context.Context())
+
+    def end(self, outcomes: Sequence[Outcome]) -> None:
+        """End each answered item's span with its outcome; the others (the call went
+        away before they ended) as ``abandoned``."""
+        for outcome in outcomes:
+            span = self.spans.pop(outcome["id"], None)
+            if span is not None:
+                _finish(span, outcome)
+        for span in self.spans.values():
+            span.set_attribute("asynctier.outcome", "abandoned")
+            span.end()
+        self.spans.clear()
+
+
+def traced(function: Function) -> Function:
+    """``function`` run inside a ``run`` span, child of its item's attempt span: the
+    function's own spans nest in it (it is the current span while the function runs)."""
+    tracer, inner = tracing.tracer(), function.call
+    name = f"run {function.path}"
+    attrs = {"code.function.name": function.path}
+
+    def parent_of(ctx: Context) -> Any:
+        return ctx.trace if ctx.trace is not None else otel_context.Context()
+
+    if function.is_async:
+        async def call_async(payload: Any, ctx: Context) -> Any:
+            with tracer.start_as_current_span(name, parent_of(ctx), attributes=attrs):
+                return await inner(payload, ctx)
+        return Function(function.path, call_async, True)
+
+    def call(payload: Any, ctx: Context) -> Any:
+        with tracer.start_as_current_span(name, parent_of(ctx), attributes=attrs):
+            return inner(payload, ctx)
+    return Function(function.path, call, False)
+
