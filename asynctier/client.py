@@ -37,6 +37,7 @@ from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError
 from asynctier.platform.rpc import CHANNEL_OPTIONS
 from asynctier.platform.rpcsecurity import RpcSecurity, open_channel
+from asynctier.platform.tracing import with_current_context
 from asynctier.submitter.protocol import (
     METHOD,
     RETRY_AFTER_KEY,
@@ -195,7 +196,7 @@ class Client:
                   after: Iterable[str | tuple[str, str]] = (),
                   on_parent_failure: str | None = None) -> list[Workload]:
         """The workloads of ``payloads`` with the shared fields."""
-        shared = tuple(headers)
+        shared = with_current_context(tuple(headers))
         delay_ms = None if delay is None else round(delay * 1000)
         parents = parent_refs(after)
         out = []

@@ -91,7 +91,7 @@ def show(ctx: click.Context, binding: str, offset: int, as_json: bool, raw: bool
         click.echo(json.dumps(doc, indent=2))
         return
     for name in ("offset", "key", "attempts", "first_seen", "dead_lettered", "reason",
-                 "origin", "error"):
+                 "origin", "trace", "error"):
         click.echo(f"{name + ':':15} {doc[name]}")
     click.echo("headers:")
     for header in doc["headers"]:

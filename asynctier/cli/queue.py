@@ -221,15 +221,17 @@ def show(ctx: click.Context, topic: str, item_id: str, namespace: str, as_json: 
     doc = dataclasses.asdict(info)
     doc["payload_encoding"], doc["payload"] = _payload_text(info.payload)
     doc["headers"] = _headers_json(info.headers)
+    doc["trace"] = info.trace_id
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
     for name, value in doc.items():
-        if name not in ("payload", "headers", "parents", "children") and value not in (
+        if name not in ("payload", "headers", "parents", "children", "trace") and value not in (
                 None, "", ()):
             click.echo(f"{name + ':':18} {value}")
     _show_progress(info)
     _show_family(info)
+    click.echo(f"{'trace:':18} {info.trace_id}")
     for header in doc["headers"]:
         click.echo(f"header {header['name']}: {header['value']}")
     click.echo(f"payload ({doc['payload_encoding']}, {len(info.payload):,} bytes):")

@@ -38,6 +38,7 @@ from asynctier.platform.errors import AsynctierError
 from asynctier.platform.kafka import admin
 from asynctier.platform.registry import BindingRegistry
 from asynctier.platform.rpc import SchedulerClient
+from asynctier.platform.tracing import trace_id_of
 from asynctier.platform.wire import Outcome
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ class DeadLetter:
             "reason": self.header(n.H_REASON),
             "error": self.header(n.H_ERROR),
             "origin": self.header(n.H_ORIGIN),
+            "trace": trace_id_of(self.headers, self.header(n.H_ORIGIN)),
         }
 
     def detail(self) -> dict[str, Any]:
@@ -478,8 +480,10 @@ class Replay:
             parcel = parcel_from_message(msg)
             parcel.attempt, parcel.due_ms = 1, 0
             ref = f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
+            # where it was first read: its replay's trace links to the trace it was in
             entries.append(make_entry(len(entries), binding, parcel, ref,
-                                      [(n.H_REPLAYED, str(msg.offset()).encode())]))
+                                      [(n.H_REPLAYED, str(msg.offset()).encode()),
+                                       (n.H_ORIGIN, parcel.origin.encode())]))
         assert self.client is not None
         outcomes = submit(self.client, entries, self.stop)
         immediate, actions = resolutions(handoff, entries, outcomes)

@@ -21,7 +21,7 @@ from typing import Any
 _STD = set(vars(logging.makeLogRecord({})))
 
 #: Context fields shown at the end of a text line, in this order (when present).
-CONTEXT_FIELDS = ("binding", "tenant", "group", "attempt", "batch", "items")
+CONTEXT_FIELDS = ("binding", "tenant", "group", "attempt", "batch", "items", "trace")
 _POSITION = ("topic", "partition", "offset")
 
 

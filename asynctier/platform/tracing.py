@@ -24,6 +24,7 @@ import hashlib
 import logging
 import os
 import re
+import sys
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from typing import Any
 
 from asynctier.platform import names as n
 from asynctier.platform.errors import ConfigError
+from asynctier.platform.wire import Item
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +190,33 @@ def record_trace(headers: Iterable[tuple[str, bytes | None]], source_ref: str,
 def trace_id_of(headers: Iterable[tuple[str, bytes | None]], source_ref: str) -> str:
     """The trace id an operator looks up for a record (``dlq show``, ``queue show``)."""
     return record_trace(headers, source_ref).parent.trace_hex
+
+
+def with_current_context(headers: tuple[tuple[str, bytes | None], ...]
+                         ) -> tuple[tuple[str, bytes | None], ...]:
+    """``headers`` and the caller's current span as ``traceparent`` (with its
+    ``tracestate``), when the application uses OpenTelemetry, is inside a span, and
+    ``headers`` carry no context yet: what the SDK sends with each workload. OpenTelemetry
+    is not imported here: an application that has not imported it has no span."""
+    otel = sys.modules.get("opentelemetry.trace")
+    if otel is None or any(name == TRACEPARENT for name, _ in headers):
+        return headers
+    context = otel.get_current_span().get_span_context()
+    if not context.is_valid:
+        return headers
+    parent = Parent(context.trace_id, context.span_id, context.trace_flags.sampled)
+    extra: list[tuple[str, bytes | None]] = [(TRACEPARENT, parent.traceparent())]
+    state = context.trace_state.to_header() if context.trace_state else ""
+    if state:
+        extra.append((TRACESTATE, state.encode()))
+    return (*headers, *extra)
+
+
+def item_log_fields(binding: str, item: Item) -> dict[str, str]:
+    """The ``extra=`` fields of a log line about one item of a wire call: its binding and
+    the trace it is in (what an operator looks up in Jaeger)."""
+    pairs = [(h["name"], h["value"]) for h in item["headers"]]
+    return {"binding": binding, "trace": trace_id_of(pairs, item["source_ref"])}
 
 
 # -- the SDK, imported only when tracing is on ---------------------------------------------

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from asynctier.platform.errors import QueueError
+from asynctier.platform.tracing import trace_id_of
 
 #: Priorities run from -1000 (last) to 1000 (first); 0 is the default.
 MIN_PRIORITY = -1000
@@ -202,6 +203,11 @@ class ItemInfo:
     parents: tuple[tuple[str, str, str], ...] = ()
     children: tuple[ParentRef, ...] = ()
 
+    @property
+    def trace_id(self) -> str:
+        """The trace its runs are in (Jaeger's id)."""
+        return trace_id_of(self.headers, item_ref(self.namespace, self.topic, self.id))
+
 
 @dataclass(frozen=True)
 class DeadItem:
@@ -221,6 +227,12 @@ class DeadItem:
 
 
 # --------------------------------------------------------------------------- checks
+
+
+def item_ref(namespace: str, topic: str, item_id: str) -> str:
+    """An item's reference as its runs see it (``ctx.source``, the run-once key, the trace
+    an item without one is in)."""
+    return f"queue/{namespace}/{topic}/{item_id}"
 
 
 def check_namespace(namespace: str) -> None:

@@ -201,6 +201,17 @@ FROM {DEAD} WHERE namespace = %s AND topic = %s
 ORDER BY dead_ms, id LIMIT %s
 """
 
+#: A replayed item's headers: its own, and ``asynctier.replayed`` (when it died, which
+#: tells one replay from the next) in place of an earlier replay's: its run starts a trace
+#: of its own, linked to the item's first (:mod:`asynctier.platform.tracing`).
+REPLAYED_HEADERS = """(
+    SELECT COALESCE(jsonb_agg(h), '[]'::jsonb)
+    FROM jsonb_array_elements(CASE WHEN jsonb_typeof(m.headers) = 'array' THEN m.headers
+                                   ELSE '[]'::jsonb END) h
+    WHERE h->>0 <> 'asynctier.replayed'
+) || jsonb_build_array(jsonb_build_array('asynctier.replayed',
+                                         encode(convert_to(m.dead_ms::text, 'UTF8'), 'base64')))"""
+
 REPLAY = f"""
 WITH pick AS (
     SELECT d.id FROM {DEAD} d
@@ -225,7 +236,8 @@ INSERT INTO {ITEMS} (namespace, topic, id, priority, deliver_after, payload, hea
                      attempts, enqueued_ms, last_error, waiting_on, release_after,
                      on_parent_failure, parents)
 SELECT namespace, topic, m.id, priority, CASE WHEN w.n > 0 THEN {WAITING_MS} ELSE {NOW} END,
-       payload, headers, 0, enqueued_ms, error, w.n, {NOW}, on_parent_failure, parents
+       payload, {REPLAYED_HEADERS}, 0, enqueued_ms, error, w.n, {NOW}, on_parent_failure,
+       parents
 FROM moved m JOIN waits w ON w.id = m.id ORDER BY dead_ms, m.id
 ON CONFLICT DO NOTHING
 RETURNING id

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from asynctier.platform import metrics
+from asynctier.platform import metrics, tracing
 from asynctier.platform.context import encode_checkpoint
 from asynctier.platform.errors import CheckpointError
 from asynctier.platform.wire import Item, Outcome, retry
@@ -246,14 +246,14 @@ class ProcessPool:
                         "process %d; the process is killed and replaced, and the attempt "
                         "failed (reason timeout)", binding.name, item["source_ref"],
                         item["attempt"], timeout, worker.pid,
-                        extra={"binding": binding.name})
+                        extra=tracing.item_log_fields(binding.name, item))
             return outcomes.timed_out(item["id"], timeout), False
         except WorkerDied as exc:
             code = await worker.kill()
             log.error("binding %s: the worker process %d running item %s (attempt %d) failed "
                       "(%s; exit code %s); the attempt failed and a new worker takes the next "
                       "item", binding.name, worker.pid, item["source_ref"], item["attempt"],
-                      exc, code, extra={"binding": binding.name})
+                      exc, code, extra=tracing.item_log_fields(binding.name, item))
             return retry(item["id"], f"the worker process running it died (exit code "
                                      f"{code}): os._exit, a crash or the OOM killer?"), False
         outcome["id"] = item["id"]

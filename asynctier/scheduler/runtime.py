@@ -517,7 +517,7 @@ class Runtime:
                     "calls) until it returns. Bind with --isolation process to have such "
                     "calls stopped.", binding.name, item["source_ref"], item["attempt"],
                     run.job.function.path, binding.timeout_s, self.hung_threads, self.threads,
-                    extra={"binding": binding.name})
+                    extra=tracing.item_log_fields(binding.name, item))
         started = time.monotonic()
 
         def back(_: Any) -> None:

@@ -4,7 +4,8 @@ module imports OpenTelemetry: it is imported then only).
 Each attempt of an item is one ``process <binding>`` span, from the item's arrival at the
 scheduler to its outcome: the gap before its ``run <function>`` child is the time it
 waited (in the queue, or refused: the outcome's reason and error say why); the outcome
-(``ok``, ``retry`` after some seconds, ``failed``) and whether it spent an attempt are its
+(``ok``, ``retry`` after some seconds, ``dead`` when that retry would pass the
+binding's max attempts, ``failed``) and whether it spent an attempt are its
 attributes. The function runs inside the ``run`` span, so its own spans nest there.
 """
 
@@ -74,9 +75,12 @@ def _start(binding: Binding, item: Item) -> Any:
     return tracer.start_span(name, parent, SpanKind.CONSUMER, attrs, links)
 
 
-def _finish(span: Any, outcome: Outcome) -> None:
+def _finish(span: Any, outcome: Outcome, last: bool) -> None:
+    """``last``: the item's attempt was its binding's last, so a retry that spends it is a
+    dead letter (as the source's hand-off decides: its delay topics or its queue)."""
     status = outcome["status"]
-    span.set_attribute("asynctier.outcome", status)
+    dead = status == "retry" and last and outcome["spends_attempt"]
+    span.set_attribute("asynctier.outcome", "dead" if dead else status)
     if status == "ok":
         span.set_status(Status(StatusCode.OK))
     else:
@@ -96,6 +100,7 @@ class AttemptSpans:
 
     def __init__(self, binding: Binding, items: Sequence[Item]) -> None:
         self.spans: dict[int, Any] = {}
+        self.last = {i["id"] for i in items if i["attempt"] >= binding.max_attempts}
         for item in items:
             span = self.spans[item["id"]] = _start(binding, item)
             cast(StreamItem, item)["trace"] = otel.set_span_in_context(
@@ -107,7 +112,7 @@ class AttemptSpans:
         for outcome in outcomes:
             span = self.spans.pop(outcome["id"], None)
             if span is not None:
-                _finish(span, outcome)
+                _finish(span, outcome, outcome["id"] in self.last)
         for span in self.spans.values():
             span.set_attribute("asynctier.outcome", "abandoned")
             span.end()

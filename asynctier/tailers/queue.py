@@ -35,7 +35,7 @@ from asynctier.platform.config import Settings
 from asynctier.platform.errors import AsynctierError, HandoffError
 from asynctier.platform.rpc import SchedulerClient
 from asynctier.queue import wakeups
-from asynctier.queue.items import Dead, Leased, Nack
+from asynctier.queue.items import Dead, Leased, Nack, item_ref
 from asynctier.queue.shards import ShardedQueue
 from asynctier.tailers.long_work import COMPONENT, LongWork
 from asynctier.tailers.options import TailerOptions
@@ -57,7 +57,7 @@ DOWN_LOG_EVERY_S = 30.0
 
 def source_ref(item: Leased) -> str:
     """The item's reference for the scheduler (run-once key, ``ctx.source``)."""
-    return f"queue/{item.namespace}/{item.topic}/{item.id}"
+    return item_ref(item.namespace, item.topic, item.id)
 
 
 def lease_owner(binding: Binding) -> str:

@@ -1,7 +1,9 @@
 """Traces end to end, read back from a real Jaeger: a record produced inside a producer's
 span, failing twice and then succeeding through the delay topics, is one trace of three
 attempts; a record with a malformed ``traceparent`` runs in a trace of its own, the
-warning said once for its binding."""
+warning said once for its binding; a queue item submitted through the SDK inside an
+application's span is in that span's trace, and its replay after it died is a trace of
+its own, linked to it."""
 
 from __future__ import annotations
 
@@ -25,16 +27,20 @@ from asynctier.platform.tracing import trace_id_of
 from tests.funcs.traced import calls
 from tests.helpers import wait_until
 from tests.platform_harness import Platform
+from tests.submitter_harness import SubmitterPlatform
 
 
 @pytest.fixture
 def platform(settings: Settings, tmp_path: Path, jaeger: JaegerNode) -> Iterator[Platform]:
     """The test's processes, tracing on (the standard variables), spans to Jaeger."""
     plat = Platform(settings, tmp_path, allow=("tests.funcs.traced",), env={
-        "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.endpoint,
-        "OTEL_SERVICE_NAME": "asynctier-test", "OTEL_BSP_SCHEDULE_DELAY": "200"})
+        **TRACING_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.endpoint})
     yield plat
     plat.stop_all()
+
+
+TRACING_ENV = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SERVICE_NAME": "asynctier-test",
+               "OTEL_BSP_SCHEDULE_DELAY": "200"}
 
 
 def _produce(settings: Settings, topic: str, records: list[tuple[bytes, list[Any]]]
@@ -135,3 +141,61 @@ def test_a_record_that_fails_twice_is_one_trace_of_three_attempts(
     roots = [s for s in first if s["operationName"] == "process pay"]
     assert len(roots) == 1 and _parent(roots[0]) is None
     assert platform.log("scheduler", 1_000_000).count("is not W3C trace context") == 1
+
+
+def _exporting(jaeger: JaegerNode, service: str) -> TracerProvider:
+    """An application's own provider, its spans sent to the test's Jaeger at once."""
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(
+        endpoint=jaeger.endpoint, insecure=True)))
+    return provider
+
+
+def test_a_replayed_queue_item_is_a_trace_linked_to_its_first(
+        settings: Settings, tmp_path: Path, postgres: str, jaeger: JaegerNode,
+        queue_namespace: str) -> None:
+    plat = SubmitterPlatform(settings, tmp_path, [postgres])
+    plat.allow = ["tests.funcs.traced"]
+    plat.extra_env.update({**TRACING_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.endpoint})
+    try:
+        plat.cli("bind", "bill", "--queue", "bills", "--tenant", queue_namespace,
+                 "--function", "tests.funcs.traced:charge", "--max-attempts", "2",
+                 "--retry-ladder", "1s")
+        plat.start("scheduler")
+        plat.start("tailers")
+        plat.start_submitter()
+        provider = _exporting(jaeger, "checkout")
+        with provider.get_tracer("checkout").start_as_current_span("checkout") as app, \
+                plat.client() as client:
+            client.submit("bill", {"id": 7, "fail": 99}, id="bill-7")
+        provider.shutdown()
+        trace_id = f"{app.get_span_context().trace_id:032x}"
+        app_id = f"{app.get_span_context().span_id:016x}"
+
+        def state() -> str:
+            shown = plat.cli("queue", "show", "bills", "bill-7", "-n", queue_namespace,
+                             "--json").stdout
+            doc: dict[str, Any] = json.loads(shown)
+            return str(doc["state"]) if doc["trace"] == trace_id else "wrong trace"
+        wait_until(lambda: state() == "dead", 60, "the item dead after two attempts")
+        first = _trace_with(jaeger, trace_id, lambda s: sum(
+            x["operationName"] == "process bill" for x in s) == 2)
+        attempts = sorted((s for s in first if s["operationName"] == "process bill"),
+                          key=lambda s: s["startTime"])
+        assert all(_parent(a) == app_id for a in attempts)
+        assert [_tags(a)["asynctier.outcome"] for a in attempts] == ["retry", "dead"]
+        assert _tags(attempts[0])["asynctier.queue.item_id"] == "bill-7"
+
+        plat.cli("queue", "replay", "bills", "-n", queue_namespace)
+        wait_until(lambda: len([c for c in calls(plat.ledger) if c["id"] == 7]) == 3, 60,
+                   "the replayed item ran")
+        replay_trace = [c["trace"] for c in calls(plat.ledger) if c["id"] == 7][-1]
+        assert replay_trace != trace_id
+        replayed = _trace_with(jaeger, replay_trace, lambda s: any(
+            x["operationName"] == "process bill" for x in s))
+        root = next(s for s in replayed if s["operationName"] == "process bill")
+        assert _parent(root) is None
+        links = [r for r in root["references"] if r["refType"] == "FOLLOWS_FROM"]
+        assert [(r["traceID"], r["spanID"]) for r in links] == [(trace_id, app_id)]
+    finally:
+        plat.stop_all()

@@ -3,9 +3,13 @@ record without one, and the [tracing] settings."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import Decision, TraceIdRatioBased
 
 from asynctier.platform import names as n
@@ -17,6 +21,7 @@ from asynctier.platform.tracing import (
     parse_traceparent,
     record_trace,
     trace_id_of,
+    with_current_context,
 )
 
 GOOD = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -100,3 +105,36 @@ def test_tracing_settings_from_the_table_and_the_environment() -> None:
         Settings.from_mapping({"tracing": {"sample_ratio": 2}})
     with pytest.raises(ConfigError, match="unknown key"):
         Settings.from_mapping({"tracing": {"enable": True}})
+
+
+def test_no_tracing_code_is_imported_while_tracing_is_off() -> None:
+    # redis-py imports OpenTelemetry's API and metrics by itself when they are installed;
+    # the tracing SDK, the exporter and our spans are imported only when tracing is on
+    code = ("import sys\n"
+            "import asynctier.cli, asynctier.client, asynctier.scheduler.server\n"
+            "import asynctier.tailers.manager, asynctier.submitter.server\n"
+            "loaded = sorted(m for m in sys.modules if m.startswith(("
+            "'opentelemetry.sdk.trace', 'opentelemetry.exporter', "
+            "'asynctier.scheduler.traces', 'asynctier.platform.tracing_ids')))\n"
+            "assert not loaded, loaded\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_sdk_sends_the_applications_current_span() -> None:
+    assert with_current_context((("a", b"1"),)) == (("a", b"1"),)  # no span: nothing added
+    provider = TracerProvider()
+    with provider.get_tracer("app").start_as_current_span("checkout") as span:
+        headers = with_current_context((("a", b"1"),))
+        given = with_current_context((("traceparent", GOOD),))
+    context = span.get_span_context()
+    parent = parse_traceparent(dict(headers)["traceparent"])
+    assert parent is not None and parent.trace_id == context.trace_id
+    assert parent.span_id == context.span_id and parent.sampled
+    assert given == (("traceparent", GOOD),)  # a context the caller set is kept
+
+
+def test_a_dead_letter_shows_the_trace_of_where_it_was_first_read() -> None:
+    headers = [(n.H_ORIGIN, b"orders/2/99"), (n.H_REASON, b"max_attempts")]
+    assert trace_id_of(headers, "asynctier.dlq.pay/0/5") == trace_id_of([], "orders/2/99")
