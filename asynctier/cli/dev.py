@@ -76,10 +76,13 @@ def dev() -> None:
 
 
 @dev.command()
+@click.option("--with", "extras", type=click.Choice(["tracing"]), multiple=True,
+              help="tracing: Jaeger too (OTLP on 4317, its UI on 16686), built by Go the "
+                   "first time.")
 @_with_stack
-def up(stack: DevStack) -> None:
+def up(stack: DevStack, extras: tuple[str, ...]) -> None:
     """Start Kafka, Redis, PostgreSQL and the schema registry; return once all answer."""
-    for status in stack.up():
+    for status in stack.up(tracing="tracing" in extras):
         click.echo(status.describe())
     for line in stack.env_lines():
         click.echo(line)

@@ -23,6 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from asynctier.dev.jaeger import JaegerNode
 from asynctier.dev.kafka import KafkaJars, KafkaNode
 from asynctier.dev.postgres import PostgresNode, find_bin_dir
 from asynctier.dev.process import (
@@ -150,14 +151,25 @@ class DevStack:
                             app=RegistryApp(cache_dir=self.cache_dir, path=self.path),
                             path=self.path)
 
-    def services(self) -> tuple[Service, ...]:
-        """Kafka, Redis, PostgreSQL and the schema registry."""
-        return (self.kafka, self.redis, self.postgres, self.registry)
+    @property
+    def jaeger(self) -> JaegerNode:
+        """The traces' backend (``up --with tracing``), on Jaeger's usual ports."""
+        return JaegerNode(self.data_dir / "jaeger")
 
-    def up(self, only: Collection[str] | None = None) -> list[ServiceStatus]:
+    def services(self) -> tuple[Service, ...]:
+        """Kafka, Redis, PostgreSQL and the schema registry (and Jaeger while it runs)."""
+        jaeger = self.jaeger
+        return (self.kafka, self.redis, self.postgres, self.registry,
+                *((jaeger,) if jaeger.running() else ()))
+
+    def up(self, only: Collection[str] | None = None,
+           tracing: bool = False) -> list[ServiceStatus]:
         """Start each (those not running yet; with ``only``, those named: ``kafka``,
-        ``redis``, ``postgres``, ``registry``) and return once all answer."""
+        ``redis``, ``postgres``, ``registry``; with ``tracing``, Jaeger too) and return
+        once all answer."""
         chosen = [s for s in self.services() if only is None or s.name in only]
+        if tracing and not any(s.name == "jaeger" for s in chosen):
+            chosen.append(self.jaeger)
         names = {s.name for s in chosen}
         self._check_binaries(names)
         if (self.postgres_port_auto and "postgres" in names
@@ -197,6 +209,9 @@ class DevStack:
                 f"export ASYNCTIER_REDIS_URL={self.redis.url}",
                 f"export ASYNCTIER_QUEUE_SHARDS={self.postgres.dsn}",
                 f"export ASYNCTIER_SCHEMA_REGISTRY={self.registry.url}",
+                *((f"export OTEL_TRACES_EXPORTER=otlp OTEL_EXPORTER_OTLP_ENDPOINT="
+                   f"{self.jaeger.endpoint}  # traces: {self.jaeger.query_url}",)
+                  if self.jaeger.running() else ()),
                 f'export PATH="{KAFKA_BIN}:$PATH"',
                 # where `asynctier console` listens (its default; change it here)
                 "export ASYNCTIER_CONSOLE_LISTEN=127.0.0.1:8089"]

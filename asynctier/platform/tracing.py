@@ -26,9 +26,9 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from asynctier.platform import names as n
 from asynctier.platform.errors import ConfigError
@@ -100,9 +100,9 @@ def _ratio(value: Any, what: str) -> float:
 # -- trace context, read without OpenTelemetry ---------------------------------------------
 
 
-@dataclass(frozen=True)
-class Parent:
-    """A trace context as a record carries it: its ids, and whether it is sampled."""
+class Parent(NamedTuple):
+    """A trace context as a record carries it: its ids, and whether it is sampled (a named
+    tuple: one is made per item while tracing is on)."""
 
     trace_id: int
     span_id: int
@@ -138,19 +138,20 @@ def parse_traceparent(value: bytes | str | None, state: bytes | str | None = Non
     return Parent(int(trace, 16), int(span, 16), bool(int(flags, 16) & 1), state or "")
 
 
+_LOW_64 = (1 << 64) - 1
+
+
 def derived_parent(origin: str, sample_ratio: float) -> Parent:
     """The context of a record that came without one, from its origin (the same on every
     attempt, in every process): sampled as OpenTelemetry's ratio sampler would sample its
     trace id."""
-    digest = hashlib.sha256(b"asynctier-trace\0" + origin.encode()).digest()
-    trace_id = int.from_bytes(digest[:16], "big") or 1
-    span_id = int.from_bytes(digest[16:24], "big") or 1
-    bound = round(sample_ratio * (1 << 64))  # TraceIdRatioBased's bound on the low 64 bits
-    return Parent(trace_id, span_id, (trace_id & ((1 << 64) - 1)) < bound)
+    ids = int.from_bytes(hashlib.sha256(b"asynctier-trace\0" + origin.encode()).digest()[:24])
+    trace_id, span_id = (ids >> 64) or 1, (ids & _LOW_64) or 1
+    # TraceIdRatioBased's test: the trace id's low 64 bits under the ratio's bound
+    return Parent(trace_id, span_id, (trace_id & _LOW_64) < round(sample_ratio * (1 << 64)))
 
 
-@dataclass(frozen=True)
-class RecordTrace:
+class RecordTrace(NamedTuple):
     """Where one attempt of a record belongs: its parent, whether that parent is derived
     (the first attempt then takes its ids), what it links to, and a complaint about a
     malformed header."""
@@ -161,9 +162,11 @@ class RecordTrace:
     malformed: str | None = None
 
 
-def record_trace(headers: Iterable[tuple[str, bytes | None]], source_ref: str,
+def record_trace(headers: Sequence[tuple[str, bytes | None]], source_ref: str,
                  sample_ratio: float = 1.0) -> RecordTrace:
     """The trace of one attempt of a record with ``headers`` read at ``source_ref``."""
+    if not headers:  # most records: their trace derives from where they were read
+        return RecordTrace(derived_parent(source_ref, sample_ratio), True)
     found: dict[str, bytes | None] = {}
     for name, value in headers:
         if name in (TRACEPARENT, TRACESTATE, n.H_ORIGIN, n.H_REPLAYED) and name not in found:
@@ -189,7 +192,7 @@ def record_trace(headers: Iterable[tuple[str, bytes | None]], source_ref: str,
 
 def trace_id_of(headers: Iterable[tuple[str, bytes | None]], source_ref: str) -> str:
     """The trace id an operator looks up for a record (``dlq show``, ``queue show``)."""
-    return record_trace(headers, source_ref).parent.trace_hex
+    return record_trace(list(headers), source_ref).parent.trace_hex
 
 
 def with_current_context(headers: tuple[tuple[str, bytes | None], ...]

@@ -11,6 +11,7 @@ attributes. The function runs inside the ``run`` span, so its own spans nest the
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -48,6 +49,8 @@ def _attributes(binding: Binding, item: Item) -> dict[str, Any]:
         "asynctier.tenant": binding.tenant,
         "asynctier.priority": binding.priority,
         "asynctier.attempt": item["attempt"],
+        # how long after the record's write (or the item's enqueue) it reached this scheduler
+        "asynctier.record_age_ms": max(0, round(time.time() * 1000) - item["record_time_ms"]),
     }
     if queue:
         attrs["asynctier.queue.item_id"] = item["source_ref"].rsplit("/", 1)[-1]
@@ -55,12 +58,17 @@ def _attributes(binding: Binding, item: Item) -> dict[str, Any]:
     return attrs
 
 
-def _start(binding: Binding, item: Item) -> Any:
-    tracer = tracing.tracer()
+def _start(binding: Binding, item: Item) -> tuple[Any, Any]:
+    """The attempt's span (None when its trace is not kept) and the context its function
+    runs in: under a trace that is not kept, the function's own spans are not kept either."""
     headers = [(h["name"], h["value"]) for h in item["headers"]]
     found = tracing.record_trace(headers, item["source_ref"], tracing.sample_ratio())
     if found.malformed is not None:
         tracing.warn_malformed(binding.name, found.malformed)
+    if not found.parent.sampled:
+        return None, otel.set_span_in_context(
+            otel.NonRecordingSpan(_span_context(found.parent)), otel_context.Context())
+    tracer = tracing.tracer()
     links = [Link(_span_context(found.link))] if found.link is not None else None
     name, attrs = f"process {binding.name}", _attributes(binding, item)
     if found.derived and item["attempt"] == 1:
@@ -68,11 +76,13 @@ def _start(binding: Binding, item: Item) -> Any:
         # derive as their parent
         ids: FixedIds = tracing.ids()
         with ids.given(found.parent.trace_id, found.parent.span_id):
-            return tracer.start_span(name, otel_context.Context(), SpanKind.CONSUMER, attrs,
+            span = tracer.start_span(name, otel_context.Context(), SpanKind.CONSUMER, attrs,
                                      links)
-    parent = otel.set_span_in_context(otel.NonRecordingSpan(_span_context(found.parent)),
-                                      otel_context.Context())
-    return tracer.start_span(name, parent, SpanKind.CONSUMER, attrs, links)
+    else:
+        parent = otel.set_span_in_context(otel.NonRecordingSpan(_span_context(found.parent)),
+                                          otel_context.Context())
+        span = tracer.start_span(name, parent, SpanKind.CONSUMER, attrs, links)
+    return span, otel.set_span_in_context(span, otel_context.Context())
 
 
 def _finish(span: Any, outcome: Outcome, last: bool) -> None:
@@ -102,9 +112,9 @@ class AttemptSpans:
         self.spans: dict[int, Any] = {}
         self.last = {i["id"] for i in items if i["attempt"] >= binding.max_attempts}
         for item in items:
-            span = self.spans[item["id"]] = _start(binding, item)
-            cast(StreamItem, item)["trace"] = otel.set_span_in_context(
-                span, otel_context.Context())
+            span, cast(StreamItem, item)["trace"] = _start(binding, item)
+            if span is not None:
+                self.spans[item["id"]] = span
 
     def end(self, outcomes: Sequence[Outcome]) -> None:
         """End each answered item's span with its outcome; the others (the call went
@@ -121,22 +131,36 @@ class AttemptSpans:
 
 def traced(function: Function) -> Function:
     """``function`` run inside a ``run`` span, child of its item's attempt span: the
-    function's own spans nest in it (it is the current span while the function runs)."""
+    function's own spans nest in it (it is the current span while the function runs). An
+    attempt whose trace is not kept runs under its context without a span of its own."""
     tracer, inner = tracing.tracer(), function.call
     name = f"run {function.path}"
     attrs = {"code.function.name": function.path}
 
-    def parent_of(ctx: Context) -> Any:
-        return ctx.trace if ctx.trace is not None else otel_context.Context()
-
     if function.is_async:
         async def call_async(payload: Any, ctx: Context) -> Any:
-            with tracer.start_as_current_span(name, parent_of(ctx), attributes=attrs):
+            if not _kept(ctx.trace):
+                token = otel_context.attach(ctx.trace or otel_context.Context())
+                try:
+                    return await inner(payload, ctx)
+                finally:
+                    otel_context.detach(token)
+            with tracer.start_as_current_span(name, ctx.trace, attributes=attrs):
                 return await inner(payload, ctx)
         return Function(function.path, call_async, True)
 
     def call(payload: Any, ctx: Context) -> Any:
-        with tracer.start_as_current_span(name, parent_of(ctx), attributes=attrs):
+        if not _kept(ctx.trace):
+            token = otel_context.attach(ctx.trace or otel_context.Context())
+            try:
+                return inner(payload, ctx)
+            finally:
+                otel_context.detach(token)
+        with tracer.start_as_current_span(name, ctx.trace, attributes=attrs):
             return inner(payload, ctx)
     return Function(function.path, call, False)
 
+
+def _kept(trace: Any) -> bool:
+    """Whether the attempt whose context is ``trace`` has a span (its trace is kept)."""
+    return trace is not None and otel.get_current_span(trace).is_recording()

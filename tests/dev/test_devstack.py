@@ -371,3 +371,17 @@ def test_missing_binaries_of_the_chosen_services_only(tmp_path: Path) -> None:
     message = str(caught.value)
     assert "apt-get install -y postgresql" in message
     assert "java" not in message and "redis" not in message
+
+
+def test_up_with_tracing_starts_jaeger_and_points_the_shell_at_it(tmp_path: Path) -> None:
+    stack = devstack.DevStack.resolve(tmp_path / "data")
+    try:
+        [status] = stack.up(only=(), tracing=True)
+        assert status.name == "jaeger" and status.started_now
+        assert stack.jaeger.services() is not None  # its query API answers
+        assert "jaeger" in [s.name for s in stack.status()]
+        assert any("OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317" in line
+                   for line in stack.env_lines())
+    finally:
+        assert ("jaeger", True) in stack.down()
+    assert not stack.jaeger.running()
