@@ -6,8 +6,9 @@
 #      and stops);
 #   2. a virtual environment in .venv with asynctier installed in editable mode;
 #   3. Kafka's jars (with its command-line tools) and Apicurio Registry fetched by Maven,
-#      and helm and kubecheck built by Go from the Go module proxy (the chart's tests),
-#      into ~/.cache/asynctier (once: minutes on a new machine).
+#      and helm and kubecheck (the chart's tests) and Jaeger (the traces' tests) built by
+#      Go from the Go module proxy, into ~/.cache/asynctier (once: minutes on a new
+#      machine; Jaeger alone about seven on two cores).
 # Environment: PYTHON (default python3, 3.11+), ASYNCTIER_EXTRAS (default "dev"),
 # ASYNCTIER_VENV (default .venv; `make bench` puts its Kafka-native peers in .venv-peers).
 set -euo pipefail
