@@ -57,6 +57,7 @@ async def item(request: Request) -> Response:
     doc["enqueued"] = iso_ms(info.enqueued_ms)
     doc["released"] = iso_ms(info.released_ms) if info.released_ms else ""
     doc["due"] = iso_ms(info.deliver_after_ms) if info.deliver_after_ms else ""
+    doc["trace"] = info.trace_id
     return render(request, "item.html", namespace=ns, topic=topic, doc=doc, info=info)
 
 

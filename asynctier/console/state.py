@@ -77,6 +77,7 @@ def render(request: Request, template: str, status_code: int = 200,
     """A page: ``template`` with ``context``, the user, the CSRF token and the mode."""
     console = console_of(request)
     base = {"user": getattr(request.state, "user", None), "csrf": csrf_token(request),
-            "read_only": console.options.read_only, "snapshot": console.sampler.latest}
+            "read_only": console.options.read_only, "snapshot": console.sampler.latest,
+            "trace_link": console.settings.tracing.trace_link}
     return console.templates.TemplateResponse(request, template, {**base, **context},
                                               status_code=status_code)

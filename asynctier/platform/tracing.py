@@ -44,7 +44,8 @@ _TRACEPARENT_RE = re.compile(
 DEFAULT_ENDPOINT = "http://127.0.0.1:4317"
 DEFAULT_SERVICE = "asynctier"
 #: The table's keys.
-KEYS = frozenset({"enabled", "endpoint", "sample_ratio", "service_name"})
+KEYS = frozenset({"enabled", "endpoint", "sample_ratio", "service_name", "trace_url"})
+_TRACE_URL_RE = re.compile(r"https?://\S+")
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,13 @@ class TracingSettings:
     #: producer's decision).
     sample_ratio: float = 1.0
     service_name: str = DEFAULT_SERVICE
+    #: Where people read a trace: a URL with ``{trace_id}`` in it (the console links there;
+    #: Jaeger: ``http://jaeger:16686/trace/{trace_id}``); empty: no link.
+    trace_url: str = ""
+
+    def trace_link(self, trace_id: str) -> str:
+        """The URL of trace ``trace_id`` ('' when no ``trace_url`` is set)."""
+        return self.trace_url.replace("{trace_id}", trace_id) if self.trace_url else ""
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any], source: str) -> TracingSettings:
@@ -69,9 +77,15 @@ class TracingSettings:
         enabled = table.get("enabled", False)
         if not isinstance(enabled, bool):
             raise ConfigError(f"{source}: [tracing] enabled = {enabled!r} is not true or false")
+        trace_url = str(table.get("trace_url", ""))
+        if trace_url and (_TRACE_URL_RE.fullmatch(trace_url) is None
+                          or "{trace_id}" not in trace_url):
+            raise ConfigError(f"{source}: [tracing] trace_url = {trace_url!r} is not an http(s) "
+                              "URL with {trace_id} in it, such as "
+                              "http://jaeger:16686/trace/{trace_id}")
         return cls(enabled, str(table.get("endpoint", DEFAULT_ENDPOINT)),
                    _ratio(table.get("sample_ratio", 1.0), f"{source}: [tracing] sample_ratio"),
-                   str(table.get("service_name", DEFAULT_SERVICE)))
+                   str(table.get("service_name", DEFAULT_SERVICE)), trace_url)
 
     def with_env(self, env: Mapping[str, str]) -> TracingSettings:
         """A copy with the standard ``OTEL_*`` variables applied."""
@@ -84,7 +98,8 @@ class TracingSettings:
         if env.get("OTEL_TRACES_SAMPLER_ARG"):
             ratio = _ratio(env["OTEL_TRACES_SAMPLER_ARG"], "OTEL_TRACES_SAMPLER_ARG")
         return TracingSettings(enabled, endpoint, ratio,
-                               env.get("OTEL_SERVICE_NAME") or self.service_name)
+                               env.get("OTEL_SERVICE_NAME") or self.service_name,
+                               self.trace_url)
 
 
 def _ratio(value: Any, what: str) -> float:

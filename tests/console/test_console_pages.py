@@ -17,6 +17,7 @@ from starlette.testclient import TestClient
 from asynctier.platform.config import Settings
 from asynctier.platform.paused import read_paused
 from asynctier.platform.registry import BindingRegistry
+from asynctier.platform.tracing import TracingSettings, trace_id_of
 from asynctier.queue import QueueStore
 from asynctier.queue.items import NewItem
 from asynctier.queue.shards import ShardedQueue
@@ -154,7 +155,8 @@ def test_read_only_offers_no_action_and_refuses_a_forged_one(settings: Settings)
 def test_queue_pages_find_and_cancel_an_item(settings: Settings, postgres: str,
                                              queue_store: QueueStore,
                                              queue_namespace: str) -> None:
-    settings = dataclasses.replace(settings, queue_shards=(postgres,))
+    settings = dataclasses.replace(settings, queue_shards=(postgres,), tracing=TracingSettings(
+        trace_url="http://jaeger:16686/trace/{trace_id}"))
     queue_store.enqueue(queue_namespace, [NewItem("jobs", HOSTILE.encode(), id="a1"),
                                           NewItem("jobs", b"{}", id="a2")])
     with console(settings) as client:
@@ -163,6 +165,8 @@ def test_queue_pages_find_and_cancel_an_item(settings: Settings, postgres: str,
         assert 'data-topic="jobs"' in counts
         item = client.get(f"/queue/item?namespace={queue_namespace}&topic=jobs&id=a1").text
         assert HOSTILE not in item and "&lt;script&gt;" in item
+        trace = trace_id_of([], f"queue/{queue_namespace}/jobs/a1")  # the trace its runs are in
+        assert f'href="http://jaeger:16686/trace/{trace}"' in item
         page = client.get(f"/queue/{queue_namespace}/jobs/items?state=ready").text
         assert re.findall(r'data-item="([^"]+)"', page) == ["a1", "a2"]
         assert HOSTILE not in page and "&lt;script&gt;" in page

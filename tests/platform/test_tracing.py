@@ -138,3 +138,13 @@ def test_the_sdk_sends_the_applications_current_span() -> None:
 def test_a_dead_letter_shows_the_trace_of_where_it_was_first_read() -> None:
     headers = [(n.H_ORIGIN, b"orders/2/99"), (n.H_REASON, b"max_attempts")]
     assert trace_id_of(headers, "asynctier.dlq.pay/0/5") == trace_id_of([], "orders/2/99")
+
+
+def test_a_trace_url_must_name_the_trace() -> None:
+    table = {"trace_url": "http://jaeger:16686/trace/{trace_id}"}
+    settings = TracingSettings.from_table(table, "t")
+    assert settings.trace_link("ab12") == "http://jaeger:16686/trace/ab12"
+    assert TracingSettings().trace_link("ab12") == ""
+    for bad in ("http://jaeger:16686/search", "javascript:alert(1)//{trace_id}"):
+        with pytest.raises(ConfigError, match="trace_url"):
+            TracingSettings.from_table({"trace_url": bad}, "t")
