@@ -265,6 +265,11 @@ def ids() -> Any:
     return _State.ids
 
 
+def settings() -> TracingSettings:
+    """This process's tracing settings (what its worker processes start with)."""
+    return _State.settings
+
+
 def sample_ratio() -> float:
     """The share of new traces kept."""
     return _State.settings.sample_ratio

@@ -67,6 +67,14 @@ def _attempt_spans(binding: Binding, items: list[Item]) -> AttemptSpans:
     return AttemptSpans(binding, items)
 
 
+def _ending_spans(spans: AttemptSpans, report: Report) -> Report:
+    """``report`` that first ends the spans of the outcomes it sends."""
+    def sent(outcomes: list[Outcome]) -> None:
+        spans.end(outcomes, rest=False)
+        report(outcomes)
+    return sent
+
+
 def _fits_one_burst(binding: Binding, n: int) -> bool:
     """True when ``n`` items fit in the binding's token bucket at once (or it has none)."""
     return binding.rate_per_s is None or n <= burst_of(binding)
@@ -120,6 +128,8 @@ class Dispatcher:
         if not tracing.enabled():
             return await self._submit(binding, items, report)
         spans, results = _attempt_spans(binding, items), []
+        if report is not None:  # a run stream: each span ends as its outcome is sent
+            report = _ending_spans(spans, report)
         try:
             results = await self._submit(binding, items, report)
             return results

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from asynctier.platform.wire import Item, Outcome, retry
 from asynctier.scheduler import outcomes
 from asynctier.scheduler.frames import CHECKPOINT, LENGTH_BYTES, frame
 from asynctier.scheduler.work import resumed_of, saver_of
-from asynctier.scheduler.worker_main import REGISTRY_CONFIG_ENV
+from asynctier.scheduler.worker_main import REGISTRY_CONFIG_ENV, TRACING_ENV
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,9 @@ class WorkerProcess:
         env = None
         if registry_config:
             env = {**os.environ, REGISTRY_CONFIG_ENV: json.dumps(dict(registry_config))}
+        if tracing.enabled():  # its functions' runs are spans too
+            env = {**(env or os.environ),
+                   TRACING_ENV: json.dumps(dataclasses.asdict(tracing.settings()))}
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", WORKER_MODULE, json.dumps(list(allow_modules)), str(nice),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env)
@@ -145,7 +149,14 @@ def request_of(item: Item) -> bytes:
         "source": item["source_ref"], "attempt": item["attempt"],
         "record_time": item["record_time_ms"] / 1000.0,
         "resumed": resumed, "checkpoints": saver_of(item) is not None,
+        "trace": _traceparent(item) if tracing.enabled() else None,
     }).encode()
+
+
+def _traceparent(item: Item) -> str | None:
+    from asynctier.scheduler.traces import traceparent_of  # imports OpenTelemetry: when on
+
+    return traceparent_of(item)
 
 
 class ProcessPool:

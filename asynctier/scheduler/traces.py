@@ -25,7 +25,7 @@ from asynctier.platform.context import Context
 from asynctier.platform.tracing_ids import FixedIds
 from asynctier.platform.wire import Item, Outcome
 from asynctier.scheduler.resolver import Function
-from asynctier.scheduler.work import StreamItem
+from asynctier.scheduler.work import StreamItem, trace_of
 
 #: The longest error text kept on a span.
 ERROR_MAX_CHARS = 500
@@ -116,17 +116,18 @@ class AttemptSpans:
             if span is not None:
                 self.spans[item["id"]] = span
 
-    def end(self, outcomes: Sequence[Outcome]) -> None:
-        """End each answered item's span with its outcome; the others (the call went
-        away before they ended) as ``abandoned``."""
+    def end(self, outcomes: Sequence[Outcome], rest: bool = True) -> None:
+        """End each answered item's span with its outcome; with ``rest``, the others too
+        (the call went away before they ended) as ``abandoned``."""
         for outcome in outcomes:
             span = self.spans.pop(outcome["id"], None)
             if span is not None:
                 _finish(span, outcome, outcome["id"] in self.last)
-        for span in self.spans.values():
-            span.set_attribute("asynctier.outcome", "abandoned")
-            span.end()
-        self.spans.clear()
+        if rest:
+            for span in self.spans.values():
+                span.set_attribute("asynctier.outcome", "abandoned")
+                span.end()
+            self.spans.clear()
 
 
 def traced(function: Function) -> Function:
@@ -162,5 +163,24 @@ def traced(function: Function) -> Function:
 
 
 def _kept(trace: Any) -> bool:
-    """Whether the attempt whose context is ``trace`` has a span (its trace is kept)."""
-    return trace is not None and otel.get_current_span(trace).is_recording()
+    """Whether the attempt whose context is ``trace`` is in a kept trace."""
+    return trace is not None and otel.get_current_span(trace).get_span_context().trace_flags.sampled
+
+
+def traceparent_of(item: Item) -> str | None:
+    """The ``traceparent`` of ``item``'s attempt span, for a worker process to run its
+    function under (None: its trace is not kept)."""
+    trace = trace_of(item)
+    if not _kept(trace):
+        return None
+    context = otel.get_current_span(trace).get_span_context()
+    return tracing.Parent(context.trace_id, context.span_id, True).traceparent().decode()
+
+
+def context_of_traceparent(value: str | None) -> Any:
+    """The context a worker process runs a function in, from :func:`traceparent_of`."""
+    parent = tracing.parse_traceparent(value)
+    if parent is None:
+        return None
+    return otel.set_span_in_context(otel.NonRecordingSpan(_span_context(parent)),
+                                    otel_context.Context())

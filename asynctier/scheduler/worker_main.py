@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
+from asynctier.platform import tracing
 from asynctier.platform.binding import Binding
 from asynctier.platform.context import Context, decode_checkpoint
 from asynctier.platform.errors import (
@@ -35,14 +36,18 @@ from asynctier.platform.errors import (
 )
 from asynctier.platform.framed import RegistryClients
 from asynctier.platform.payloads import Decoder, decoder_for
+from asynctier.platform.tracing import TracingSettings
 from asynctier.platform.wire import FUNCTION_ERROR, Outcome, failed, ok
 from asynctier.scheduler import outcomes
 from asynctier.scheduler.frames import CHECKPOINT, frame, read_frame
-from asynctier.scheduler.resolver import FunctionResolver
+from asynctier.scheduler.resolver import Function, FunctionResolver
 
 #: The worker's ``[schema_registry]`` settings (JSON), for registry-framed bindings: in its
 #: environment, not on its command line, since they may hold credentials.
 REGISTRY_CONFIG_ENV = "ASYNCTIER_WORKER_SCHEMA_REGISTRY"
+#: The scheduler's ``[tracing]`` settings (JSON) while tracing is on: the worker's runs are
+#: spans of the same trace as the attempt, exported by the worker.
+TRACING_ENV = "ASYNCTIER_WORKER_TRACING"
 
 
 def _bytes(text: str | None) -> bytes | None:
@@ -110,12 +115,27 @@ class Worker:
                       None if resumed is None else decode_checkpoint(_bytes(resumed["data"]),
                                                                      resumed["kind"]),
                       saver if doc.get("checkpoints") else None)
+        if doc.get("trace") and tracing.enabled():
+            ctx.trace = _context_of(doc["trace"])
+            function = _traced(function)
         started()
         try:
             function.call(value, ctx)
         except BaseException as exc:  # a function may raise anything, even SystemExit
             return outcomes.of_exception(item_id, exc)
         return ok(item_id)
+
+
+def _context_of(traceparent: str) -> Any:
+    from asynctier.scheduler.traces import context_of_traceparent  # OpenTelemetry: when on
+
+    return context_of_traceparent(traceparent)
+
+
+def _traced(function: Function) -> Function:
+    from asynctier.scheduler.traces import traced
+
+    return traced(function)
 
 
 def main(argv: list[str]) -> None:
@@ -126,6 +146,8 @@ def main(argv: list[str]) -> None:
     if len(argv) > 2 and int(argv[2]) > 0:
         os.nice(int(argv[2]))
     registry_config = json.loads(os.environ.get(REGISTRY_CONFIG_ENV, "{}"))
+    if os.environ.get(TRACING_ENV):
+        tracing.start(TracingSettings(**json.loads(os.environ[TRACING_ENV])), "worker")
     worker = Worker(json.loads(argv[1]) if len(argv) > 1 else [],
                     RegistryClients(registry_config))
     while True:

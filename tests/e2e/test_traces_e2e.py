@@ -87,9 +87,11 @@ def _trace_with(jaeger: JaegerNode, trace_id: str, ready: Callable[[list[dict[st
 def test_a_record_that_fails_twice_is_one_trace_of_three_attempts(
         platform: Platform, settings: Settings, jaeger: JaegerNode,
         unique_topic: Callable[..., str]) -> None:
-    topic = unique_topic(1)
+    topic, isolated = unique_topic(1), unique_topic(1)
     platform.cli("bind", "pay", "--topic", topic, "--function", "tests.funcs.traced:charge",
                  "--retry-ladder", "1s,2s", "--max-attempts", "3")
+    platform.cli("bind", "iso", "--topic", isolated, "--function",
+                 "tests.funcs.traced:charge", "--retry-ladder", "1s", "--isolation", "process")
     for name in ("scheduler", "tailers", "delay"):
         platform.start(name)
     # the producer's own span, exported to the same Jaeger by the test
@@ -100,8 +102,9 @@ def test_a_record_that_fails_twice_is_one_trace_of_three_attempts(
                                                            kind=SpanKind.PRODUCER) as send:
         carrier: dict[str, str] = {}
         TraceContextTextMapPropagator().inject(carrier, set_span_in_context(send))
-        _produce(settings, topic, [(json.dumps({"id": 1, "fail": 2}).encode(),
-                                    [(k, v.encode()) for k, v in carrier.items()])])
+        headers = [(k, v.encode()) for k, v in carrier.items()]
+        _produce(settings, topic, [(json.dumps({"id": 1, "fail": 2}).encode(), headers)])
+        _produce(settings, isolated, [(json.dumps({"id": 5, "fail": 1}).encode(), headers)])
     provider.shutdown()
     context = send.get_span_context()
     trace_id, send_id = f"{context.trace_id:032x}", f"{context.span_id:016x}"
@@ -109,8 +112,9 @@ def test_a_record_that_fails_twice_is_one_trace_of_three_attempts(
                                       [("traceparent", b"00-not-a-trace-context")])
                                      for n in (2, 3, 4)])
 
-    wait_until(lambda: len(calls(platform.ledger)) == 6, 90, "three attempts and three records")
-    assert {c["trace"] for c in calls(platform.ledger) if c["id"] == 1} == {trace_id}
+    wait_until(lambda: len(calls(platform.ledger)) == 8, 90,
+               "three attempts, three records, and two attempts in a worker process")
+    assert {c["trace"] for c in calls(platform.ledger) if c["id"] in (1, 5)} == {trace_id}
     spans = _trace_with(jaeger, trace_id, lambda s: sum(
         x["operationName"] == "charge" for x in s) == 3 and sum(
         x["operationName"] == "process pay" for x in s) == 3)
@@ -133,6 +137,13 @@ def test_a_record_that_fails_twice_is_one_trace_of_three_attempts(
         assert _tags(attempt)["messaging.destination.name"] == topic
         assert _tags(attempt)["asynctier.binding"] == "pay"
     assert "card declined (attempt 2)" in json.dumps(attempts[1])
+    # in a worker process (--isolation process) the run and the function's span nest alike
+    spans = _trace_with(jaeger, trace_id, lambda s: sum(
+        x["operationName"] == "process iso" for x in s) == 2 and sum(
+        x["operationName"] == "charge" for x in s) == 5)
+    for attempt in (s for s in spans if s["operationName"] == "process iso"):
+        [run] = [s for s in spans if _parent(s) == attempt["spanID"]]
+        assert [c["operationName"] for c in spans if _parent(c) == run["spanID"]] == ["charge"]
 
     # a malformed traceparent: the record runs in a trace of its own, said once
     own = trace_id_of([], bad[0])
