@@ -11,10 +11,12 @@ import fastavro
 import pytest
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Limits, Retries, Source
 from asynctier.platform.schemas import MAGIC, decode_stored, history, load_schema
 
-SAMPLE = Binding("orders", "orders-in", "tests.faults.funcs:run", tenant="shop",
-                 rate_per_s=50.0, max_attempts=3, retry_ladder_s=(1.0, 2.0))
+SAMPLE = Binding("orders", Source("kafka", "orders-in"), "tests.faults.funcs:run", tenant="shop",
+                 limits=Limits(rate_per_s=50.0),
+                 retries=Retries(max_attempts=3, ladder_s=(1.0, 2.0)))
 
 
 def _written_with(schema: object, binding: Binding) -> bytes:
