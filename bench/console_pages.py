@@ -29,6 +29,7 @@ from asynctier import dev as devstack
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.registry import BindingRegistry
 from asynctier.queue import QueueStore
@@ -38,7 +39,8 @@ TOKEN = "bench-console-token-0123456789"
 
 
 def _fill(settings: Settings, bindings: int, dead: int, items: int, dsn: str) -> None:
-    made = [Binding(name=f"b{i:03d}", topic=f"src{i:03d}", function="bench.noop:noop")
+    made = [Binding(name=f"b{i:03d}", source=Source("kafka", f"src{i:03d}"),
+                    function="bench.noop:noop")
             for i in range(bindings)]
     registry = BindingRegistry(settings)
     for binding in made:

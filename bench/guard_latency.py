@@ -32,6 +32,7 @@ from typing import Any
 
 from asynctier.dev.testing import start_test_redis
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Execution, Source
 from asynctier.platform.binding_source import StaticBindings
 from asynctier.platform.config import Settings
 from asynctier.platform.wire import Item
@@ -96,8 +97,8 @@ async def _drive(scheduler: Scheduler, binding: str, rate: float, seconds: float
 
 async def _run(settings: Settings, rate: float, seconds: float, idempotent: bool) -> list[float]:
     name = f"lat{uuid.uuid4().hex[:6]}"
-    binding = Binding(name, name, "bench.guard_latency:started", idempotent=idempotent,
-                      timeout_s=5.0)
+    binding = Binding(name, Source("kafka", name), "bench.guard_latency:started",
+                      execution=Execution(idempotent=idempotent, timeout_s=5.0))
     admission = RedisAdmission(settings)
     scheduler = Scheduler(StaticBindings([binding]), Runtime(FunctionResolver(("bench",)), 8),
                           admission, guard=admission.guard)

@@ -46,6 +46,7 @@ from typing import Any
 from asynctier.delay_streams.handoff import Handoff
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.kafka import PRODUCE_ANY_PARTITION, ConfirmingProducer
 from asynctier.platform.names import H_ATTEMPT, H_BINDING, H_DUE, H_ERROR, H_FIRST_SEEN, H_ORIGIN
@@ -86,7 +87,7 @@ def main() -> None:
         source = f"{settings.prefix}.src"
         preload(svc.kafka_bootstrap, source, n, keyed=args.keys)
         messages = read_messages(svc.kafka_bootstrap, source, n)
-        binding = Binding("cost", source, "bench.noop:fail")
+        binding = Binding("cost", Source("kafka", source), "bench.noop:fail")
         ensure_binding_topics(settings, [binding])
         handoff = Handoff(settings)
         topic = settings.names.delay_topic("30s")

@@ -26,6 +26,7 @@ import time
 import uuid
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.queue import NewItem, QueueStore
 from asynctier.queue.shards import ShardedQueue
 from asynctier.tailers.queue import QueueSource
@@ -37,8 +38,7 @@ def pickups(queue: ShardedQueue, store: QueueStore, ns: str, items: int
     """Seconds from enqueue to lease, per source ("notified", "poll")."""
     sources = {}
     for name in ("notified", "poll"):
-        binding = Binding(name=name, topic=name, function="m:f", tenant=ns,
-                          source_kind="queue")
+        binding = Binding(name=name, source=Source("queue", name), function="m:f", tenant=ns)
         sources[name] = QueueSource(binding, queue, f"bench-{name}", threading.Event())
     sources["poll"].close()  # its wake-up is never set: the poll alone
     sources["poll"]._woken = threading.Event()

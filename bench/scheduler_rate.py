@@ -28,16 +28,17 @@ from pathlib import Path
 from asynctier import dev as devstack
 from asynctier.platform import wire
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.wire import Item
 from tests.scheduler_harness import items, local_scheduler, running_scheduler
 
 BATCH = 1000
 IN_FLIGHT = 4
-NOOP = Binding("noop", "t", "tests.funcs.basic:noop")
-ASYNC_NOOP = Binding("anoop", "t", "tests.funcs.basic:async_noop")
-SLEEP = Binding("sleep", "t", "bench.noop:sleep1ms")
-ASYNC_SLEEP = Binding("asleep", "t", "bench.noop:asleep1ms")
+NOOP = Binding("noop", Source("kafka", "t"), "tests.funcs.basic:noop")
+ASYNC_NOOP = Binding("anoop", Source("kafka", "t"), "tests.funcs.basic:async_noop")
+SLEEP = Binding("sleep", Source("kafka", "t"), "bench.noop:sleep1ms")
+ASYNC_SLEEP = Binding("asleep", Source("kafka", "t"), "bench.noop:asleep1ms")
 ALLOW = ("tests.funcs.basic", "bench.noop")
 
 

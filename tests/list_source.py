@@ -95,7 +95,7 @@ class ListSource:
             elif status == "retry":
                 after = outcome["after_s"]
                 if after is None:
-                    after = ladder_delay(1, self.bindings[entry.binding].retry_ladder_s)
+                    after = ladder_delay(1, self.bindings[entry.binding].retries.ladder_s)
                 self.written.append(Nack(entry.n, after, outcome["reason"]))
                 counts["retry"] += 1
             else:

@@ -16,17 +16,22 @@ from asynctier.cli import settings_of
 from asynctier.cli.lag import read_tailers
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.allowlist import check_function_allowed
-from asynctier.platform.binding import (
+from asynctier.platform.binding import PRIORITIES, Binding, Priority
+from asynctier.platform.binding_features import (
     DEFAULT_LADDER_S,
     FORMATS,
     ISOLATIONS,
-    PRIORITIES,
-    Binding,
+    Breaker,
+    Deadlines,
+    Execution,
     Isolation,
+    Limits,
     Ordering,
+    Payload,
     PayloadFormat,
-    Priority,
     RedisPolicy,
+    Retries,
+    Source,
 )
 from asynctier.platform.config import Settings
 from asynctier.platform.durations import epoch_ms, format_duration, parse_duration, parse_ladder
@@ -151,26 +156,19 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
          create_topic: int | None) -> None:
     """Bind topic --topic (or queue topic --queue) to function --function under NAME."""
     settings = settings_of(ctx)
-    if (topic is None) == (queue_topic is None):
-        raise BindingError("source: give --topic T (a Kafka topic) or --queue Q (a queue "
-                           "topic), one of them")
-    ratio, window = _breaker_flag(breaker)
     binding = Binding(
-        name=name, topic=topic or queue_topic or "", function=function, tenant=tenant,
-        priority=priority, format=fmt, schema=_schema(schema_file),
-        schema_registry=schema_registry, rate_per_s=rate,
-        burst=burst, max_concurrency=concurrency, max_attempts=max_attempts,
-        timeout_s=_duration("timeout", timeout),
-        retry_ladder_s=_ladder(retry_ladder) or DEFAULT_LADDER_S,
-        idempotent=idempotent, redis_policy=redis_policy,
-        source_kind="kafka" if queue_topic is None else "queue",
-        lease_s=_duration("lease", lease), queue_after_s=_duration("queue after", queue_after),
-        isolation=isolation,
-        max_payload_bytes=None if max_payload is None else _size("max payload", max_payload),
-        start_within_s=_optional_duration("start within", start_within),
-        expire_after_s=_optional_duration("expire after", expire_after),
-        breaker_ratio=ratio, breaker_window_s=window, ordering=ordering,
-        defer_when_busy=defer_when_busy,
+        name, _source(topic, queue_topic, lease, queue_after), function, tenant=tenant,
+        priority=priority,
+        payload=Payload(fmt, _schema(schema_file), schema_registry,
+                        None if max_payload is None else _size("max payload", max_payload)),
+        limits=Limits(rate_per_s=rate, burst=burst, max_concurrency=concurrency,
+                      redis_policy=redis_policy),
+        retries=Retries(max_attempts, _ladder(retry_ladder) or DEFAULT_LADDER_S),
+        breaker=_breaker_flag(breaker),
+        execution=Execution(_duration("timeout", timeout), isolation, idempotent, ordering),
+        deadlines=Deadlines(_optional_duration("start within", start_within),
+                            _optional_duration("expire after", expire_after),
+                            defer_when_busy),
     ).validate()
     _check_bindable(settings, binding)
     if check_schema:
@@ -181,18 +179,28 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
     if topic is not None:
         ensure_binding_topics(settings, [binding])
     BindingRegistry(settings).put(binding)
-    order = ", ordered by key" if binding.ordering == "key" else ""
-    order += ", deferred when busy" if binding.defer_when_busy else ""
+    order = ", ordered by key" if binding.execution.ordering == "key" else ""
+    order += ", deferred when busy" if binding.deadlines.defer_when_busy else ""
     click.echo(f"bound {name}: {path_of(settings, binding)} -> {function} (tenant {tenant}, "
-               f"{priority}, ladder {','.join(binding.ladder_names)}{order})")
+               f"{priority}, ladder {','.join(binding.retries.ladder_names)}{order})")
+
+
+def _source(topic: str | None, queue_topic: str | None, lease: str, queue_after: str) -> Source:
+    """``--topic`` or ``--queue``, one of them, with ``--lease`` and ``--queue-after``."""
+    if (topic is None) == (queue_topic is None):
+        raise BindingError("source: give --topic T (a Kafka topic) or --queue Q (a queue "
+                           "topic), one of them")
+    return Source("kafka" if queue_topic is None else "queue", topic or queue_topic or "",
+                  _duration("lease", lease), _duration("queue after", queue_after))
 
 
 def _check_reader(settings: Settings, binding: Binding) -> None:
     """``--check-schema``: the reader schema reads the subject's latest version."""
-    if binding.schema_registry is None or binding.schema is None or binding.format != "avro":
+    payload = binding.payload
+    if payload.schema_registry is None or payload.schema is None or payload.format != "avro":
         raise BindingError("schema: --check-schema checks an Avro reader schema: give "
                            "--format avro, --schema FILE and --schema-registry URL")
-    check_reader_schema(binding.schema_registry, binding.topic, binding.schema,
+    check_reader_schema(payload.schema_registry, binding.source.topic, payload.schema,
                         RegistryClients(settings.schema_registry))
 
 
@@ -210,12 +218,12 @@ def _optional_duration(what: str, text: str | None) -> float | None:
     return None if text is None else _duration(what, text)
 
 
-def _breaker_flag(text: str | None) -> tuple[float | None, float]:
-    """(failure share, window) of ``--breaker``; no breaker: (None, the default window)."""
+def _breaker_flag(text: str | None) -> Breaker:
+    """The breaker ``--breaker`` asks for; none (the default window) without the flag."""
     if text is None:
-        return None, Binding.breaker_window_s
+        return Breaker()
     try:
-        return parse_breaker(text)
+        return Breaker(*parse_breaker(text))
     except ValueError as exc:
         raise BindingError(f"breaker: {exc}") from exc
 
@@ -229,21 +237,21 @@ def _check_bindable(settings: Settings, binding: Binding) -> None:
         raise BindingError(f"function: {exc}") from exc
     if binding.moved_to_queue and not settings.queue_shards:
         raise BindingError(
-            f"timeout: {binding.timeout_s:g}s is above --queue-after "
-            f"{binding.queue_after_s:g}s, so the records run from the queue, and no queue "
-            "shard is configured: set [queue] shards (ASYNCTIER_QUEUE_SHARDS), or raise "
+            f"timeout: {binding.execution.timeout_s:g}s is above --queue-after "
+            f"{binding.source.queue_after_s:g}s, so the records run from the queue, and no "
+            "queue shard is configured: set [queue] shards (ASYNCTIER_QUEUE_SHARDS), or raise "
             "--queue-after")
 
 
 def path_of(settings: Settings, binding: Binding) -> str:
     """Where a binding's records run from: its topic, its queue topic, or its topic moved
     into the platform's queue topic (a long timeout)."""
-    if binding.source_kind == "queue":
-        return f"queue {binding.tenant}/{binding.topic}"
+    if binding.source.kind == "queue":
+        return f"queue {binding.tenant}/{binding.source.topic}"
     if binding.moved_to_queue:
-        return (f"{binding.topic} -> queue {binding.tenant}/"
+        return (f"{binding.source.topic} -> queue {binding.tenant}/"
                 f"{settings.names.moved_topic(binding.name)}")
-    return binding.topic
+    return binding.source.topic
 
 
 def _kafka_topic(settings: Settings, topic: str, create_topic: int | None) -> None:
@@ -310,7 +318,7 @@ def bindings(ctx: click.Context, as_json: bool) -> None:
     settings = settings_of(ctx)
     found = BindingRegistry(settings).load()
     states = breaker_states(settings, [b.name for b in found.values()
-                                       if b.breaker_ratio is not None])
+                                       if b.breaker.ratio is not None])
     tailers = {row.name: row.status for row in read_tailers(settings, list(found.values()))}
     if as_json:
         click.echo(json.dumps([{**b.to_json(), "path": path_of(settings, b),
@@ -324,9 +332,9 @@ def bindings(ctx: click.Context, as_json: bool) -> None:
     for b in sorted(found.values(), key=lambda b: b.name):
         status = tailers.get(b.name, "")
         table.add_row(b.name, path_of(settings, b), b.function, b.tenant, b.priority,
-                      b.format, f"{b.rate_per_s:g}/s" if b.rate_per_s else "-",
-                      str(b.max_concurrency or "-"), str(b.max_attempts), f"{b.timeout_s:g}s",
-                      b.isolation, ",".join(b.ladder_names), _deadlines(b),
+                      b.payload.format, _rate(b.limits), str(b.limits.max_concurrency or "-"),
+                      str(b.retries.max_attempts), f"{b.execution.timeout_s:g}s",
+                      b.execution.isolation, ",".join(b.retries.ladder_names), _deadlines(b),
                       _breaker(b, states),
                       status if status in ("running", "paused")
                       else f"[red]{escape(status)}[/red]")
@@ -357,10 +365,14 @@ def breaker_states(settings: Settings, names: list[str]) -> dict[str, str]:
         return dict.fromkeys(names, "unknown")
 
 
+def _rate(limits: Limits) -> str:
+    return "-" if limits.rate_per_s is None else f"{limits.rate_per_s:g}/s"
+
+
 def _breaker(b: Binding, states: dict[str, str]) -> str:
-    if b.breaker_ratio is None:
+    if b.breaker.ratio is None:
         return "-"
-    return (f"{b.breaker_ratio:.0%}/{format_duration(b.breaker_window_s)} "
+    return (f"{b.breaker.ratio:.0%}/{format_duration(b.breaker.window_s)} "
             f"{states.get(b.name, 'closed')}")
 
 
@@ -368,10 +380,11 @@ def _deadlines(b: Binding) -> str:
     """``start within / expire after`` of a binding, ``-`` for what it does not set."""
     def shown(s: float | None) -> str:
         return "-" if s is None else format_duration(s)
-    if b.start_within_s is None and b.expire_after_s is None:
+    within, expire = b.deadlines.start_within_s, b.deadlines.expire_after_s
+    if within is None and expire is None:
         return "-"
-    defer = " defer" if b.defer_when_busy else ""
-    return f"{shown(b.start_within_s)}/{shown(b.expire_after_s)}{defer}"
+    defer = " defer" if b.deadlines.defer_when_busy else ""
+    return f"{shown(within)}/{shown(expire)}{defer}"
 
 
 COMMANDS = [bind, unbind, bindings, pause, resume]

@@ -116,7 +116,7 @@ def _decoded(settings: Settings, name: str, value: bytes | None) -> Any:
     """A registry-framed binding's payload decoded for display (its writer schema, or the
     binding's reader schema), or why it does not decode; None for other bindings."""
     binding = BindingRegistry(settings).load().get(name)
-    if binding is None or binding.schema_registry is None:
+    if binding is None or binding.payload.schema_registry is None:
         return None
     decode = decoder_for(binding, RegistryClients(settings.schema_registry))
     try:

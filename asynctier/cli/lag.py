@@ -60,7 +60,7 @@ def read_parked(settings: Settings, bindings: Sequence[Binding]) -> list[ParkedR
     """The parked keys of every ``--ordering key`` binding among ``bindings``."""
     rows = []
     for binding in bindings:
-        if binding.ordering != "key":
+        if binding.execution.ordering != "key":
             continue
         lot = ParkingLot.of(settings, binding.name)
         try:
@@ -197,7 +197,7 @@ def read_tailers(settings: Settings, bindings: Sequence[Binding]) -> list[Tailer
 
 def ladder_of(binding: Binding) -> tuple[str, ...]:
     """The delay intervals a binding's retries go through (none for a queue binding)."""
-    return binding.ladder_names if binding.source_kind == "kafka" else ()
+    return binding.retries.ladder_names if binding.source.kind == "kafka" else ()
 
 
 def tailer_table(rows: Sequence[TailerRow]) -> Table:
@@ -239,7 +239,7 @@ def read_all(settings: Settings, binding: str | None, readers: Readers) -> Readi
         raise BindingError(f"binding: there is no binding named {binding!r} "
                            "(see `asynctier bindings`)")
     chosen = list(bindings.values()) if binding is None else [bindings[binding]]
-    if binding is not None and bindings[binding].source_kind == "queue":
+    if binding is not None and bindings[binding].source.kind == "queue":
         lag_rows: list[LagRow] = []  # a queue binding has no partitions nor delay topics
     else:
         lag_rows = read_lag(settings, bindings.values(), binding, readers.lag, parts)

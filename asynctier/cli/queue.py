@@ -41,7 +41,7 @@ def _queue(ctx: click.Context) -> ShardedQueue:
 def _check_bound(ctx: click.Context, namespace: str, topic: str) -> None:
     """Refuse a topic no queue binding of ``namespace`` reads: its items would wait forever."""
     bindings = BindingRegistry(settings_of(ctx)).load().values()
-    if any(b.source_kind == "queue" and b.topic == topic and b.tenant == namespace
+    if any(b.source.kind == "queue" and b.source.topic == topic and b.tenant == namespace
            for b in bindings):
         return
     raise click.UsageError(

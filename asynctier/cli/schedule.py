@@ -121,7 +121,7 @@ def add(ctx: click.Context, name: str, namespace: str, cron: str | None, every: 
 
 def _check_kafka_bound(ctx: click.Context, topic: str) -> None:
     """Refuse a Kafka topic no binding reads: its records would wait forever."""
-    if any(b.source_kind == "kafka" and b.topic == topic
+    if any(b.source.kind == "kafka" and b.source.topic == topic
            for b in BindingRegistry(settings_of(ctx)).load().values()):
         return
     raise click.UsageError(f"no binding reads Kafka topic {topic!r}, so nothing would run its "
@@ -134,8 +134,10 @@ def _check_decodes(ctx: click.Context, spec: Schedule) -> None:
     (an avro binding, say): every tick would be a dead item."""
     tick = spec.tick_payload(spec.after(0))
     for b in BindingRegistry(settings_of(ctx)).load().values():
-        reads = (b.source_kind == "kafka" and b.topic == spec.topic if spec.target == "kafka"
-                 else b.source_kind == "queue" and b.topic == spec.topic
+        source = b.source
+        reads = (source.kind == "kafka" and source.topic == spec.topic
+                 if spec.target == "kafka"
+                 else source.kind == "queue" and source.topic == spec.topic
                  and b.tenant == spec.namespace)
         if reads:
             try:
@@ -143,8 +145,8 @@ def _check_decodes(ctx: click.Context, spec: Schedule) -> None:
             except DecodeError as exc:
                 raise ScheduleError(
                     f"schedule {spec.name!r}: binding {b.name} reads {spec.target} topic "
-                    f"{spec.topic!r} as {b.format} and cannot decode a tick's item ({exc}); "
-                    "a tick is a JSON object: target a binding with --format json or "
+                    f"{spec.topic!r} as {b.payload.format} and cannot decode a tick's item "
+                    f"({exc}); a tick is a JSON object: target a binding with --format json or "
                     "bytes") from None
 
 

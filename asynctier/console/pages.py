@@ -78,8 +78,16 @@ def _binding_context(request: Request) -> dict[str, Any]:
 
 
 def _settings(binding: Binding) -> list[tuple[str, str]]:
-    return [(f.name, str(getattr(binding, f.name))) for f in dataclasses.fields(binding)
-            if not f.name.startswith("_") and f.name != "schema"]
+    """Every setting of the binding, a group's as ``group.field`` (the schema text aside)."""
+    rows = []
+    for f in dataclasses.fields(binding):
+        value = getattr(binding, f.name)
+        if not dataclasses.is_dataclass(value):
+            rows.append((f.name, str(value)))
+            continue
+        rows += [(f"{f.name}.{g.name}", str(getattr(value, g.name)))
+                 for g in dataclasses.fields(value) if g.init and g.name != "schema"]
+    return rows
 
 
 def _filter(request: Request) -> LetterFilter:

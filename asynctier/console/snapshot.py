@@ -60,8 +60,9 @@ class BindingView:
     @property
     def source(self) -> str:
         """``topic NAME`` or ``queue NAMESPACE/TOPIC``."""
-        b = self.binding
-        return f"topic {b.topic}" if b.source_kind == "kafka" else f"queue {b.tenant}/{b.topic}"
+        source = self.binding.source
+        return (f"topic {source.topic}" if source.kind == "kafka"
+                else f"queue {self.binding.tenant}/{source.topic}")
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def views(reading: Reading, history: History, now_s: float) -> list[BindingView]
         dlq = [r for r in reading.lag if r.kind == "dlq" and r.name == name]
         hops = [Hop(i, delays[i].lag, delays[i].lag_seconds) for i in ladder_of(b)
                 if i in delays]
-        if b.source_kind == "kafka":
+        if b.source.kind == "kafka":
             lag = sum(r.lag for r in parts)
             ages = [r.lag_seconds for r in parts if r.lag_seconds is not None]
             lag_s = max(ages, default=None if lag else 0.0)

@@ -4,6 +4,8 @@ rate and concurrency cap under its tenant, and their edits (``asynctier tenant s
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -53,8 +55,9 @@ async def edit_limits(request: Request) -> Response:
     binding = (await run_in_threadpool(registry.load)).get(name)
     if binding is None:
         raise HTTPException(404, f"there is no binding named {name!r}")
-    changed = binding.with_changes(rate_per_s=rate, burst=binding.burst if rate else None,
-                                   max_concurrency=cap)
+    limits = replace(binding.limits, rate_per_s=rate,
+                     burst=binding.limits.burst if rate else None, max_concurrency=cap)
+    changed = binding.with_changes(limits=limits)
     try:
         await run_in_threadpool(registry.put, changed)
     except BindingError as exc:

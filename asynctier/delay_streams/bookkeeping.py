@@ -77,7 +77,7 @@ class BindingBook:
 
 def ladder_intervals(bindings: Iterable[Binding]) -> set[float]:
     """Every interval (seconds) that some binding's ladder uses."""
-    return {step for binding in bindings for step in binding.retry_ladder_s}
+    return {step for binding in bindings for step in binding.retries.ladder_s}
 
 
 def existing_delay_intervals(settings: Settings, timeout_s: float = 10.0) -> set[float]:

@@ -162,7 +162,7 @@ def _due_ms(binding: Binding, attempt: int, after_s: float | None, now_ms: int) 
     """When a record that failed ``attempt`` is due: ``after_s`` from now, else its ladder
     step; rounded up to the millisecond (never early)."""
     if after_s is None:
-        after_s = ladder_delay(attempt, binding.retry_ladder_s)
+        after_s = ladder_delay(attempt, binding.retries.ladder_s)
     return now_ms + int(after_s * 1000 + 0.999)
 
 
@@ -220,7 +220,7 @@ class Handoff:
                              parcel.attempt)
             return "dead_letter"
         spends = outcome["spends_attempt"]
-        if spends and parcel.attempt >= binding.max_attempts:
+        if spends and parcel.attempt >= binding.retries.max_attempts:
             self.dead_letter(binding, parcel, MAX_ATTEMPTS, error, parcel.attempt)
             return "dead_letter"
         size = record_bytes(parcel)
@@ -258,7 +258,7 @@ class Handoff:
         counts: Counter[str] = Counter()
         now_ms = epoch_ms()
         plans: dict[tuple[str | None, float | None, bool], _Plan] = {}
-        may_retry = binding.max_attempts > 1  # else attempt 1 is the last: a dead letter
+        may_retry = binding.retries.max_attempts > 1  # else attempt 1 is the last: a dead letter
         sizes = batch_bytes is None or batch_bytes > FAST_MAX_BYTES  # a record may be large
         produce, fast = self.producer.produce, self.producer.client_produce
         for outcome in outcomes:
@@ -332,7 +332,7 @@ class Handoff:
     def _delay_record(self, binding: Binding, parcel: Parcel, due_ms: int, attempt: int,
                       error: str, now_ms: int) -> tuple[str, list[tuple[str, bytes | None]]]:
         """The delay topic and headers of ``parcel`` due at ``due_ms``."""
-        topic = self.names.delay_topic(first_hop(due_ms - now_ms, binding.retry_ladder_s))
+        topic = self.names.delay_topic(first_hop(due_ms - now_ms, binding.retries.ladder_s))
         headers = self._headers(binding, parcel, attempt, error)
         headers.append((n.H_DUE, str(due_ms).encode()))
         return topic, headers
@@ -414,6 +414,6 @@ class Handoff:
 def framed_schema_id(binding: Binding | str, value: bytes | None) -> int | None:
     """The schema id of a registry-framed binding's payload (None: another format, or not
     framed)."""
-    if isinstance(binding, str) or binding.schema_registry is None:
+    if isinstance(binding, str) or binding.payload.schema_registry is None:
         return None
     return schema_id_of(value)

@@ -49,7 +49,7 @@ def ensure_binding_topics(settings: Settings, bindings: Iterable[Binding]) -> li
     wanted: dict[str, tuple[int, dict[str, str]]] = {}
     dlqs = []
     for binding in bindings:
-        for step in binding.retry_ladder_s:
+        for step in binding.retries.ladder_s:
             wanted[names.delay_topic(format_duration(step))] = (
                 DELAY_PARTITIONS, delay_topic_config(step))
         dlq = names.dlq_topic(binding.name)

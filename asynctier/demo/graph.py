@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Execution, Retries, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.registry import BindingRegistry
 from asynctier.queue.items import NewItem
@@ -46,10 +47,10 @@ def bind(settings: Settings, ladder_s: tuple[float, ...]) -> list[Binding]:
     registry = BindingRegistry(settings)
     bindings = []
     for name, function in _FUNCTIONS.items():
-        binding = Binding(name=name, topic=topic(settings, name),
-                          function=f"{MODULE}:{function}", tenant=TENANT, priority="normal",
-                          retry_ladder_s=ladder_s, max_attempts=3, timeout_s=10.0,
-                          source_kind="queue", lease_s=30.0).validate()
+        binding = Binding(name, Source("queue", topic(settings, name), lease_s=30.0),
+                          f"{MODULE}:{function}", tenant=TENANT, priority="normal",
+                          retries=Retries(3, ladder_s), execution=Execution(timeout_s=10.0)
+                          ).validate()
         registry.put(binding)
         bindings.append(binding)
     return bindings

@@ -20,7 +20,8 @@ from rich.table import Table
 
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.demo import graph, transcode
-from asynctier.platform.binding import Binding
+from asynctier.platform.binding import Binding, Priority
+from asynctier.platform.binding_features import Execution, Retries, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.kafka import ConfirmingProducer, admin, ensure_topics, topic_replication
 from asynctier.platform.registry import BindingRegistry
@@ -37,7 +38,7 @@ class Workload:
     name: str
     function: str
     tenant: str
-    priority: str
+    priority: Priority
     count: int
     partitions: int
 
@@ -122,16 +123,16 @@ def bind_all(settings: Settings, say: Callable[[str], None]) -> None:
     registry = BindingRegistry(settings)
     bindings = []
     for w in WORKLOADS:
-        binding = Binding(name=w.name, topic=f"{names.prefix}.{w.name}",
-                          function=f"{MODULE}:{w.function}", tenant=w.tenant,
-                          priority=w.priority, retry_ladder_s=LADDER,  # type: ignore[arg-type]
-                          max_attempts=4, timeout_s=10.0).validate()
+        binding = Binding(w.name, Source("kafka", f"{names.prefix}.{w.name}"),
+                          f"{MODULE}:{w.function}", tenant=w.tenant, priority=w.priority,
+                          retries=Retries(4, LADDER), execution=Execution(timeout_s=10.0)
+                          ).validate()
         registry.put(binding)
         bindings.append(binding)
         say(f"bound [bold]{w.name}[/] ({w.priority}, tenant {w.tenant}) -> {binding.function}")
     ensure_binding_topics(settings, bindings)
     queued = transcode.bind(settings, LADDER)
-    say(f"bound [bold]{queued.name}[/] (queue topic {queued.topic}, priorities "
+    say(f"bound [bold]{queued.name}[/] (queue topic {queued.source.topic}, priorities "
         f"{', '.join(f'{p} {what}' for p, what in transcode.BANDS)}, tenant "
         f"{queued.tenant}) -> {queued.function}")
     graph.bind(settings, LADDER)

@@ -17,6 +17,7 @@ import statistics
 from collections.abc import Mapping
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Execution, Retries, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.registry import BindingRegistry
 from asynctier.queue.items import NewItem
@@ -63,9 +64,9 @@ def expected_rejects() -> int:
 
 def bind(settings: Settings, ladder_s: tuple[float, ...]) -> Binding:
     """Bind the queue topic to the transcoder."""
-    binding = Binding(name=NAME, topic=topic(settings), function=FUNCTION, tenant=TENANT,
-                      priority="normal", retry_ladder_s=ladder_s, max_attempts=4,
-                      timeout_s=10.0, source_kind="queue", lease_s=30.0).validate()
+    binding = Binding(NAME, Source("queue", topic(settings), lease_s=30.0), FUNCTION,
+                      tenant=TENANT, priority="normal", retries=Retries(4, ladder_s),
+                      execution=Execution(timeout_s=10.0)).validate()
     BindingRegistry(settings).put(binding)
     return binding
 

@@ -124,8 +124,8 @@ def delay_intervals(names: Names, topics: Iterable[str]) -> list[str]:
 
 def binding_targets(names: Names, bindings: Iterable[Binding]) -> list[LagTarget]:
     """The source-topic target of each Kafka binding (a queue's backlog is the queue's)."""
-    return [LagTarget("binding", b.name, names.group(b.name), b.topic) for b in bindings
-            if b.source_kind == "kafka"]
+    return [LagTarget("binding", b.name, names.group(b.name), b.source.topic) for b in bindings
+            if b.source.kind == "kafka"]
 
 
 def delay_targets(names: Names, intervals: Iterable[str]) -> list[LagTarget]:
@@ -151,7 +151,7 @@ def targets_for(names: Names, bindings: Iterable[Binding], topics: Iterable[str]
     present = set(topics)
     intervals = delay_intervals(names, present)
     if only is not None:
-        ladder = {name for b in chosen for name in b.ladder_names}
+        ladder = {name for b in chosen for name in b.retries.ladder_names}
         intervals = [i for i in intervals if i in ladder]
     wanted = (binding_targets(names, chosen) + delay_targets(names, intervals)
               + dlq_targets(names, chosen))

@@ -77,22 +77,23 @@ def avro_decoder(schema: Any) -> Decoder:
 def decoder_for(binding: Binding, registries: RegistryClients | None = None) -> Decoder:
     """The payload decoder of a binding's format (``registries``: the clients of the
     schema registries, for a registry-framed binding)."""
-    if binding.schema_registry is not None:
-        return framed_decoder(binding.format, binding.schema_registry, binding.topic,
-                              binding.schema, registries or RegistryClients())
-    if binding.format == "json":
+    payload = binding.payload
+    if payload.schema_registry is not None:
+        return framed_decoder(payload.format, payload.schema_registry, binding.source.topic,
+                              payload.schema, registries or RegistryClients())
+    if payload.format == "json":
         return decode_json
-    if binding.format == "bytes":
+    if payload.format == "bytes":
         return decode_bytes
-    if binding.format == "avro":
+    if payload.format == "avro":
         try:
-            schema = binding.parsed_schema()
+            schema = payload.parsed_schema()
         except Exception as exc:
             return _always(f"avro: the binding's schema does not parse: {exc}")
         if schema is None:
             return _always("avro: the binding has no schema")
         return avro_decoder(schema)
-    return _always(f"unknown payload format {binding.format!r}")
+    return _always(f"unknown payload format {payload.format!r}")
 
 
 def _always(reason: str) -> Decoder:

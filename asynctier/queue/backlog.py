@@ -54,7 +54,7 @@ class BacklogRow:
 
 def queue_bindings(bindings: Iterable[Binding]) -> list[Binding]:
     """The bindings whose source is a queue topic, in name order."""
-    return sorted((b for b in bindings if b.source_kind == "queue"), key=lambda b: b.name)
+    return sorted((b for b in bindings if b.source.kind == "queue"), key=lambda b: b.name)
 
 
 def open_queue(settings: Settings) -> ShardedQueue:
@@ -68,20 +68,20 @@ def read_backlog(queue: ShardedQueue, bindings: Iterable[Binding]) -> list[Backl
     rows = []
     down: dict[str, str] = {}
     for binding in queue_bindings(bindings):
-        store = queue.shard_of(binding.tenant, binding.topic)
+        store = queue.shard_of(binding.tenant, binding.source.topic)
         error = down.get(store.name)
         counts: list[TopicCounts] = []
         if error is None:
             try:
-                counts = queue.counts(binding.tenant, binding.topic)  # follows a failover
+                counts = queue.counts(binding.tenant, binding.source.topic)  # follows a failover
             except AsynctierError as exc:
                 error = down[store.name] = str(exc)
         if error is not None:
-            rows.append(BacklogRow(binding.name, binding.tenant, binding.topic, store.name,
+            rows.append(BacklogRow(binding.name, binding.tenant, binding.source.topic, store.name,
                                    error=error))
             continue
-        c = counts[0] if counts else TopicCounts(binding.tenant, binding.topic)
-        rows.append(BacklogRow(binding.name, binding.tenant, binding.topic, store.name,
+        c = counts[0] if counts else TopicCounts(binding.tenant, binding.source.topic)
+        rows.append(BacklogRow(binding.name, binding.tenant, binding.source.topic, store.name,
                                c.ready, c.delayed, c.leased, c.dead,
                                round(c.oldest_ready_age_s, 3), waiting=c.waiting))
     return rows

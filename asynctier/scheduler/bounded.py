@@ -107,7 +107,7 @@ class BoundedQueue:
                 if woken in self._getters:
                     self._getters.remove(woken)
         chunk = self.fair.pop()
-        if not chunk.binding.defer_when_busy:
+        if not chunk.binding.deadlines.defer_when_busy:
             now = self.clock()
             if now - chunk.queued_at >= self.firm_wait_s:
                 self.firm_waited_at = now
@@ -119,7 +119,7 @@ class BoundedQueue:
         """Take out the queued chunks ``pick`` says (chunks waiting for room are left);
         the room they held goes to the chunks waiting for it."""
         removed = self.fair.remove_where(pick)
-        firm = sum(c.cost for c in removed if not c.binding.defer_when_busy)
+        firm = sum(c.cost for c in removed if not c.binding.deadlines.defer_when_busy)
         if firm:
             self._firm_left(firm)
         if removed:
@@ -141,7 +141,7 @@ class BoundedQueue:
         self.fair.push(chunk.binding.priority, chunk.binding.tenant, chunk, chunk.cost,
                        chunk.deadline)
         self.peak_items = max(self.peak_items, self.fair.items)
-        if not chunk.binding.defer_when_busy:
+        if not chunk.binding.deadlines.defer_when_busy:
             if self.firm_since is None:
                 self.firm_since = self.clock()
             self.firm_items += chunk.cost

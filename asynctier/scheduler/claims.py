@@ -113,7 +113,7 @@ class Claims:
         here once it failed or its scheduler died; a held retry (no attempt spent) when
         the other run is still going after the binding's timeout and a grace."""
         results: list[Outcome] = []
-        deadline = time.monotonic() + binding.timeout_s + self.busy_grace_s
+        deadline = time.monotonic() + binding.execution.timeout_s + self.busy_grace_s
         pause = BUSY_POLL_FIRST_S
         while busy:
             await asyncio.sleep(pause)
@@ -130,7 +130,7 @@ class Claims:
     def _still_busy(self, binding: Binding, busy: list[Item]) -> list[Outcome]:
         log.warning("binding %s: %d record(s) are still running in another scheduler "
                     "after %gs; they come back in %gs without spending an attempt",
-                    binding.name, len(busy), binding.timeout_s + self.busy_grace_s,
+                    binding.name, len(busy), binding.execution.timeout_s + self.busy_grace_s,
                     self.retry_s, extra={"binding": binding.name})
         return [retry(i["id"], "a copy of this record is still running elsewhere",
                       after_s=self.retry_s, spends_attempt=False) for i in busy]

@@ -25,7 +25,7 @@ from asynctier.platform.wire import EXPIRED, Item, Outcome, failed
 def stamp_deadlines(binding: Binding, items: Sequence[Item]) -> None:
     """Give each item of a ``--start-within`` binding its deadline (epoch ms), unless its
     source gave one already; ``ctx.deadline`` and the queue's order read it."""
-    within = binding.start_within_s
+    within = binding.deadlines.start_within_s
     if within is None:
         return
     window_ms = int(within * 1000)
@@ -46,7 +46,7 @@ def order_key(binding: Binding, items: Sequence[Item], now_s: float,
 def split_expired(binding: Binding, items: list[Item],
                   now_ms: int) -> tuple[list[Outcome], list[Item]]:
     """(``expired`` outcomes of the items past their expiry, the items still live)."""
-    expire = binding.expire_after_s
+    expire = binding.deadlines.expire_after_s
     if expire is None or not items:
         return [], items
     cut_ms = now_ms - int(expire * 1000)  # a record older than this has expired
@@ -60,5 +60,6 @@ def split_expired(binding: Binding, items: list[Item],
 
 def _why(binding: Binding, item: Item, now_ms: int) -> str:
     age_s = (now_ms - item["record_time_ms"]) / 1000.0
-    return (f"expired: not started within --expire-after {binding.expire_after_s:g}s of its "
-            f"record time (it was {age_s:.1f}s old); not run")
+    return (f"expired: not started within --expire-after "
+            f"{binding.deadlines.expire_after_s:g}s of its record time (it was {age_s:.1f}s "
+            "old); not run")

@@ -88,19 +88,19 @@ def park_s(binding: Binding, item: Item, now_ms: int) -> float | None:
     Kafka record waits in anyway), within ``MIN_PARK_S..MAX_PARK_S``, and never past its
     release point (the deadline minus :data:`RELEASE_SHARE` of the window).
     """
-    window = binding.start_within_s
+    window = binding.deadlines.start_within_s
     deadline = item["deadline_ms"]
     if window is None or deadline is None:
         return None
     left_s = (deadline - now_ms) / 1000.0 - window * RELEASE_SHARE
     if left_s < MIN_PARK_S:
         return None
-    return min(max(binding.retry_ladder_s[0], MIN_PARK_S), MAX_PARK_S, left_s)
+    return min(max(binding.retries.ladder_s[0], MIN_PARK_S), MAX_PARK_S, left_s)
 
 
 def may_wait(binding: Binding, items: list[Item], now_ms: int) -> bool:
     """Whether every one of ``items`` (of ``binding``) may be parked now."""
-    return binding.defer_when_busy and all(park_s(binding, i, now_ms) is not None
+    return binding.deadlines.defer_when_busy and all(park_s(binding, i, now_ms) is not None
                                            for i in items)
 
 
@@ -109,7 +109,7 @@ def defer(binding: Binding, items: list[Item], saturation: Saturation,
     """(parked outcomes, items to run) of ``binding``'s items: all run unless the binding
     defers and the scheduler is saturated; then only those whose deadline is near run.
     Items must carry their deadline (:func:`~.deadlines.stamp_deadlines`)."""
-    if not binding.defer_when_busy or not items or not saturation.saturated():
+    if not binding.deadlines.defer_when_busy or not items or not saturation.saturated():
         return [], items
     return park(binding, items, epoch_ms() if now_ms is None else now_ms)
 

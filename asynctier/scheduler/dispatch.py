@@ -77,7 +77,7 @@ def _ending_spans(spans: AttemptSpans, report: Report) -> Report:
 
 def _fits_one_burst(binding: Binding, n: int) -> bool:
     """True when ``n`` items fit in the binding's token bucket at once (or it has none)."""
-    return binding.rate_per_s is None or n <= burst_of(binding)
+    return binding.limits.rate_per_s is None or n <= burst_of(binding)
 
 
 class Dispatcher:
@@ -191,7 +191,7 @@ class Dispatcher:
 
     def _split(self, binding: Binding, items: list[Item], streamed: bool) -> list[list[Item]]:
         capping = self.gates.capping(binding)
-        if streamed and not capping and binding.timeout_s > binding.queue_after_s:
+        if streamed and not capping and binding.execution.timeout_s > binding.source.queue_after_s:
             return [[item] for item in items]  # long work by its timeout: each alone
         return self.sizer.split(binding.name, items, self.workers,
                                 capping[0] if capping else 1, cautious=streamed)

@@ -50,7 +50,7 @@ class Executor:
                                     time.time())
         if capping:
             outcomes = await self._run_capped(job, items, *capping)
-        elif not binding.idempotent:
+        elif not binding.execution.idempotent:
             outcomes = await self.runtime.run(
                 job, items, lambda done, oks: self.claims.write_early(binding, written, done,
                                                                       oks))

@@ -220,7 +220,7 @@ class ProcessPool:
             raise WorkerDied(f"it did not start the function within {START_TIMEOUT_S:g}s "
                              "(a module that hangs on import?)") from exc
         if outcome is None:  # the function started: its timeout runs from here
-            async with asyncio.timeout(job.binding.timeout_s):
+            async with asyncio.timeout(job.binding.execution.timeout_s):
                 outcome = await worker.answer()
                 while isinstance(outcome, tuple):  # a checkpoint: save it, then go on
                     await worker.reply(await self._save(item, outcome))
@@ -247,7 +247,7 @@ class ProcessPool:
 
     async def _call(self, job: Any, item: Item, worker: WorkerProcess) -> tuple[Outcome, bool]:
         binding = job.binding
-        timeout = binding.timeout_s
+        timeout = binding.execution.timeout_s
         try:
             outcome = await self._exchange(job, item, worker)
         except TimeoutError:

@@ -105,7 +105,7 @@ class Job:
     def in_process(self) -> bool:
         """True when its items run in worker processes (a sync function, isolated or
         measured CPU-bound)."""
-        return ((self.binding.isolation == "process" or self.cpu_bound)
+        return ((self.binding.execution.isolation == "process" or self.cpu_bound)
                 and not self.function.is_async)
 
 
@@ -160,7 +160,7 @@ class SyncRun:
         is."""
         job, binding = self.job, self.job.binding
         decode, call = job.decode, job.function.call
-        timeout = binding.timeout_s
+        timeout = binding.execution.timeout_s
         monotonic, lock, results = time.monotonic, self._lock, self.results
         wall_offset = time.time() - monotonic()
         self.began = monotonic()
@@ -204,7 +204,7 @@ class SyncRun:
 
     def wait_s(self) -> float:
         """Seconds until the item in progress is overdue (a full timeout before any)."""
-        timeout = self.job.binding.timeout_s + WATCH_GRACE_S
+        timeout = self.job.binding.execution.timeout_s + WATCH_GRACE_S
         with self._lock:
             if self.started == 0.0:
                 return timeout
@@ -215,7 +215,8 @@ class SyncRun:
         with self._lock:
             in_progress = (self.started and not self.finished
                            and len(self.results) < len(self.items))
-            if in_progress and time.monotonic() - self.started > self.job.binding.timeout_s:
+            timeout_s = self.job.binding.execution.timeout_s
+            if in_progress and time.monotonic() - self.started > timeout_s:
                 self.abandoned = True
         return self.abandoned
 
@@ -337,7 +338,7 @@ class Runtime:
             function = self.resolver.resolve(binding.function)
             job = Job(binding, _traced(function) if tracing.enabled() else function,
                       decoder_for(binding, self.registries),
-                      binding.encode() if binding.isolation == "process" else b"")
+                      binding.encode() if binding.execution.isolation == "process" else b"")
             self._jobs[binding.name] = job
         return job
 
@@ -462,7 +463,7 @@ class Runtime:
                     late.append(overrunning)
                     results.extend(run.results)
                     stuck = run.items[len(run.results)]
-                    results.append(outcomes.timed_out(stuck["id"], job.binding.timeout_s))
+                    results.append(outcomes.timed_out(stuck["id"], job.binding.execution.timeout_s))
                     rest = run.items[len(run.results) + 1:]
                     if rest:
                         still.append(parts.start(self.pool, SyncRun(job, rest)))
@@ -495,7 +496,7 @@ class Runtime:
         self._cpu.pop(name, None)
         share, per_item = cpu_s / window, cpu_s / items
         if (share >= CPU_BOUND_SHARE and per_item >= self.cpu_bound_item_s
-                and job.binding.isolation == "thread"):
+                and job.binding.execution.isolation == "thread"):
             self._jobs[name] = replace(job, cpu_bound=True, binding_bytes=job.binding.encode())
             metrics.set_in_processes(name, True)
             log.warning("binding %s: %s is CPU-bound (its threads kept %.0f%% of a core busy, "
@@ -516,8 +517,8 @@ class Runtime:
                     "keeps running and holds its worker thread (%d of %d held by overrunning "
                     "calls) until it returns. Bind with --isolation process to have such "
                     "calls stopped.", binding.name, item["source_ref"], item["attempt"],
-                    run.job.function.path, binding.timeout_s, self.hung_threads, self.threads,
-                    extra=tracing.item_log_fields(binding.name, item))
+                    run.job.function.path, binding.execution.timeout_s, self.hung_threads,
+                    self.threads, extra=tracing.item_log_fields(binding.name, item))
         started = time.monotonic()
 
         def back(_: Any) -> None:
@@ -525,7 +526,7 @@ class Runtime:
             metrics.add_overrunning(binding.name, -1)
             log.info("binding %s: the overrunning call of item %s returned after %.1fs; its "
                      "thread is free", binding.name, item["source_ref"],
-                     binding.timeout_s + time.monotonic() - started)
+                     binding.execution.timeout_s + time.monotonic() - started)
 
         future.add_done_callback(back)
 
@@ -560,7 +561,7 @@ class AsyncRun:
     def __init__(self, job: Job, items: Sequence[Item]) -> None:
         self.job = job
         self.items = items
-        self.timeout = job.binding.timeout_s
+        self.timeout = job.binding.execution.timeout_s
         self.results: list[Outcome] = []
         self.next = 0  # index of the next item to start
         self.free = 0  # lanes started and not inside an item

@@ -37,10 +37,10 @@ def _span_context(parent: tracing.Parent) -> SpanContext:
 
 
 def _attributes(binding: Binding, item: Item) -> dict[str, Any]:
-    queue = binding.source_kind == "queue"
+    queue = binding.source.kind == "queue"
     attrs: dict[str, Any] = {
         "messaging.system": "asynctier.queue" if queue else "kafka",
-        "messaging.destination.name": binding.topic,
+        "messaging.destination.name": binding.source.topic,
         "messaging.operation.type": "process",
         "messaging.operation.name": "process",
         "messaging.message.id": item["source_ref"],
@@ -110,7 +110,7 @@ class AttemptSpans:
 
     def __init__(self, binding: Binding, items: Sequence[Item]) -> None:
         self.spans: dict[int, Any] = {}
-        self.last = {i["id"] for i in items if i["attempt"] >= binding.max_attempts}
+        self.last = {i["id"] for i in items if i["attempt"] >= binding.retries.max_attempts}
         for item in items:
             span, cast(StreamItem, item)["trace"] = _start(binding, item)
             if span is not None:

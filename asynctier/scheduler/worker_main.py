@@ -111,7 +111,7 @@ class Worker:
         resumed = doc.get("resumed")
         ctx = Context(binding.name, _bytes(doc["key"]), headers, doc["source"],
                       int(doc["attempt"]), float(doc["record_time"]),
-                      time.time() + binding.timeout_s, binding.tenant,
+                      time.time() + binding.execution.timeout_s, binding.tenant,
                       None if resumed is None else decode_checkpoint(_bytes(resumed["data"]),
                                                                      resumed["kind"]),
                       saver if doc.get("checkpoints") else None)

@@ -67,11 +67,11 @@ class Backlog:
         return seen[1] if seen[1] >= self.cap else None
 
     def _read(self, binding: Binding) -> int:
-        if binding.source_kind == "queue":
+        if binding.source.kind == "queue":
             if self.queue is None:
                 return 0
-            route = self.queue.route_of(binding.tenant, binding.topic)  # follows a failover
-            return int(route.waiting(binding.tenant, binding.topic, self.cap))
+            route = self.queue.route_of(binding.tenant, binding.source.topic)  # follows a failover
+            return int(route.waiting(binding.tenant, binding.source.topic, self.cap))
         if self._lag is None:
             self._lag = LagReader(self.settings, timeout_s=5.0)
         # offsets only (the admin client): no consumer, no record fetched

@@ -183,7 +183,7 @@ class Submitter:
         backlog = None if self.backlog is None else await self.backlog.over_cap(binding)
         if backlog is not None:
             self._throttle(valid, results, call, self.options.backlog_retry_ms,
-                           f"the backlog of {binding.topic} is {backlog:,}, over the cap of "
+                           f"the backlog of {binding.source.topic} is {backlog:,}, over the cap of "
                            f"{self.options.max_backlog:,}: the platform is behind")
             return []
         granted, reset_ms = await self._take(binding.tenant, len(valid))
@@ -218,7 +218,7 @@ class Submitter:
         if not go:
             return
         workloads = [call.workloads[i] for i in go]
-        if binding.source_kind == "queue":
+        if binding.source.kind == "queue":
             await self._enqueue(binding, go, workloads, results)
         else:
             await self._produce(binding, go, workloads, results)
@@ -227,12 +227,12 @@ class Submitter:
                        results: list[Result | None]) -> None:
         if self.group is None:
             raise Refused(grpc.StatusCode.UNAVAILABLE, "this Submitter has no queue store")
-        items = [_item(binding.topic, w) for w in workloads]
+        items = [_item(binding.source.topic, w) for w in workloads]
         while True:  # each refused parent takes out its child (and theirs), then again
             if not items:
                 return
             try:
-                written = await self.group.enqueue(binding.tenant, binding.topic, items)
+                written = await self.group.enqueue(binding.tenant, binding.source.topic, items)
                 break
             except ParentRefused as exc:
                 go, items = _refuse_children(go, items, exc, results)
@@ -251,13 +251,13 @@ class Submitter:
         if self.kafka is None:
             raise Refused(grpc.StatusCode.UNAVAILABLE, "this Submitter has no Kafka producer")
         try:
-            spots = await self.kafka.write(binding.topic, workloads)
+            spots = await self.kafka.write(binding.source.topic, workloads)
         except HandoffError as exc:
             raise Refused(grpc.StatusCode.UNAVAILABLE,
                           f"Kafka did not confirm the records of binding {binding.name} "
                           f"(some may be written: send again): {exc}") from exc
         for i, (partition, offset) in zip(go, spots, strict=True):
-            results[i] = Result("accepted", i, topic=binding.topic, partition=partition,
+            results[i] = Result("accepted", i, topic=binding.source.topic, partition=partition,
                                 offset=offset)
 
 

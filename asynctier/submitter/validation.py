@@ -33,9 +33,9 @@ class Validator:
     def __init__(self, binding: Binding, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
                  registries: RegistryClients | None = None) -> None:
         self.binding = binding
-        self.max_payload_bytes = binding.max_payload_bytes or max_payload_bytes
+        self.max_payload_bytes = binding.payload.max_bytes or max_payload_bytes
         self._decode: Decoder = decoder_for(binding, registries)
-        self._queue = binding.source_kind == "queue"
+        self._queue = binding.source.kind == "queue"
 
     def problem(self, w: Workload) -> str | None:
         """Why ``w`` cannot be accepted, or None when it can."""
@@ -55,7 +55,7 @@ class Validator:
             return None  # not the payload's fault: the scheduler decodes it again, retrying
         except DecodeError as exc:
             return (f"the payload does not decode as the binding's format "
-                    f"({self.binding.format}): {exc}")
+                    f"({self.binding.payload.format}): {exc}")
         return None
 
     def _fields_problem(self, w: Workload) -> str | None:
@@ -77,14 +77,14 @@ class Validator:
             if w.id is not None:
                 check_id(w.id)
             for topic, ident in w.after:
-                check_topic(topic or self.binding.topic, "parent: ")
+                check_topic(topic or self.binding.source.topic, "parent: ")
                 check_id(ident, "parent: ")
         except QueueError as exc:
             return str(exc)
         if len(w.after) > MAX_PARENTS:
             return (f"{len(w.after):,} parents, over the {MAX_PARENTS:,} one workload may "
                     "wait for: join them in steps (children of parts, then one child of those)")
-        own = self.binding.topic
+        own = self.binding.source.topic
         if w.id is not None and any((t or own, i) == (own, w.id) for t, i in w.after):
             return f"it names itself ({w.id!r}) as its parent"
         if w.delay_ms is not None and not 0 <= w.delay_ms <= MAX_DELAY_S * 1000:

@@ -396,7 +396,7 @@ class DelayTailer:
                      binding.name, binding.name)
 
         def act() -> str:
-            due_ms = now_ms + int(binding.retry_ladder_s[0] * 1000)
+            due_ms = now_ms + int(binding.retries.ladder_s[0] * 1000)
             self.handoff.delay(binding, parcel, due_ms, parcel.attempt, parcel.error)
             return "held"
         return act
@@ -478,7 +478,7 @@ class DelayService:
 
     def _on_bindings(self, bindings: dict[str, Binding]) -> None:
         self.bindings.update(bindings)
-        kafka = [b for b in bindings.values() if b.source_kind == "kafka"]  # a queue delays
+        kafka = [b for b in bindings.values() if b.source.kind == "kafka"]  # a queue delays
         try:  # its own retries
             ensure_binding_topics(self.settings, kafka)
         except AsynctierError as exc:

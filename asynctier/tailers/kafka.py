@@ -106,7 +106,7 @@ class KafkaSource:
         self.handoff = handoff
         self.options = options
         self.what = f"binding {binding.name}"
-        self.topic = binding.topic
+        self.topic = binding.source.topic
         self.partitions = Partitions(self.what)
         self.owned = self.partitions.owned  # only these are run and committed
         self.committed: dict[TP, int] = {}
@@ -330,7 +330,7 @@ class KafkaTailer:
         source.partitions.pipeline = pipeline
         self.source, self.strategy, self.pipeline = source, strategy, pipeline
         parts = source.partitions
-        consumer.subscribe([self.binding.topic], on_assign=parts.on_assign,
+        consumer.subscribe([self.binding.source.topic], on_assign=parts.on_assign,
                            on_revoke=parts.on_revoke, on_lost=parts.on_lost)
         return pipeline
 
@@ -344,7 +344,8 @@ class KafkaTailer:
         source, strategy = self.source, self.strategy
         assert source is not None and strategy is not None
         log.info("tailer for binding %s started: topic %s, group %s, ordering %s",
-                 self.binding.name, self.binding.topic, self.group, self.binding.ordering)
+                 self.binding.name, self.binding.source.topic, self.group,
+                 self.binding.execution.ordering)
         done = threading.Event()  # ends the loops beside it with this run, whatever ends it
         beside = strategy.beside(done)
         try:

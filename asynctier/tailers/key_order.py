@@ -125,7 +125,7 @@ def by_ordering(settings: Settings, source: OffsetSource[Any], client: Scheduler
     """``source`` as its binding's ``--ordering`` says: as it comes (``none``), or
     wrapped in :class:`KeyOrder` with its parked-key runner (``key``)."""
     binding: Binding = source.binding
-    if binding.ordering != "key":
+    if binding.execution.ordering != "key":
         return source
     gate = KeyGate(binding, ParkingLot.of(settings, binding.name), options.batch_size)
 
@@ -159,7 +159,7 @@ class KeyHeads:
                 unpark: Unpark) -> str:
         """Resolve one outcome of a released record; an ordered binding's head that no
         longer waits is added to ``unpark``."""
-        if binding.ordering != "key":
+        if binding.execution.ordering != "key":
             return handoff.resolve(binding, parcel, outcome)
         if outcome["status"] != "ok" and not any(
                 name == n.H_RAN_AFTER for name, _ in parcel.headers):

@@ -142,7 +142,7 @@ class LongWork:
         items: list[Leased] = prepared.records
         resume = {at: (item.checkpoint_kind or "bytes", item.checkpoint)
                   for at, item in enumerate(items) if item.checkpoint is not None}
-        beat_s = self.binding.lease_s / BEATS_PER_LEASE
+        beat_s = self.binding.source.lease_s / BEATS_PER_LEASE
         self.hook("before-rpc")
         call = self.client.open_stream(items_message(prepared.request, resume, beat_s),
                                        items, self.events)
@@ -227,7 +227,7 @@ class LongWork:
         log.warning("binding %s: the run stream to scheduler %s broke with %d item(s) running "
                     "(%s: did it die?); they run again once their leases run out (%gs), from "
                     "their last checkpoint", self.binding.name, call.address, len(left),
-                    message.error, self.binding.lease_s)
+                    message.error, self.binding.source.lease_s)
         return []
 
     def _checkpoint(self, call: StreamCall, message: Message) -> None:
@@ -245,7 +245,7 @@ class LongWork:
                 error = f"the queue could not store it: {exc}"
             else:
                 if held:
-                    run.expires_ms = time.time() * 1000 + self.binding.lease_s * 1000
+                    run.expires_ms = time.time() * 1000 + self.binding.source.lease_s * 1000
                 else:
                     error = "this item's lease ran out (it runs again elsewhere)"
                     self._lost([run], "not_held")
@@ -257,7 +257,7 @@ class LongWork:
     def _extend(self, alive: list[Run]) -> None:
         """Extend the leases of the items reported alive that are past a third of it."""
         now_ms = time.time() * 1000
-        lease_ms = self.binding.lease_s * 1000
+        lease_ms = self.binding.source.lease_s * 1000
         due = {run.item.id: run for run in alive
                if run.expires_ms - now_ms < lease_ms * EXTEND_WHEN_LEFT}
         if not due:

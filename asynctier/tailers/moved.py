@@ -177,8 +177,8 @@ class MovedTailer:
         self.runner = MovedQueueTailer(self.settings, b.moved_binding(self.queue_topic),
                                        self.client, self.options, queue=queue, hook=self.hook)
         log.info("binding %s: timeout %gs is above --queue-after %gs: records of %s move "
-                 "into queue topic %s/%s and run from there", b.name, b.timeout_s,
-                 b.queue_after_s, b.topic, b.tenant, self.queue_topic)
+                 "into queue topic %s/%s and run from there", b.name, b.execution.timeout_s,
+                 b.source.queue_after_s, b.source.topic, b.tenant, self.queue_topic)
         # The queue tailer runs under its own supervisor (loop ``<binding>:queue``) until
         # this run of the mover ends, whatever ends it: the binding's supervisor then
         # starts both again.

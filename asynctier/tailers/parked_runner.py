@@ -64,7 +64,7 @@ class ParkedSource:
         self.handoff = handoff
         self.stop = stop
         self.what = f"binding {binding.name}: parked keys"
-        self.topic = binding.topic
+        self.topic = binding.source.topic
         self.ran = 0
         self._stats_at = 0.0
 

@@ -76,7 +76,7 @@ class QueueSource:
         self.owner = owner
         self.stop = stop
         self.what = f"binding {binding.name}"
-        self.topic = binding.topic
+        self.topic = binding.source.topic
         self.namespace = binding.tenant
         self.stats: Counter[str] = Counter()
         self._quiet_until = 0.0
@@ -103,8 +103,8 @@ class QueueSource:
         self._woken.clear()  # a wake-up from now on leases again
         try:
             leased = self.queue.lease(self.namespace, self.topic, max_records,
-                                      self.binding.lease_s, self.owner,
-                                      max_attempts=self.binding.max_attempts)
+                                      self.binding.source.lease_s, self.owner,
+                                      max_attempts=self.binding.retries.max_attempts)
         except AsynctierError as exc:
             self._unavailable(exc)
             self._quiet_until = time.monotonic() + DOWN_RETRY_S
@@ -142,13 +142,13 @@ class QueueSource:
         """Extend the leases of ``ids`` by the binding's lease; those still held.
         AsynctierError when the queue cannot be reached."""
         return set(self.queue.extend_lease(self.namespace, self.topic, self.owner, ids,
-                                           self.binding.lease_s))
+                                           self.binding.source.lease_s))
 
     def save_checkpoint(self, item_id: str, state: bytes, kind: str) -> bool:
         """Store a checkpoint on the item's row, extending its lease; False when the lease
         is not held. AsynctierError when the queue cannot be reached."""
         return bool(self.queue.save_checkpoint(self.namespace, self.topic, self.owner,
-                                               item_id, state, kind, self.binding.lease_s))
+                                               item_id, state, kind, self.binding.source.lease_s))
 
     # -- resolving ------------------------------------------------------------------------
 
@@ -181,12 +181,12 @@ class QueueSource:
             deads.append(Dead(item.id, outcome["reason"] or wire.REJECTED, error))
             return "dead_letter"
         spends = outcome["spends_attempt"]
-        if spends and item.attempt >= binding.max_attempts:
+        if spends and item.attempt >= binding.retries.max_attempts:
             deads.append(Dead(item.id, wire.MAX_ATTEMPTS, error))
             return "dead_letter"
         after = outcome["after_s"]
         if after is None:
-            after = ladder_delay(item.attempt, binding.retry_ladder_s)
+            after = ladder_delay(item.attempt, binding.retries.ladder_s)
         nacks.append(Nack(item.id, after, spend_attempt=spends, error=error))
         return "retry"
 
@@ -223,7 +223,7 @@ class QueueTailer:
         self.source = source
         log.info("tailer for binding %s started: queue topic %s (namespace %s), lease %gs, "
                  "long work (outcomes streamed as items end)", self.binding.name,
-                 self.binding.topic, self.binding.tenant, self.binding.lease_s)
+                 self.binding.source.topic, self.binding.tenant, self.binding.source.lease_s)
         try:
             LongWork(source, self.client, self.options, self.hook).run(stop)
         finally:

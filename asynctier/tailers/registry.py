@@ -1,4 +1,4 @@
-"""Which tailer a binding gets: one entry per kind of source (``Binding.source_kind``).
+"""Which tailer a binding gets: one entry per kind of source (``Binding.source.kind``).
 
 Adding a kind of source is adding an entry here (and its source module, on one of the two
 contracts of :mod:`asynctier.tailers.source`); the scheduler, the loops and the manager do
@@ -37,9 +37,9 @@ def _kafka_prepare(settings: Settings, bindings: list[Binding]) -> None:
 
     ensure_binding_topics(settings, bindings)
     for binding in bindings:
-        if topic_partitions(admin(settings), binding.topic) is None:
+        if topic_partitions(admin(settings), binding.source.topic) is None:
             log.error("binding %s: topic %s does not exist; its tailer starts and waits "
-                      "for it (create the topic, or unbind)", binding.name, binding.topic)
+                      "for it (create the topic, or unbind)", binding.name, binding.source.topic)
 
 
 def _kafka_tailer(settings: Settings, binding: Binding, client: SchedulerClient,
@@ -72,13 +72,13 @@ SOURCES: dict[str, SourceKind] = {
 
 def kind_of(binding: Binding) -> SourceKind:
     """The source kind of ``binding`` (validated bindings name a known one)."""
-    return SOURCES[binding.source_kind]
+    return SOURCES[binding.source.kind]
 
 
 def prepare(settings: Settings, bindings: Iterable[Binding]) -> None:
     """Make what the tailers of ``bindings`` need, kind by kind."""
     by_kind: dict[str, list[Binding]] = {}
     for binding in bindings:
-        by_kind.setdefault(binding.source_kind, []).append(binding)
+        by_kind.setdefault(binding.source.kind, []).append(binding)
     for kind, group in by_kind.items():
         SOURCES[kind].prepare(settings, group)

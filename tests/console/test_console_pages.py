@@ -363,7 +363,7 @@ def test_tenants_page_sets_a_bindings_rate_and_cap_as_bind_stores_them(
                                                     "rate": "50", "concurrency": "4"})
         assert set_.status_code == 200
         stored = registry.load()["orders"]
-        assert (stored.rate_per_s, stored.max_concurrency) == (50.0, 4)
+        assert (stored.limits.rate_per_s, stored.limits.max_concurrency) == (50.0, 4)
         for bad in ({"rate": "-1"}, {"rate": "nan"}, {"concurrency": "0"},
                     {"concurrency": "1.5"}):
             form = {"csrf": csrf, "binding": "orders", **bad}
@@ -373,7 +373,7 @@ def test_tenants_page_sets_a_bindings_rate_and_cap_as_bind_stores_them(
         client.post("/tenants/limits", data={"csrf": csrf, "binding": "orders", "rate": "",
                                              "concurrency": ""})
         stored = registry.load()["orders"]
-        assert (stored.rate_per_s, stored.max_concurrency) == (None, None)
+        assert (stored.limits.rate_per_s, stored.limits.max_concurrency) == (None, None)
 
 
 def _quota_cell(page: str, tenant: str) -> str:

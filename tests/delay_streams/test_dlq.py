@@ -18,6 +18,7 @@ from asynctier.delay_streams.dlq import list_dead_letters
 from asynctier.delay_streams.handoff import Handoff, Parcel
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Retries, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.registry import BindingRegistry
 from tests.funcs import delay as delayfuncs
@@ -56,15 +57,17 @@ def cli(settings: Settings, scheduler: LocalScheduler | None, *args: str) -> Res
 def dead_letters(settings: Settings, name: str, docs: list[Any],
                  ladder: tuple[float, ...] = (1.0, 2.0, 4.0)) -> Binding:
     """Bind ``name`` and put one dead letter per doc (bytes as they are, others as JSON)."""
-    binding = Binding(name=name, topic=f"{settings.prefix}.src",
-                      function="tests.funcs.ledger:record", retry_ladder_s=ladder, max_attempts=3)
+    binding = Binding(name=name, source=Source("kafka", f"{settings.prefix}.src"),
+                      function="tests.funcs.ledger:record",
+                      retries=Retries(ladder_s=ladder, max_attempts=3))
     BindingRegistry(settings).put(binding)
     ensure_binding_topics(settings, [binding])
     handoff = Handoff(settings)
     for i, doc in enumerate(docs):
         value = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
         parcel = Parcel(value=value, key=f"k{i}".encode(), headers=[("trace", b"x")],
-                        origin=f"{binding.topic}/0/{i}", attempt=3, first_seen_ms=1_700_000_000_000)
+                        origin=f"{binding.source.topic}/0/{i}", attempt=3,
+                        first_seen_ms=1_700_000_000_000)
         handoff.dead_letter(binding, parcel, "max_attempts", f"boom {i}", 3)
     handoff.confirm()
     return binding

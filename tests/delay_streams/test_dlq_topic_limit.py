@@ -12,6 +12,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from asynctier.delay_streams.topics import MAX_MESSAGE_BYTES, ensure_binding_topics
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Retries, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.kafka import (
     DLQ_MAX_MESSAGE_BYTES,
@@ -34,7 +35,8 @@ def test_an_old_dead_letter_topic_is_raised_to_take_any_record(
         settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="asynctier.platform.kafka")
     client = admin(settings)
-    binding = Binding("old", "old-source", "tests.funcs.basic:noop", retry_ladder_s=(1.0,))
+    binding = Binding("old", Source("kafka", "old-source"), "tests.funcs.basic:noop",
+                      retries=Retries(ladder_s=(1.0,)))
     dlq = settings.names.dlq_topic(binding.name)
     ensure_topics(client, {dlq: (1, {LIMIT: str(MAX_MESSAGE_BYTES)})})  # as it used to be
     assert _limit(client, dlq) == MAX_MESSAGE_BYTES

@@ -15,6 +15,7 @@ from asynctier.delay_streams import handoff as handoff_module
 from asynctier.delay_streams.handoff import Handoff, parcel_from_message
 from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Retries, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import HandoffError
 from asynctier.platform.wire import Outcome, failed, ok, retry
@@ -134,7 +135,8 @@ def test_a_failing_record_too_large_for_a_delay_topic_is_a_dead_letter_kept_whol
     """Not retried (a delay topic would refuse it at every try, and the binding would wait
     behind it): written whole to the dead-letter topic, reason ``too_large``, with the
     function's error; the small records of the same batch go to the delay topic."""
-    binding = Binding("b", "orders", "tests.funcs.basic:record", retry_ladder_s=(1.0,))
+    binding = Binding("b", Source("kafka", "orders"), "tests.funcs.basic:record",
+                      retries=Retries(ladder_s=(1.0,)))
     messages = [_Msg(0, None), _Msg(1, None, pad=30_000), _Msg(2, [("trace", b"t")], 30_000)]
     outcomes = [retry(i, "RuntimeError: boom") for i in range(3)]
     recorder = _Recorder()
@@ -159,8 +161,8 @@ def test_a_failing_record_too_large_for_a_delay_topic_is_a_dead_letter_kept_whol
 
 def _compare(rows: list[tuple[Any, str, int]], max_attempts: int, with_origins: bool = False,
              full: bool = False, with_size: bool = False) -> None:
-    binding = Binding("b", "orders", "tests.funcs.basic:record",
-                      retry_ladder_s=(1.0, 2.0, 4.0), max_attempts=max_attempts)
+    binding = Binding("b", Source("kafka", "orders"), "tests.funcs.basic:record",
+                      retries=Retries(ladder_s=(1.0, 2.0, 4.0), max_attempts=max_attempts))
     messages = [_Msg(i, headers, pad) for i, (headers, _, pad) in enumerate(rows)]
     outcomes = [_outcome(kind, i) for i, (_, kind, _) in enumerate(rows)]
 
@@ -195,7 +197,8 @@ def test_a_cycle_writes_a_delay_topic_to_one_partition_and_the_next_cycle_to_the
     the next one, round the partitions; the broker is asked the count once."""
     recorder = _Recorder(partitions=3)
     handoff = Handoff(Settings(), producer=recorder)  # type: ignore[arg-type]
-    binding = Binding("b", "orders", "tests.funcs.basic:record", retry_ladder_s=(1.0,))
+    binding = Binding("b", Source("kafka", "orders"), "tests.funcs.basic:record",
+                      retries=Retries(ladder_s=(1.0,)))
     messages = [_Msg(i, None) for i in range(10)]  # every other one with a key
     seen = []
     for _ in range(4):
@@ -218,7 +221,8 @@ def test_a_cycle_writes_a_delay_topic_to_one_partition_and_the_next_cycle_to_the
 def test_a_count_the_broker_cannot_tell_leaves_records_to_the_client() -> None:
     recorder = _Recorder(partitions=None)
     handoff = Handoff(Settings(), producer=recorder)  # type: ignore[arg-type]
-    binding = Binding("b", "orders", "tests.funcs.basic:record", retry_ladder_s=(1.0,))
+    binding = Binding("b", Source("kafka", "orders"), "tests.funcs.basic:record",
+                      retries=Retries(ladder_s=(1.0,)))
     for _ in range(3):
         handoff.resolve_messages(binding, [_Msg(i, None) for i in range(5)],
                                  [retry(i, "E: x") for i in range(5)])
@@ -232,7 +236,8 @@ def test_a_failed_confirm_asks_the_broker_again() -> None:
     not delivered, the count is asked again before the records are produced again."""
     recorder = _Recorder(partitions=8)
     handoff = Handoff(Settings(), producer=recorder)  # type: ignore[arg-type]
-    binding = Binding("b", "orders", "tests.funcs.basic:record", retry_ladder_s=(1.0,))
+    binding = Binding("b", Source("kafka", "orders"), "tests.funcs.basic:record",
+                      retries=Retries(ladder_s=(1.0,)))
     handoff.resolve_messages(binding, [_Msg(0, None)], [retry(0, "E: x")])
     recorder.fail_next_confirm = True
     try:

@@ -11,6 +11,7 @@ from typing import Any
 from asynctier.delay_streams.handoff import Handoff
 from asynctier.delay_streams.topics import DELAY_PARTITIONS, ensure_binding_topics
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Retries, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.kafka import ConfirmingProducer
 from asynctier.platform.wire import retry
@@ -46,8 +47,8 @@ class _Read:
 
 
 def test_each_cycle_of_keyed_records_goes_to_one_partition(settings: Settings) -> None:
-    binding = Binding("orders", f"{settings.prefix}.src", "tests.funcs.basic:record",
-                      retry_ladder_s=(30.0,))
+    binding = Binding("orders", Source("kafka", f"{settings.prefix}.src"),
+                      "tests.funcs.basic:record", retries=Retries(ladder_s=(30.0,)))
     ensure_binding_topics(settings, [binding])
     handoff = Handoff(settings)
     cycles = 3

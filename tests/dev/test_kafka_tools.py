@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from asynctier.cli import main
 from asynctier.dev.stack import KAFKA_BIN
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.registry import BindingRegistry
 
@@ -76,7 +77,8 @@ def test_kafka_reassign_partitions_executes_and_verifies(
 def test_consumer_groups_describe_shows_the_lag_asynctier_lag_shows(
         settings: Settings, unique_topic: Callable[..., str]) -> None:
     topic = unique_topic(2)
-    BindingRegistry(settings).put(Binding(name="orders", topic=topic, function="m:f"))
+    BindingRegistry(settings).put(Binding(name="orders", source=Source("kafka", topic),
+                                          function="m:f"))
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
     for i in range(20):
         producer.produce(topic, b"{}", partition=i % 2)

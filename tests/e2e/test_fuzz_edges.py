@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from asynctier.platform import stream, wire
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Execution, Payload, Source
 from asynctier.platform.binding_source import StaticBindings
 from asynctier.platform.config import Settings
 from asynctier.platform.replies import read_outcomes
@@ -158,9 +159,10 @@ def _status(call: Callable[[], Any]) -> grpc.StatusCode:
 
 @pytest.fixture(scope="module")
 def scheduler(kafka_bootstrap: str, redis_url: str) -> Iterator[tuple[str, grpc.Channel]]:
-    bindings = [Binding("fz", "fz", "tests.funcs.basic:noop", timeout_s=5.0),
-                Binding("fzb", "fzb", "tests.funcs.basic:noop", format="bytes",
-                        timeout_s=5.0)]
+    bindings = [Binding("fz", Source("kafka", "fz"), "tests.funcs.basic:noop",
+                        execution=Execution(timeout_s=5.0)),
+                Binding("fzb", Source("kafka", "fzb"), "tests.funcs.basic:noop",
+                        payload=Payload(format="bytes"), execution=Execution(timeout_s=5.0))]
     with running_scheduler(_settings(kafka_bootstrap, redis_url), bindings) as sched, \
             grpc.insecure_channel(sched.address, options=[
                 ("grpc.max_send_message_length", 2 * MAX_MESSAGE)]) as channel:
@@ -237,10 +239,9 @@ def submitter(kafka_bootstrap: str, redis_url: str,
               postgres: str) -> Iterator[grpc.Channel]:
     settings = _settings(kafka_bootstrap, redis_url).with_overrides(queue_shards=(postgres,))
     tenant = settings.prefix
-    bindings = [Binding("q", "fuzz", "tests.faults.funcs:run", tenant=tenant,
-                        source_kind="queue"),
-                Binding("qb", "fuzzb", "tests.faults.funcs:run", tenant=tenant,
-                        source_kind="queue", format="bytes", max_payload_bytes=64)]
+    bindings = [Binding("q", Source("queue", "fuzz"), "tests.faults.funcs:run", tenant=tenant),
+                Binding("qb", Source("queue", "fuzzb"), "tests.faults.funcs:run", tenant=tenant,
+                        payload=Payload(format="bytes", max_bytes=64))]
     stop, ready = threading.Event(), threading.Event()
     address: list[str] = []
 

@@ -21,6 +21,7 @@ from asynctier.delay_streams import release
 from asynctier.delay_streams.handoff import Parcel
 from asynctier.platform import calls as calls_module
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.registry import BindingRegistry
 from asynctier.platform.rpc import SchedulerClient
@@ -36,7 +37,7 @@ PAD = 9_000  # each record's JSON is a little over 9 kB: 5 fit under the cap
 
 def _entries(sizes: list[tuple[int, int]]) -> list[release.Entry]:
     """One entry per (value size, header size)."""
-    binding = Binding("big", "big", "tests.faults.funcs:run")
+    binding = Binding("big", Source("kafka", "big"), "tests.faults.funcs:run")
     return [release.make_entry(
         i, binding, Parcel(b"x" * size, None, [("trace", b"h" * extra)] if extra else [],
                            f"big/0/{i}", 1, 0), f"big/0/{i}")
@@ -209,5 +210,6 @@ def test_a_call_too_large_to_send_is_answered_at_once_every_item_failed(
 
     handoff = Handoff(Settings(), Producer_())  # type: ignore[arg-type]
     parcel = Parcel(b"x" * 6000, None, [], "big/0/7", 1, 0)
-    assert handoff.resolve(Binding("big", "big", "m:f"), parcel, outcome) == "dead_letter"
+    big = Binding("big", Source("kafka", "big"), "m:f")
+    assert handoff.resolve(big, parcel, outcome) == "dead_letter"
     assert dict(written[0][1])["asynctier.reason"] == TOO_LARGE.encode()

@@ -12,6 +12,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from asynctier.dev import redis_cluster
 from asynctier.dev.redis_cluster import RedisClusterNodes
 from asynctier.dev.testing import start_test_redis_cluster
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
 from asynctier.platform.membership import live_members
@@ -36,7 +38,8 @@ from tests.conftest import service_unavailable
 from tests.helpers import MinuteClock
 from tests.scheduler.test_limits_redis import make_items
 
-BASE = Binding(name="orders", topic="orders", function="app.jobs:handle", tenant="acme")
+BASE = Binding(name="orders", source=Source("kafka", "orders"), function="app.jobs:handle",
+               tenant="acme")
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +85,7 @@ def test_a_cluster_url_names_its_nodes(cluster: RedisClusterNodes) -> None:
 
 
 def test_rate_limit_holds_on_the_cluster(csettings: Settings) -> None:
-    binding = BASE.with_changes(rate_per_s=400.0)  # burst 400
+    binding = BASE.with_changes(limits=replace(BASE.limits, rate_per_s=400.0))  # burst 400
 
     async def scenario() -> float:
         a, b = RedisAdmission(csettings), RedisAdmission(csettings)
@@ -117,7 +120,7 @@ def test_quota_charges_once_on_the_cluster(csettings: Settings) -> None:
 
 
 def test_concurrency_cap_holds_across_two_schedulers_on_the_cluster(csettings: Settings) -> None:
-    binding = BASE.with_changes(max_concurrency=2)
+    binding = BASE.with_changes(limits=replace(BASE.limits, max_concurrency=2))
 
     async def scenario() -> int:
         a, b = RedisAdmission(csettings), RedisAdmission(csettings)
@@ -142,7 +145,7 @@ def test_concurrency_cap_holds_across_two_schedulers_on_the_cluster(csettings: S
 
 
 def test_run_once_holds_on_the_cluster(csettings: Settings) -> None:
-    guarded = BASE.with_changes(idempotent=False)
+    guarded = BASE.with_changes(execution=replace(BASE.execution, idempotent=False))
     batch = make_items(["orders/1/1", "orders/1/2", "orders/1/3"])
 
     async def scenario() -> list[str]:
@@ -224,7 +227,7 @@ def test_run_once_comes_back_on_the_replica_that_took_over_a_killed_master(
     except ServiceError as exc:
         service_unavailable("a Redis Cluster", exc)
     settings = Settings(redis_url=nodes.url, prefix=f"t{uuid.uuid4().hex[:10]}")
-    guarded = BASE.with_changes(idempotent=False)
+    guarded = BASE.with_changes(execution=replace(BASE.execution, idempotent=False))
     before = [f"orders/0/{i}" for i in range(500)]
     after = [f"orders/1/{i}" for i in range(50)]
 

@@ -36,6 +36,7 @@ from asynctier.dev.certs import write_certs
 from asynctier.dev.process import TlsFiles
 from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Payload, PayloadFormat, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import BindingError, DecodeError, SchemaRegistryUnavailable
 from asynctier.platform.framed import RegistryClients, schema_id_of
@@ -132,12 +133,11 @@ def _proto_serializer(url: str, version: int) -> Callable[[dict[str, Any], str],
     return write
 
 
-def _binding(topic: str, url: str, fmt: str = "avro", reader: dict[str, Any] | None = None,
-             **more: Any) -> Binding:
-    return Binding(name=f"b{abs(hash(topic)) % 10_000}", topic=topic,
-                   function="tests.funcs.shapes:keep", format=fmt,  # type: ignore[arg-type]
-                   schema=None if reader is None else json.dumps(reader),
-                   schema_registry=url, **more)
+def _binding(topic: str, url: str, fmt: PayloadFormat = "avro",
+             reader: dict[str, Any] | None = None) -> Binding:
+    return Binding(f"b{abs(hash(topic)) % 10_000}", Source("kafka", topic),
+                   "tests.funcs.shapes:keep",
+                   payload=Payload(fmt, None if reader is None else json.dumps(reader), url))
 
 
 # --------------------------------------------------------------------------- the decoder
@@ -248,19 +248,23 @@ def test_the_submitter_accepts_while_the_registry_is_out_and_refuses_unframed() 
 
 def test_a_binding_names_its_registry_with_a_registry_format() -> None:
     with pytest.raises(BindingError, match="--schema-registry is for --format avro"):
-        Binding("b", "t", "m:f", format="json",
-                schema_registry="http://r/apis/ccompat/v7").validate()
+        Binding("b", Source("kafka", "t"), "m:f",
+                payload=Payload(format="json",
+                                schema_registry="http://r/apis/ccompat/v7")).validate()
     with pytest.raises(BindingError, match="needs --schema-registry"):
-        Binding("b", "t", "m:f", format="jsonschema").validate()
+        Binding("b", Source("kafka", "t"), "m:f", payload=Payload(format="jsonschema")).validate()
     with pytest.raises(BindingError, match="is not an http"):
-        Binding("b", "t", "m:f", format="avro", schema_registry="ftp://x").validate()
+        Binding("b", Source("kafka", "t"), "m:f",
+                payload=Payload(format="avro", schema_registry="ftp://x")).validate()
     with pytest.raises(BindingError, match="--format protobuf needs --schema-registry"):
-        Binding("b", "t", "m:f", format="protobuf").validate()
+        Binding("b", Source("kafka", "t"), "m:f", payload=Payload(format="protobuf")).validate()
     with pytest.raises(BindingError, match="--schema is only for --format avro"):
-        Binding("b", "t", "m:f", format="protobuf", schema="{}",
-                schema_registry="http://r/x").validate()
+        Binding("b", Source("kafka", "t"), "m:f",
+                payload=Payload(format="protobuf", schema="{}",
+                                schema_registry="http://r/x")).validate()
     for fmt in ("avro", "protobuf"):
-        kept_binding = Binding("b", "t", "m:f", format=fmt, schema_registry="http://r/x")
+        kept_binding = Binding("b", Source("kafka", "t"), "m:f",
+                               payload=Payload(format=fmt, schema_registry="http://r/x"))
         assert Binding.decode(kept_binding.encode()) == kept_binding
 
 

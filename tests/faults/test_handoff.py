@@ -23,6 +23,7 @@ from asynctier.delay_streams.topics import (
     ensure_binding_topics,
 )
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Retries, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.kafka import topic_partitions
 from tests.faults.checker import Report, read_ledger, succeeded
@@ -116,7 +117,8 @@ def test_missing_delay_topic_blocks_commits_until_it_is_back(
     group = settings.names.group("orders")
     committed, end = committed_vs_end(settings, group, topic)
     assert committed < end
-    binding = Binding(name="orders", topic=topic, function=FUNCTION, retry_ladder_s=(1.0, 2.0))
+    binding = Binding(name="orders", source=Source("kafka", topic), function=FUNCTION,
+                      retries=Retries(ladder_s=(1.0, 2.0)))
 
     def recreated() -> bool:
         ensure_binding_topics(settings, [binding])

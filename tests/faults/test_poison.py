@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.names import (
     H_ATTEMPT,
@@ -91,7 +92,8 @@ def _scenario(plat: FaultPlatform, settings: Settings, unique_topic: Callable[..
     fn_topic = unique_topic(1)
     _produce(settings, fn_topic, [(b"f1", b'{"id": -1}')])
     plat.cli("bind", "missing-fn", "--topic", fn_topic, "--function", "tests.faults.funcs:nope")
-    outside = Binding(name="outside", topic=fn_topic, function="tests.funcs.evil:run")
+    outside = Binding(name="outside", source=Source("kafka", fn_topic),
+                      function="tests.funcs.evil:run")
     ensure_binding_topics(settings, [outside])
     BindingRegistry(settings).put(outside)  # written by someone whose config allows more
     _garbage_bindings(settings)
@@ -145,7 +147,7 @@ def _garbage_bindings(settings: Settings) -> None:
         (b"garbage", b"\x00\xff\x13 not a binding"),
         (b"\xff\xfe", b"\x02\x04"),
         (None, b"no key at all"),
-        (b"truncated", Binding(name="truncated", topic="x",
+        (b"truncated", Binding(name="truncated", source=Source("kafka", "x"),
                                function="tests.faults.funcs:run").encode()[:7]),
     ])
 

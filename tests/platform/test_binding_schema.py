@@ -5,22 +5,49 @@ from __future__ import annotations
 
 import io
 import json
+import re
+from dataclasses import replace
 from importlib import resources
 
 import fastavro
 import pytest
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import (
+    Breaker,
+    Deadlines,
+    Execution,
+    Limits,
+    Payload,
+    Retries,
+    Source,
+)
+from asynctier.platform.errors import BindingError
 from asynctier.platform.schemas import MAGIC, decode_stored, history, load_schema
 
-SAMPLE = Binding("orders", "orders-in", "tests.faults.funcs:run", tenant="shop",
-                 rate_per_s=50.0, max_attempts=3, retry_ladder_s=(1.0, 2.0))
+SAMPLE = Binding("orders", Source("kafka", "orders-in"), "tests.faults.funcs:run", tenant="shop",
+                 limits=Limits(rate_per_s=50.0),
+                 retries=Retries(max_attempts=3, ladder_s=(1.0, 2.0)))
 
 
 def _written_with(schema: object, binding: Binding) -> bytes:
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, schema, binding.to_record())
     return buf.getvalue()
+
+#: Every setting away from its default, and the bytes the release before the feature groups
+#: wrote for it (then a binding was one flat dataclass).
+EVERY = Binding("orders", Source("kafka", "orders-in"), "tests.faults.funcs:run", tenant="shop",
+                priority="urgent", payload=Payload(max_bytes=1000),
+                limits=Limits(50.0, 7, 3, "fail_closed"), retries=Retries(3, (1.0, 2.0)),
+                breaker=Breaker(0.5, 45.0), execution=Execution(12.0, "process", True, "key"),
+                deadlines=Deadlines(7200.0, 9000.0, True), created_ms=123)
+FLAT_BYTES = bytes.fromhex(
+    "c3012731b6f3884c89df0c6f72646572730a6b61666b61126f72646572732d696e0000000000003e"
+    "400000000000004e402c74657374732e6661756c74732e66756e63733a72756e0873686f70000000"
+    "00020000000000004940020e020606000000000000284004000000000000f03f0000000000000040"
+    "0001020202d00ff60102000000000020bc4002000000000094c14002000000000000e03f00000000"
+    "008046400201")
 
 
 def test_the_current_binding_schema_is_in_the_history() -> None:
@@ -68,3 +95,49 @@ def test_the_first_version_lacks_the_newer_fields() -> None:
 
 def _mark(parsed: object) -> bytes:
     return next(k for k, v in history("binding").items() if v == parsed and k)
+
+
+def test_the_groups_write_the_bytes_the_flat_binding_wrote() -> None:
+    """Grouping the settings is a view: the stored record, and so the bindings topic and a
+    process worker's copy, are byte for byte what the flat binding wrote."""
+    assert EVERY.validate().encode() == FLAT_BYTES
+    assert Binding.decode(FLAT_BYTES) == EVERY
+
+
+def test_the_json_view_keeps_the_flat_keys() -> None:
+    """``asynctier bindings --json`` shows the stored record: its keys did not change."""
+    doc = EVERY.to_json()
+    assert sorted(doc) == [
+        "breaker_ratio", "breaker_window_s", "burst", "created_ms", "defer_when_busy",
+        "expire_after_s", "format", "function", "idempotent", "isolation", "max_attempts",
+        "max_concurrency", "max_payload_bytes", "name", "ordering", "priority", "rate_per_s",
+        "redis_policy", "retry_ladder", "retry_ladder_s", "schema", "schema_registry",
+        "source", "start_within_s", "tenant", "timeout_s"]
+    assert doc["source"] == {"kind": "kafka", "topic": "orders-in", "lease_s": 30.0,
+                             "queue_after_s": 60.0}
+    assert (doc["max_payload_bytes"], doc["retry_ladder"]) == (1000, "1s,2s")
+    assert json.loads(json.dumps(doc)) == doc
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"source": Source("lake", "t")}, "source: source kind 'lake' is not supported"),
+    ({"payload": Payload(max_bytes=0)}, "max payload: max payload 0 bytes is out of range"),
+    ({"limits": Limits(burst=0)}, "burst: burst 0 is out of range"),
+    ({"retries": Retries(ladder_s=(60.0, 30.0))}, "retry ladder: the retry ladder must"),
+    ({"breaker": Breaker(ratio=1.5)}, "breaker: --breaker 150%"),
+    ({"execution": Execution(timeout_s=0)}, "timeout: timeout 0s is out of range"),
+    ({"deadlines": Deadlines(defer_when_busy=True)}, "defer when busy: --defer-when-busy"),
+])
+def test_each_group_checks_its_own_fields(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(BindingError, match=re.escape(message)):
+        SAMPLE.with_changes(**changes).validate()
+
+
+def test_a_changed_schema_is_parsed_anew() -> None:
+    """The parsed schema is kept with the payload it was parsed from, never carried over."""
+    one = json.dumps({"type": "record", "name": "A", "fields": [{"name": "a", "type": "int"}]})
+    two = json.dumps({"type": "record", "name": "B", "fields": [{"name": "b", "type": "int"}]})
+    avro = SAMPLE.with_changes(payload=Payload("avro", one))
+    assert avro.payload.parsed_schema()["name"] == "A"
+    changed = avro.with_changes(payload=replace(avro.payload, schema=two))
+    assert changed.payload.parsed_schema()["name"] == "B"

@@ -17,6 +17,7 @@ from prometheus_client import REGISTRY
 from asynctier.cli import main
 from asynctier.cli.lag import format_age
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Retries, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.lag import (
     LagCollector,
@@ -64,8 +65,10 @@ def test_delay_intervals_come_from_topic_names_shortest_first() -> None:
 
 def test_targets_for_one_binding_keep_its_ladder_and_dead_letters() -> None:
     names = Names("p")
-    a = Binding(name="a", topic="ta", function="m:f", retry_ladder_s=(30.0, 60.0))
-    b = Binding(name="b", topic="tb", function="m:f", retry_ladder_s=(300.0,))
+    a = Binding(name="a", source=Source("kafka", "ta"), function="m:f",
+                retries=Retries(ladder_s=(30.0, 60.0)))
+    b = Binding(name="b", source=Source("kafka", "tb"), function="m:f",
+                retries=Retries(ladder_s=(300.0,)))
     topics = ["ta", "tb", "p.delay.30s", "p.delay.1m", "p.delay.5m", "p.dlq.a"]
     every = targets_for(names, [a, b], topics)
     assert [(t.kind, t.name) for t in every] == [
@@ -138,7 +141,8 @@ def _cli_lag(settings: Settings, *args: str) -> list[dict[str, Any]]:
 def test_lag_json_shows_committed_end_lag_and_seconds_per_partition(
         settings: Settings, unique_topic: Callable[..., str]) -> None:
     topic = unique_topic(partitions=3)
-    BindingRegistry(settings).put(Binding(name="orders", topic=topic, function="m:f"))
+    BindingRegistry(settings).put(Binding(name="orders", source=Source("kafka", topic),
+                                          function="m:f"))
     hour_ago_ms = int(time.time() * 1000) - 3_600_000
     _produce(settings.kafka_bootstrap, topic, 30, 3, timestamp_ms=hour_ago_ms)
     group = settings.names.group("orders")
@@ -158,7 +162,8 @@ def test_lag_json_shows_committed_end_lag_and_seconds_per_partition(
 def test_lag_grows_with_production_and_shrinks_to_zero_once_committed(
         settings: Settings, unique_topic: Callable[..., str]) -> None:
     topic = unique_topic(partitions=2)
-    BindingRegistry(settings).put(Binding(name="clicks", topic=topic, function="m:f"))
+    BindingRegistry(settings).put(Binding(name="clicks", source=Source("kafka", topic),
+                                          function="m:f"))
     group = settings.names.group("clicks")
 
     def total() -> int:
@@ -182,8 +187,8 @@ def test_delay_and_dead_letter_topics_have_their_own_rows(
     source = unique_topic(partitions=1)
     delay = unique_topic(partitions=2, name=names.delay_topic("30s"))
     dlq = unique_topic(partitions=1, name=names.dlq_topic("pay"))
-    BindingRegistry(settings).put(Binding(name="pay", topic=source, function="m:f",
-                                          retry_ladder_s=(30.0, 60.0)))
+    BindingRegistry(settings).put(Binding(name="pay", source=Source("kafka", source),
+                                          function="m:f", retries=Retries(ladder_s=(30.0, 60.0))))
     _produce(settings.kafka_bootstrap, delay, 5, 2)
     _produce(settings.kafka_bootstrap, dlq, 3, 1)
     _commit(settings.kafka_bootstrap, names.delay_group("30s"), [TopicPartition(delay, 0, 2)])
@@ -206,8 +211,8 @@ def test_two_groups_on_one_topic_each_get_their_own_age(
     for age_s in (600, 300, 60):
         producer.produce(topic, b"{}", timestamp=now_ms - age_s * 1000)
     assert producer.flush(30) == 0
-    a = Binding(name="a", topic=topic, function="m:f")
-    b = Binding(name="b", topic=topic, function="m:f")
+    a = Binding(name="a", source=Source("kafka", topic), function="m:f")
+    b = Binding(name="b", source=Source("kafka", topic), function="m:f")
     _commit(settings.kafka_bootstrap, settings.names.group("b"), [TopicPartition(topic, 0, 2)])
     reader = LagReader(settings)
     try:
@@ -227,7 +232,7 @@ def test_collector_exports_gauges_and_drops_removed_bindings(
     delay = unique_topic(partitions=1, name=names.delay_topic("1m"))
     _produce(settings.kafka_bootstrap, topic, 7, 2)
     _produce(settings.kafka_bootstrap, delay, 4, 1)
-    bindings = {"c": Binding(name="c", topic=topic, function="m:f")}
+    bindings = {"c": Binding(name="c", source=Source("kafka", topic), function="m:f")}
     collector = LagCollector(settings, lambda: dict(bindings), delay=True, interval_s=0.2)
     collector.start()
     group = names.group("c")
@@ -318,7 +323,7 @@ def test_watch_json_prints_one_document_per_read(
     import sys
 
     topic = unique_topic(partitions=1)
-    BindingRegistry(settings).put(Binding(name="w", topic=topic, function="m:f"))
+    BindingRegistry(settings).put(Binding(name="w", source=Source("kafka", topic), function="m:f"))
     env = dict(os.environ, ASYNCTIER_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
                ASYNCTIER_PREFIX=settings.prefix, ASYNCTIER_CONFIG="")
     proc = subprocess.Popen([sys.executable, "-m", "asynctier", "lag", "--watch", "--json",

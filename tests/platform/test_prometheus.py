@@ -24,6 +24,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.registry import BindingRegistry
 from tests.helpers import wait_until
@@ -116,7 +117,8 @@ def query(url: str, promql: str) -> dict[tuple[str, ...], float]:
 def test_prometheus_scrapes_lag_in_records_and_seconds(
         settings: Settings, unique_topic: Callable[..., str], prometheus: str) -> None:
     topic = unique_topic(partitions=2)
-    BindingRegistry(settings).put(Binding(name="orders", topic=topic, function="m:f"))
+    BindingRegistry(settings).put(Binding(name="orders", source=Source("kafka", topic),
+                                          function="m:f"))
     group = settings.names.group("orders")
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
     ten_min_ago_ms = int(time.time() * 1000) - 600_000

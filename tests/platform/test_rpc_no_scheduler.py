@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import SchedulerUnavailable
 from asynctier.platform.rpc import SchedulerClient
@@ -16,7 +17,7 @@ from asynctier.platform.wire import Outcome
 from tests.helpers import wait_until
 from tests.scheduler_harness import items, running_scheduler
 
-NOOP = Binding("noop", "noop", "tests.funcs.basic:noop")
+NOOP = Binding("noop", Source("kafka", "noop"), "tests.funcs.basic:noop")
 
 
 def test_a_batch_sent_while_no_scheduler_is_known_runs_once_one_registers(

@@ -19,6 +19,7 @@ from asynctier.cli import main
 from asynctier.dev.certs import CertFiles, write_certs
 from asynctier.platform import rpc, wire
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.binding_source import StaticBindings
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ConfigError, SchedulerUnavailable
@@ -28,7 +29,7 @@ from asynctier.scheduler import run_scheduler
 from tests.funcs import basic
 from tests.scheduler_harness import items, running_scheduler
 
-RECORD = Binding("rec", "rec", "tests.funcs.basic:record")
+RECORD = Binding("rec", Source("kafka", "rec"), "tests.funcs.basic:record")
 
 
 @pytest.fixture(scope="module")

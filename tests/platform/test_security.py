@@ -22,6 +22,15 @@ from asynctier.cli import main
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.allowlist import check_function_allowed
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import (
+    Breaker,
+    Deadlines,
+    Execution,
+    Limits,
+    Payload,
+    Retries,
+    Source,
+)
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ModuleNotAllowed
 from asynctier.platform.kafka import admin, ensure_topics
@@ -93,7 +102,7 @@ def test_dangerous_functions_refused_at_bind_and_at_run_time(
         done = plat.cli("bind", f"evil{n}", "--topic", topic, "--function", path, check=False)
         assert done.returncode != 0 and "module not allowed" in done.stderr, done.stderr
     # Written by someone who skipped the CLI: the scheduler refuses them again.
-    evil = [Binding(name=f"evil{n}", topic=topic, function=path)
+    evil = [Binding(name=f"evil{n}", source=Source("kafka", topic), function=path)
             for n, path in enumerate(("os:system", "builtins:eval", "subprocess:run"))]
     ensure_binding_topics(settings, evil)
     for binding in evil:
@@ -116,7 +125,9 @@ def test_dangerous_functions_refused_at_bind_and_at_run_time(
 
 
 def test_a_binding_has_no_field_for_client_properties() -> None:
-    fields = {f.name for f in dataclasses.fields(Binding)}
+    fields = {f.name for f in dataclasses.fields(Binding)} | {
+        f.name for g in (Source, Payload, Limits, Retries, Breaker, Execution, Deadlines)
+        for f in dataclasses.fields(g)}
     schema = json.loads(Path("schemas/binding.avsc").read_text())
     names = {f["name"] for f in schema["fields"]}
     for word in ("kafka", "config", "properties", "sasl", "ssl", "plugin", "librdkafka"):

@@ -16,6 +16,7 @@ import pytest
 
 from asynctier.platform import rpc
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import SchedulerUnavailable
 from asynctier.platform.rpc import SchedulerClient
@@ -24,7 +25,7 @@ from asynctier.platform.wire import encode_items, fingerprint, wire_version
 from tests.funcs import basic
 from tests.scheduler_harness import items, running_scheduler
 
-NOOP = Binding("noop", "noop", "tests.funcs.basic:noop")
+NOOP = Binding("noop", Source("kafka", "noop"), "tests.funcs.basic:noop")
 
 
 def test_the_version_follows_the_schemas_docs_included() -> None:
@@ -102,7 +103,7 @@ def test_during_an_upgrade_a_batch_goes_to_a_scheduler_of_its_own_version(
     each item once."""
     caplog.set_level(logging.ERROR)
     basic.reset()
-    recorded = Binding("recorded", "recorded", "tests.funcs.basic:record")
+    recorded = Binding("recorded", Source("kafka", "recorded"), "tests.funcs.basic:record")
     other = grpc.server(futures.ThreadPoolExecutor(max_workers=1))  # serves no method of ours
     port = other.add_insecure_port("127.0.0.1:0")
     other.start()

@@ -17,6 +17,7 @@ from prometheus_client import REGISTRY
 from asynctier.cli import main
 from asynctier.dev import free_port
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.registry import BindingRegistry
 from asynctier.queue.backlog import QueueDepthCollector, read_backlog
@@ -28,8 +29,8 @@ from tests.helpers import wait_until
 
 
 def _bind(settings: Settings, name: str, topic: str, namespace: str) -> Binding:
-    binding = Binding(name=name, topic=topic, function="m:f", tenant=namespace,
-                      source_kind="queue").validate()
+    binding = Binding(name=name, source=Source("queue", topic), function="m:f",
+                      tenant=namespace).validate()
     BindingRegistry(settings).put(binding)
     return binding
 
@@ -130,9 +131,8 @@ def test_the_collector_exports_depth_by_state_and_drops_removed_bindings(
         settings: Settings, postgres: str, queue_store: QueueStore,
         queue_namespace: str) -> None:
     ns = queue_namespace
-    binding = Binding(name="depth", topic="depth", function="m:f", tenant=ns,
-                      source_kind="queue")
-    kafka = Binding(name="stream", topic="stream", function="m:f")
+    binding = Binding(name="depth", source=Source("queue", "depth"), function="m:f", tenant=ns)
+    kafka = Binding(name="stream", source=Source("kafka", "stream"), function="m:f")
     bindings = {"depth": binding, "stream": kafka}
     _enqueue(queue_store, ns, "depth", 6)
     _enqueue(queue_store, ns, "depth", 2, delay_s=3600)
@@ -160,8 +160,8 @@ def test_the_collector_exports_depth_by_state_and_drops_removed_bindings(
 
 def test_backlog_rows_of_a_down_shard_carry_its_error(queue_namespace: str) -> None:
     nowhere = f"postgresql://asynctier@127.0.0.1:{free_port()}/asynctier"
-    bindings = [Binding(name=f"b{i}", topic=f"t{i}", function="m:f", tenant=queue_namespace,
-                        source_kind="queue") for i in range(3)]
+    bindings = [Binding(name=f"b{i}", source=Source("queue", f"t{i}"), function="m:f",
+                        tenant=queue_namespace) for i in range(3)]
     with ShardedQueue([nowhere], timeout_s=1.0) as queue:
         started = time.monotonic()
         rows = read_backlog(queue, bindings)
@@ -186,8 +186,8 @@ def test_items_leased_again_after_their_lease_ran_out_are_counted(
                         nacks=[Nack(first[0].id, 0.0)])  # given back: not an expiry
     wait_until(lambda: queue_store.counts(ns, "expiring")[0].leased == 0, 10,
                "the other two leases ran out (by the database's clock)")
-    binding = Binding(name="exp", topic="expiring", function="m:f", tenant=ns,
-                      source_kind="queue", lease_s=30.0)
+    binding = Binding(name="exp", source=Source("queue", "expiring", lease_s=30.0), function="m:f",
+                      tenant=ns)
     before = _expiries("exp", ns)
     with ShardedQueue([postgres]) as queue:
         source = QueueSource(binding, queue, "tailer", threading.Event())

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.supervise import RestartPolicy
 from asynctier.queue import NewItem, QueueStore, wakeups
 from asynctier.queue.shards import ShardedQueue
@@ -54,8 +55,8 @@ def test_the_tailer_leases_as_soon_as_an_item_is_enqueued(
     """With the poll set to 30 s, an idle source still leases an item within a second of
     its enqueue: the notification woke it."""
     monkeypatch.setattr(queue_tailer, "IDLE_POLL_S", 30.0)
-    binding = Binding(name="prompt", topic="prompt", function="m:f", tenant=queue_namespace,
-                      source_kind="queue")
+    binding = Binding(name="prompt", source=Source("queue", "prompt"), function="m:f",
+                      tenant=queue_namespace)
     with ShardedQueue([postgres]) as queue:
         source = QueueSource(binding, queue, "tailer", threading.Event())
         try:

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Execution, Source
 from asynctier.platform.wire import Item, Outcome
 from asynctier.scheduler import FunctionResolver
 from asynctier.scheduler import runtime as runtime_module
@@ -53,7 +54,8 @@ def test_only_the_async_items_past_their_timeout_fail_and_the_rest_run_on(
     """Two lanes for six items: the items started later (after a slow one timed out) get a
     deadline of their own, and the one timer of the chunk is set again for them."""
     monkeypatch.setattr(runtime_module, "ASYNC_LANES", 2)
-    binding = Binding("alanes", "t", "tests.funcs.basic:async_sleepy", timeout_s=0.3)
+    binding = Binding("alanes", Source("kafka", "t"), "tests.funcs.basic:async_sleepy",
+                      execution=Execution(timeout_s=0.3))
     before = _cancelled("alanes")
     started = time.monotonic()
     outcomes = _run(runtime, binding, _items("alanes", [5, 0.0, 0.2, 5, 0.2, 0.0]))
@@ -69,14 +71,16 @@ def test_only_the_async_items_past_their_timeout_fail_and_the_rest_run_on(
 
 def test_an_async_function_that_ignores_the_cancel_still_fails_with_timeout(
         runtime: Runtime) -> None:
-    binding = Binding("astub", "t", "tests.funcs.basic:async_stubborn", timeout_s=0.2)
+    binding = Binding("astub", Source("kafka", "t"), "tests.funcs.basic:async_stubborn",
+                      execution=Execution(timeout_s=0.2))
     outcomes = _run(runtime, binding, _items("astub", [5, 0.0], after=0.1))
     assert outcomes[0]["reason"] == "timeout" and outcomes[1]["status"] == "ok"
 
 
 def test_a_cancelled_async_chunk_leaves_no_lane_running(runtime: Runtime) -> None:
     """The chunk's caller goes away: the cancel reaches every item, none is answered."""
-    binding = Binding("agauged", "t", "tests.funcs.basic:async_gauged", timeout_s=30)
+    binding = Binding("agauged", Source("kafka", "t"), "tests.funcs.basic:async_gauged",
+                      execution=Execution(timeout_s=30))
     basic.reset()
 
     async def go() -> None:
@@ -94,14 +98,15 @@ def test_a_cancelled_async_chunk_leaves_no_lane_running(runtime: Runtime) -> Non
 
 def test_async_items_that_wait_run_at_once_and_no_ops_need_no_lane_each(
         runtime: Runtime) -> None:
-    binding = Binding("agauged", "t", "tests.funcs.basic:async_gauged", timeout_s=30)
+    binding = Binding("agauged", Source("kafka", "t"), "tests.funcs.basic:async_gauged",
+                      execution=Execution(timeout_s=30))
     basic.reset()
     _run(runtime, binding, _items("agauged", [0.05] * 100))
     assert basic.ACTIVE["peak"] == 100
 
     async def lanes_of_noops() -> int:
-        run = AsyncRun(runtime.job(Binding("anoop", "t", "tests.funcs.basic:async_noop")),
-                       _items("anoop", [0.0] * 100))
+        noop = Binding("anoop", Source("kafka", "t"), "tests.funcs.basic:async_noop")
+        run = AsyncRun(runtime.job(noop), _items("anoop", [0.0] * 100))
         assert len(await run.run()) == 100
         return len(run.tasks)
 
@@ -110,13 +115,13 @@ def test_async_items_that_wait_run_at_once_and_no_ops_need_no_lane_each(
 
 def test_a_sync_chunk_that_waits_spreads_over_threads_and_a_fast_one_does_not(
         runtime: Runtime) -> None:
-    waits = Binding("gauged", "t", "tests.funcs.basic:gauged")
+    waits = Binding("gauged", Source("kafka", "t"), "tests.funcs.basic:gauged")
     basic.reset()
     _run(runtime, waits, _items("gauged", [0.005] * 8))  # measured: 5 ms per item
     assert runtime.parts("gauged", 40) == runtime.spread
     _run(runtime, waits, _items("gauged", [0.005] * 40))
     assert 2 <= basic.ACTIVE["peak"] <= runtime.spread, basic.ACTIVE
-    fast = Binding("noop", "t", "tests.funcs.basic:noop")
+    fast = Binding("noop", Source("kafka", "t"), "tests.funcs.basic:noop")
     for _ in range(3):
         _run(runtime, fast, _items("noop", [0.0] * 200))
     assert runtime.parts("noop", 64) == 1, runtime._per_item_s
@@ -124,7 +129,7 @@ def test_a_sync_chunk_that_waits_spreads_over_threads_and_a_fast_one_does_not(
 
 def test_a_sync_chunk_is_sized_by_its_threads_time_not_its_wait_for_a_thread() -> None:
     rt = Runtime(FunctionResolver(ALLOW), 1, spread=1)  # one thread: the second chunk waits
-    waits = Binding("gauged", "t", "tests.funcs.basic:gauged")
+    waits = Binding("gauged", Source("kafka", "t"), "tests.funcs.basic:gauged")
     job = rt.job(waits)
 
     async def timed(batch: list[Item]) -> float:
@@ -148,12 +153,12 @@ def test_a_sync_chunk_is_sized_by_its_threads_time_not_its_wait_for_a_thread() -
 
 def test_a_spread_sync_chunk_holds_its_worker_for_its_items_per_thread(
         runtime: Runtime) -> None:
-    waits = Binding("gauged", "t", "tests.funcs.basic:gauged")
+    waits = Binding("gauged", Source("kafka", "t"), "tests.funcs.basic:gauged")
     _run(runtime, waits, _items("gauged", [0.005] * 8))  # measured: about 5 ms per item
     per_item = runtime._per_item_s["gauged"]
     assert runtime.spread == 8
     assert runtime.work_s(runtime.job(waits), 40, 9.0) == pytest.approx(per_item * 5)
-    anoop = Binding("anoop", "t", "tests.funcs.basic:async_noop")
+    anoop = Binding("anoop", Source("kafka", "t"), "tests.funcs.basic:async_noop")
     assert runtime.work_s(runtime.job(anoop), 40, 9.0) == 9.0  # async: its wall time
 
 
@@ -161,7 +166,8 @@ def test_a_spread_chunk_gives_up_on_the_overdue_item_alone(runtime: Runtime) -> 
     """One wake-up per chunk: the loop still gives up on an item past its timeout (its
     thread keeps running), answers it ``timeout`` and runs the rest of its part in a new
     part, while the other parts finish."""
-    binding = Binding("spreadslow", "t", "tests.funcs.basic:sleepy", timeout_s=0.3)
+    binding = Binding("spreadslow", Source("kafka", "t"), "tests.funcs.basic:sleepy",
+                      execution=Execution(timeout_s=0.3))
     job = runtime.job(binding)
     _run(runtime, binding, _items("spreadslow", [0.005] * 8))  # measured: it spreads
     assert runtime.parts("spreadslow", 16) > 1

@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Execution, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.replies import read_outcomes
 from asynctier.platform.rpc import SUBMIT
@@ -39,10 +40,10 @@ def _tenant(raw: str) -> str:
 
 @pytest.fixture(scope="module")
 def scheduler(module_settings: Settings) -> Iterator[Running]:
-    bindings = [Binding(_tenant(raw), "unused", "tests.funcs.basic:noop", tenant=_tenant(raw),
-                        idempotent=True) for raw in BAD]
-    bindings.append(Binding("other", "unused", "tests.funcs.basic:noop", tenant="other",
-                            idempotent=True))
+    bindings = [Binding(_tenant(raw), Source("kafka", "unused"), "tests.funcs.basic:noop",
+                        tenant=_tenant(raw), execution=Execution(idempotent=True)) for raw in BAD]
+    bindings.append(Binding("other", Source("kafka", "unused"), "tests.funcs.basic:noop",
+                            tenant="other", execution=Execution(idempotent=True)))
     with running_scheduler(module_settings, bindings,
                            tenants=TenantStore.from_settings(module_settings)) as sched:
         yield sched

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Breaker, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.wire import Item, Outcome, ok, retry
 from asynctier.scheduler.limits.breaker import (
@@ -22,7 +23,7 @@ from asynctier.scheduler.limits.breaker import (
 )
 
 FAST = BreakerConfig(probe_interval_s=0.3, park_s=2.0, ramp_s=0.6, min_calls=4)
-BINDING = Binding("pay", "t", "m:f", breaker_ratio=0.5, breaker_window_s=10.0)
+BINDING = Binding("pay", Source("kafka", "t"), "m:f", breaker=Breaker(ratio=0.5, window_s=10.0))
 
 
 def _items(n: int) -> list[Item]:
@@ -46,7 +47,7 @@ def test_a_binding_without_a_breaker_is_never_held(settings: Settings,
                                                    redis_client: redis.Redis) -> None:
     async def scenario() -> None:
         b = Breakers.from_settings(settings, FAST)
-        plain = Binding("plain", "t", "m:f")
+        plain = Binding("plain", Source("kafka", "t"), "m:f")
         items = _items(5)
         assert await b.admit(plain, items) == ([], items)
         await b.close()

@@ -12,6 +12,7 @@ from pathlib import Path
 from prometheus_client import REGISTRY
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.scheduler import SchedulerOptions
 from asynctier.scheduler.processes import NICENESS
 from tests.scheduler_harness import item, local_scheduler
@@ -56,8 +57,8 @@ def drain(bindings: list[Binding], out: Path, rounds: int, per_round: int,
 def test_a_cpu_bound_function_moves_to_worker_processes_at_its_tiers_niceness(
         tmp_path: Path) -> None:
     out = tmp_path / "ran"
-    crunch = Binding("crunch", "t", FUNCTION, priority="batch")
-    waits = Binding("waits", "t", FUNCTION)  # I/O: 2 ms asleep, nearly no CPU
+    crunch = Binding("crunch", Source("kafka", "t"), FUNCTION, priority="batch")
+    waits = Binding("waits", Source("kafka", "t"), FUNCTION)  # I/O: 2 ms asleep, nearly no CPU
     drain([crunch, waits], out, rounds=8, per_round=400,
           work={"crunch": {"cpu_ms": 0.5}, "waits": {"sleep_ms": 2}})
     ran = where_ran(out)
@@ -76,8 +77,8 @@ def test_a_cpu_bound_function_moves_to_worker_processes_at_its_tiers_niceness(
 
 def test_quick_functions_stay_in_threads_and_the_switch_turns_it_off(tmp_path: Path) -> None:
     out = tmp_path / "ran"
-    quick = Binding("quick", "t", FUNCTION)  # all CPU, but a few microseconds an item
-    crunch = Binding("crunch-off", "t", FUNCTION)
+    quick = Binding("quick", Source("kafka", "t"), FUNCTION)  # all CPU, a few microseconds an item
+    crunch = Binding("crunch-off", Source("kafka", "t"), FUNCTION)
     drain([quick, crunch], out, rounds=6, per_round=400,
           options=SchedulerOptions(workers=4, cpu_bound_item_s=None),
           work={"crunch-off": {"cpu_ms": 0.5}, "quick": {}})
@@ -87,6 +88,6 @@ def test_quick_functions_stay_in_threads_and_the_switch_turns_it_off(tmp_path: P
 
 def test_a_run_longer_than_the_window_is_judged_alone(tmp_path: Path) -> None:
     out = tmp_path / "ran"
-    slow = Binding("slow", "t", FUNCTION)
+    slow = Binding("slow", Source("kafka", "t"), FUNCTION)
     drain([slow], out, rounds=2, per_round=1, work={"slow": {"sleep_ms": 1100}})
     assert {pid for pid, _ in where_ran(out).values()} == {os.getpid()}

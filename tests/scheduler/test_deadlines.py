@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Deadlines, Source
 from asynctier.platform.errors import BindingError
 from asynctier.platform.wire import EXPIRED, Item
 from asynctier.scheduler.deadlines import order_key, split_expired, stamp_deadlines
@@ -56,7 +57,7 @@ def test_edf_does_not_override_tenant_fairness_or_tiers() -> None:
 
 
 def test_stamp_gives_record_time_plus_window_and_keeps_a_source_deadline() -> None:
-    b = Binding("b", "t", "m:f", start_within_s=5.0)
+    b = Binding("b", Source("kafka", "t"), "m:f", deadlines=Deadlines(start_within_s=5.0))
     items = [_item(0, 1_000), _item(1, 1_000, deadline_ms=2_000)]
     stamp_deadlines(b, items)
     assert [i["deadline_ms"] for i in items] == [6_000, 2_000]
@@ -64,7 +65,7 @@ def test_stamp_gives_record_time_plus_window_and_keeps_a_source_deadline() -> No
 
 
 def test_without_a_window_a_chunk_is_due_the_default_window_after_it_arrived() -> None:
-    b = Binding("b", "t", "m:f")
+    b = Binding("b", Source("kafka", "t"), "m:f")
     items = [_item(0, 1_000)]
     stamp_deadlines(b, items)
     assert items[0]["deadline_ms"] is None
@@ -72,7 +73,7 @@ def test_without_a_window_a_chunk_is_due_the_default_window_after_it_arrived() -
 
 
 def test_records_past_their_expiry_fail_expired_and_the_rest_live() -> None:
-    b = Binding("b", "t", "m:f", expire_after_s=2.0)
+    b = Binding("b", Source("kafka", "t"), "m:f", deadlines=Deadlines(expire_after_s=2.0))
     items = [_item(0, 10_000), _item(1, 7_999), _item(2, 8_001)]
     dead, live = split_expired(b, items, now_ms=10_000)
     assert [o["id"] for o in dead] == [1]
@@ -82,17 +83,20 @@ def test_records_past_their_expiry_fail_expired_and_the_rest_live() -> None:
 
 
 def test_a_binding_without_expiry_never_expires() -> None:
-    b = Binding("b", "t", "m:f")
+    b = Binding("b", Source("kafka", "t"), "m:f")
     items = [_item(0, 0)]
     assert split_expired(b, items, now_ms=10**12) == ([], items)
 
 
 def test_expiry_shorter_than_the_start_window_is_refused() -> None:
     with pytest.raises(BindingError, match="expire after"):
-        Binding("b", "t", "m:f", start_within_s=60.0, expire_after_s=5.0).validate()
-    Binding("b", "t", "m:f", start_within_s=1.0, expire_after_s=5.0).validate()
+        Binding("b", Source("kafka", "t"), "m:f",
+                deadlines=Deadlines(start_within_s=60.0, expire_after_s=5.0)).validate()
+    Binding("b", Source("kafka", "t"), "m:f",
+            deadlines=Deadlines(start_within_s=1.0, expire_after_s=5.0)).validate()
 
 
 def test_deadline_fields_survive_the_bindings_topic() -> None:
-    b = Binding("b", "t", "m:f", start_within_s=1.5, expire_after_s=60.0)
+    b = Binding("b", Source("kafka", "t"), "m:f",
+                deadlines=Deadlines(start_within_s=1.5, expire_after_s=60.0))
     assert Binding.decode(b.encode()) == b

@@ -13,6 +13,7 @@ import fastavro
 import pytest
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Deadlines, Retries, Source
 from asynctier.platform.errors import BindingError
 from asynctier.platform.schemas import MAGIC
 from asynctier.platform.wire import Item
@@ -21,9 +22,9 @@ from asynctier.scheduler.deferral import RELEASE_SHARE, Saturation, defer, park_
 from asynctier.scheduler.queues import FairQueue
 
 HOUR = 3600.0
-COLD = Binding("cold", "t", "m:f", start_within_s=2 * HOUR, defer_when_busy=True,
-               retry_ladder_s=(5.0, 60.0))
-HOT = Binding("hot", "t", "m:f", priority="urgent")
+COLD = Binding("cold", Source("kafka", "t"), "m:f", retries=Retries(ladder_s=(5.0, 60.0)),
+               deadlines=Deadlines(start_within_s=2 * HOUR, defer_when_busy=True))
+HOT = Binding("hot", Source("kafka", "t"), "m:f", priority="urgent")
 
 
 def _items(binding: Binding, n: int, deadline_ms: int | None) -> list[Item]:
@@ -35,10 +36,13 @@ def _items(binding: Binding, n: int, deadline_ms: int | None) -> list[Item]:
 def test_defer_needs_a_deadline_hours_away() -> None:
     with pytest.raises(BindingError, match=r"--defer-when-busy .* --start-within 1h or more "
                                            r"\(none given\)"):
-        Binding("b", "t", "m:f", defer_when_busy=True).validate()
+        Binding("b", Source("kafka", "t"), "m:f",
+                deadlines=Deadlines(defer_when_busy=True)).validate()
     with pytest.raises(BindingError, match=r"\(5m given\)"):
-        Binding("b", "t", "m:f", start_within_s=300, defer_when_busy=True).validate()
-    assert Binding("b", "t", "m:f", start_within_s=HOUR, defer_when_busy=True).validate()
+        Binding("b", Source("kafka", "t"), "m:f",
+                deadlines=Deadlines(start_within_s=300, defer_when_busy=True)).validate()
+    assert Binding("b", Source("kafka", "t"), "m:f",
+                   deadlines=Deadlines(start_within_s=HOUR, defer_when_busy=True)).validate()
 
 
 def test_defer_survives_the_bindings_topic_and_older_records_read_false() -> None:
@@ -50,7 +54,7 @@ def test_defer_survives_the_bindings_topic_and_older_records_read_false() -> Non
     from asynctier.platform.schemas import _fingerprint  # the marker of binding-2
 
     read = Binding.decode(MAGIC + _fingerprint(old) + body.getvalue())
-    assert read == HOT and read.defer_when_busy is False
+    assert read == HOT and read.deadlines.defer_when_busy is False
 
 
 def test_parked_for_the_first_ladder_step_until_a_quarter_of_the_window_is_left() -> None:
@@ -156,10 +160,10 @@ def test_removing_chunks_keeps_the_rest_in_order_and_the_counts_right() -> None:
         queue = BoundedQueue(FairQueue(quantum=4), 1000)
         hot = [_chunk(HOT, 3) for _ in range(2)]
         cold = [_chunk(COLD, 5) for _ in range(3)]
-        other = _chunk(Binding("x", "t", "m:f", tenant="acme"), 2)
+        other = _chunk(Binding("x", Source("kafka", "t"), "m:f", tenant="acme"), 2)
         for chunk in (hot[0], cold[0], cold[1], other, hot[1], cold[2]):
             await queue.put(chunk)
-        assert queue.remove_where(lambda c: c.binding.defer_when_busy) == cold
+        assert queue.remove_where(lambda c: c.binding.deadlines.defer_when_busy) == cold
         assert (queue.items, len(queue.fair), queue.firm_items) == (8, 3, 8)
         assert queue.fair.items_of_tenant("default") == 6
         left = [await queue.get() for _ in range(3)]

@@ -13,6 +13,7 @@ import json
 import pytest
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.wire import REJECTED, Item, Outcome, failed
 from asynctier.scheduler.admission import OpenAdmission
 from asynctier.scheduler.bounded import BoundedQueue
@@ -60,7 +61,7 @@ class Counting(Gate):
 
 def test_a_new_gate_is_one_class_and_one_line_in_the_order() -> None:
     order = (*GATES[:1], Refusing.build, *GATES[1:], Counting.build)
-    binding = Binding("b", "t", "tests.funcs.basic:noop")
+    binding = Binding("b", Source("kafka", "t"), "tests.funcs.basic:noop")
     batch = [item("b", n, json.dumps({"refuse": n % 3 == 0}).encode()) for n in range(12)]
 
     async def scenario() -> dict[int, Outcome]:

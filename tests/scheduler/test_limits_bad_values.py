@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from dataclasses import replace
 
 import pytest
 import redis
 from redis.asyncio import Redis
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.scheduler.guard import RUN, TAKEN_OVER
 from asynctier.scheduler.limits.breaker import Breakers
@@ -27,7 +29,8 @@ from asynctier.scheduler.limits.quota import QuotaStore, RedisQuota
 from tests.helpers import MinuteClock
 from tests.scheduler.test_limits_redis import make_items
 
-BINDING = Binding(name="orders", topic="orders", function="app.jobs:handle", tenant="acme")
+BINDING = Binding(name="orders", source=Source("kafka", "orders"), function="app.jobs:handle",
+                  tenant="acme")
 #: How long a test waits for what must come at once (a hold for ever fails it).
 PROMPT_S = 5.0
 
@@ -99,7 +102,7 @@ def test_a_bad_breaker_starts_afresh_closed_said_once(
         fields: dict[str, str], settings: Settings, redis_client: redis.Redis,
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR)
-    binding = BINDING.with_changes(breaker_ratio=0.5)
+    binding = BINDING.with_changes(breaker=replace(BINDING.breaker, ratio=0.5))
 
     async def scenario() -> tuple[int, int, str]:
         client = Redis.from_url(settings.redis_url)
@@ -127,7 +130,7 @@ def test_a_bad_bucket_starts_full_said_once(
         tokens: str, ts: str | None, settings: Settings, redis_client: redis.Redis,
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR)
-    binding = BINDING.with_changes(rate_per_s=10.0, burst=100)
+    binding = BINDING.with_changes(limits=replace(BINDING.limits, rate_per_s=10.0, burst=100))
 
     async def scenario() -> list[float]:
         client = Redis.from_url(settings.redis_url)
@@ -156,7 +159,7 @@ def test_a_lease_that_never_expires_is_dropped_said_once(
         expiry: float, settings: Settings, redis_client: redis.Redis,
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR)
-    binding = BINDING.with_changes(max_concurrency=1)
+    binding = BINDING.with_changes(limits=replace(BINDING.limits, max_concurrency=1))
 
     async def scenario() -> None:
         client = Redis.from_url(settings.redis_url)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any, cast
 
 import redis
 from redis.asyncio import Redis
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Limits, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.wire import Item
 from asynctier.scheduler.admission import Admission, OpenAdmission
@@ -52,11 +54,13 @@ async def per_chunk_s(admission: Admission, binding: Binding) -> tuple[float, fl
 
 def test_admission_costs_at_most_one_round_trip_per_step_per_chunk(settings: Settings,
                                                            redis_client: redis.Redis) -> None:
-    charged = Binding(name="charged", topic="t", function="m:f", tenant="acme",
-                      rate_per_s=1_000_000.0)
+    charged = Binding(name="charged", source=Source("kafka", "t"), function="m:f", tenant="acme",
+                      limits=Limits(rate_per_s=1_000_000.0))
     free = charged.with_changes(name="free", tenant="nobody")
-    capped = charged.with_changes(name="capped", max_concurrency=1000)
-    metered = charged.with_changes(name="metered", rate_per_s=1000.0)  # spare: 50 < 100
+    capped = charged.with_changes(name="capped",
+                                  limits=replace(charged.limits, max_concurrency=1000))
+    metered = charged.with_changes(name="metered",  # spare: 50 < 100
+                                   limits=replace(charged.limits, rate_per_s=1000.0))
     counts: dict[str, int] = {}
 
     async def scenario() -> dict[str, tuple[float, float]]:

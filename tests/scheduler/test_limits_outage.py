@@ -12,20 +12,22 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from asynctier import dev as devstack
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Limits, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ServiceError
 from asynctier.platform.wire import Item
 from asynctier.scheduler.limits import AdmissionConfig, Quota, RedisAdmission
 from tests.helpers import MinuteClock
 
-BASE = Binding(name="orders", topic="orders", function="app.jobs:handle", tenant="acme",
-               rate_per_s=50.0, burst=5, max_concurrency=2)
+BASE = Binding(name="orders", source=Source("kafka", "orders"), function="app.jobs:handle",
+               tenant="acme", limits=Limits(rate_per_s=50.0, burst=5, max_concurrency=2))
 FAST = AdmissionConfig(probe_interval_s=0.2, socket_timeout_s=0.5)
 
 
@@ -118,7 +120,7 @@ def test_fail_open_admits_through_the_local_limiter_and_limits_return(
 def test_fail_closed_pauses_admission_until_redis_returns(own_redis: devstack.RedisNode,
                                                           prefix: str) -> None:
     settings = Settings(redis_url=own_redis.url, prefix=prefix)
-    binding = BASE.with_changes(redis_policy="fail_closed")
+    binding = BASE.with_changes(limits=replace(BASE.limits, redis_policy="fail_closed"))
 
     async def scenario() -> None:
         admission = RedisAdmission(settings, FAST, clock=MinuteClock(1_000))  # one minute

@@ -16,18 +16,21 @@ import sys
 import textwrap
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 
 import redis
 from redis.asyncio import Redis
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.wire import Item
 from asynctier.scheduler.limits import AdmissionConfig, Quota, RedisAdmission
 from asynctier.scheduler.limits.quota import QuotaStore, RedisQuota
 from tests.helpers import MinuteClock, wait_until
 
-BASE = Binding(name="orders", topic="orders", function="app.jobs:handle", tenant="acme")
+BASE = Binding(name="orders", source=Source("kafka", "orders"), function="app.jobs:handle",
+               tenant="acme")
 
 
 def make_items(refs: Sequence[str], start_id: int = 0) -> list[Item]:
@@ -55,7 +58,8 @@ async def admissions(settings: Settings, n: int, config: AdmissionConfig | None 
 
 def test_rate_200_per_s_over_3000_items_with_two_schedulers(
         settings: Settings, redis_client: redis.Redis) -> None:
-    binding = BASE.with_changes(rate_per_s=200.0)  # burst: one second's worth (200)
+    # burst: one second's worth (200)
+    binding = BASE.with_changes(limits=replace(BASE.limits, rate_per_s=200.0))
     total, chunk = 3000, 25
     granted: list[tuple[float, int]] = []
 
@@ -86,7 +90,7 @@ def test_rate_200_per_s_over_3000_items_with_two_schedulers(
 
 def test_a_take_larger_than_the_burst_waits_in_one_round_trip(settings: Settings,
                                                              redis_client: redis.Redis) -> None:
-    binding = BASE.with_changes(rate_per_s=100.0, burst=10)
+    binding = BASE.with_changes(limits=replace(BASE.limits, rate_per_s=100.0, burst=10))
 
     async def scenario() -> float:
         async with admissions(settings, 1) as (a,):
@@ -104,7 +108,7 @@ def test_a_fast_binding_that_takes_spare_tokens_ahead_never_exceeds_its_rate(
     # 20,000/s with a burst of 2,000: a take asks for 50 ms (1,000 tokens) of spare, granted
     # only from what the bucket holds. Two schedulers x 4 tasks take 50 at a time for 1.5 s,
     # faster than the rate: the limit binds.
-    binding = BASE.with_changes(rate_per_s=20_000.0, burst=2_000)
+    binding = BASE.with_changes(limits=replace(BASE.limits, rate_per_s=20_000.0, burst=2_000))
     chunk, seconds = 50, 1.5
     granted: list[tuple[float, int]] = []
     calls_before = _script_calls(redis_client)
@@ -135,7 +139,8 @@ def test_a_fast_binding_that_takes_spare_tokens_ahead_never_exceeds_its_rate(
 
 def test_a_never_binding_limit_serves_most_takes_without_a_round_trip(
         settings: Settings, redis_client: redis.Redis) -> None:
-    binding = BASE.with_changes(rate_per_s=1_000_000.0)  # spare: 50,000 tokens a take
+    # spare: 50,000 tokens a take
+    binding = BASE.with_changes(limits=replace(BASE.limits, rate_per_s=1_000_000.0))
     calls_before = _script_calls(redis_client)
 
     async def scenario() -> int:
@@ -173,7 +178,7 @@ def test_unlimited_binding_takes_no_tokens(settings: Settings) -> None:
 
 def test_concurrency_cap_4_holds_across_two_schedulers(settings: Settings,
                                                        redis_client: redis.Redis) -> None:
-    binding = BASE.with_changes(max_concurrency=4)
+    binding = BASE.with_changes(limits=replace(BASE.limits, max_concurrency=4))
     inside, peak, done = [0], [0], [0]
 
     async def run(admission: RedisAdmission) -> None:
@@ -223,13 +228,14 @@ async def settles(event: asyncio.Event, timeout_s: float) -> bool:
 HOLDER = textwrap.dedent("""
     import asyncio, contextlib, sys
     from asynctier.platform.binding import Binding
+    from asynctier.platform.binding_features import Limits, Source
     from asynctier.platform.config import Settings
     from asynctier.scheduler.limits import AdmissionConfig, RedisAdmission
 
     async def main():
         settings = Settings(redis_url=sys.argv[1], prefix=sys.argv[2])
-        binding = Binding(name="orders", topic="orders", function="app.jobs:handle",
-                          max_concurrency=4)
+        binding = Binding("orders", Source("kafka", "orders"), "app.jobs:handle",
+                          limits=Limits(max_concurrency=4))
         admission = RedisAdmission(settings, AdmissionConfig(lease_s=float(sys.argv[3])))
         async with contextlib.AsyncExitStack() as stack:
             for _ in range(4):
@@ -244,7 +250,7 @@ HOLDER = textwrap.dedent("""
 def test_leases_of_a_scheduler_killed_with_sigkill_expire_and_the_cap_holds_again(
         settings: Settings, redis_client: redis.Redis) -> None:
     lease_s = 2.0
-    binding = BASE.with_changes(max_concurrency=4)
+    binding = BASE.with_changes(limits=replace(BASE.limits, max_concurrency=4))
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, settings.redis_url, settings.prefix, str(lease_s)],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
@@ -283,7 +289,7 @@ def test_leases_of_a_scheduler_killed_with_sigkill_expire_and_the_cap_holds_agai
 
 def test_failures_shrink_the_local_limit_and_successes_grow_it_back(
         settings: Settings, redis_client: redis.Redis) -> None:
-    binding = BASE.with_changes(max_concurrency=8)
+    binding = BASE.with_changes(limits=replace(BASE.limits, max_concurrency=8))
     inside, peak = [0], [0]
 
     async def run(admission: RedisAdmission) -> None:

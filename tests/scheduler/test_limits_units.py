@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.scheduler.limits.aimd import Aimd, AimdConfig
 from asynctier.scheduler.limits.bucket import TokenBucket, burst_of
 from asynctier.scheduler.limits.concurrency import LocalLimit
@@ -150,10 +152,11 @@ def test_bucket_never_admits_more_than_burst_plus_rate_times_time(
 
 
 def test_burst_defaults_to_one_second_of_rate() -> None:
-    base = Binding(name="b", topic="t", function="m:f")
-    assert burst_of(base.with_changes(rate_per_s=200.0)) == 200
-    assert burst_of(base.with_changes(rate_per_s=0.5)) == 1
-    assert burst_of(base.with_changes(rate_per_s=200.0, burst=20)) == 20
+    base = Binding(name="b", source=Source("kafka", "t"), function="m:f")
+    assert burst_of(base.with_changes(limits=replace(base.limits, rate_per_s=200.0))) == 200
+    assert burst_of(base.with_changes(limits=replace(base.limits, rate_per_s=0.5))) == 1
+    assert burst_of(base.with_changes(limits=replace(base.limits, rate_per_s=200.0,
+                                                     burst=20))) == 20
 
 
 # -- local limit --------------------------------------------------------------------------
@@ -222,8 +225,8 @@ def test_outage_logs_once_per_binding_per_outage_and_probes_at_intervals(
         caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
     outage = Outage(probe_interval_s=1.0, clock=clock)
-    a = Binding(name="a", topic="t", function="m:f")
-    b = a.with_changes(name="b", redis_policy="fail_closed")
+    a = Binding(name="a", source=Source("kafka", "t"), function="m:f")
+    b = a.with_changes(name="b", limits=replace(a.limits, redis_policy="fail_closed"))
     with caplog.at_level(logging.WARNING, logger="asynctier.scheduler.limits.outage"):
         for _ in range(100):
             outage.failed(a, ConnectionError("refused"))

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.scheduler.bounded import BoundedQueue, Chunk
 from asynctier.scheduler.queues import FairQueue, TenantDRR, pick_waiter
 from asynctier.scheduler.sizing import ChunkSizer
@@ -169,7 +170,8 @@ def test_chunk_sizer_targets_a_duration() -> None:
 # -- the bounded queue on asyncio ---------------------------------------------------------
 
 def chunk(tenant: str, size: int, priority: str = "normal") -> Chunk:
-    binding = Binding(f"b-{tenant}", "t", "m:f", tenant=tenant, priority=priority)  # type: ignore[arg-type]
+    binding = Binding(f"b-{tenant}", Source("kafka", "t"), "m:f", tenant=tenant,
+                      priority=priority)  # type: ignore[arg-type]
     loop = asyncio.get_running_loop()
     return Chunk(binding, items(binding.name, size), loop.create_future())
 

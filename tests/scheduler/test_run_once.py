@@ -13,11 +13,13 @@ import json
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 import redis
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Execution, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import ConfigError
 from asynctier.platform.wire import Item, Outcome, ok, retry
@@ -27,7 +29,8 @@ from asynctier.scheduler.options import SchedulerOptions
 from tests.funcs import basic
 from tests.scheduler_harness import by_id, local_scheduler
 
-GUARDED = Binding("orders", "orders", "tests.funcs.basic:slow_record", timeout_s=5.0)
+GUARDED = Binding("orders", Source("kafka", "orders"), "tests.funcs.basic:slow_record",
+                  execution=Execution(timeout_s=5.0))
 
 
 def make_items(refs: list[str], payload: dict[str, object] | None = None,
@@ -202,7 +205,7 @@ def test_a_done_mark_lasts_its_ttl_and_then_the_record_may_run_again(
 
 def test_an_idempotent_binding_is_never_claimed(settings: Settings,
                                                 redis_client: redis.Redis) -> None:
-    free = GUARDED.with_changes(idempotent=True)
+    free = GUARDED.with_changes(execution=replace(GUARDED.execution, idempotent=True))
     batch = make_items(["orders/2/1", "orders/2/2"])
 
     async def scenario() -> list[str]:
@@ -424,7 +427,8 @@ def test_a_failure_after_another_scheduler_succeeded_with_the_record_is_answered
     dead and another one takes the record over and succeeds; the function then fails
     here. The record is answered ok (a retry would run it a second time), the other record
     of the chunk, which nobody else had, is retried as usual."""
-    binding = Binding("orders", "orders", "tests.funcs.basic:hooked_boom", timeout_s=5.0)
+    binding = Binding("orders", Source("kafka", "orders"), "tests.funcs.basic:hooked_boom",
+                      execution=Execution(timeout_s=5.0))
     items = make_items(["orders/3/1", "orders/3/2"])
 
     async def scenario() -> tuple[dict[int, Outcome], str]:
@@ -670,7 +674,8 @@ def test_one_bindings_broken_keys_fail_only_its_own_write(
     """Chunks of two bindings that end together are written in one go: when one binding's
     keys are broken (someone wrote a string where its hash lives), its finish fails and
     the other binding's marks still land and its finish returns."""
-    broken = Binding("broken", "broken", "tests.funcs.basic:slow_record", timeout_s=5.0)
+    broken = Binding("broken", Source("kafka", "broken"), "tests.funcs.basic:slow_record",
+                     execution=Execution(timeout_s=5.0))
     first = make_items(["broken/0/1"], binding="broken")
     second = make_items(["orders/9/1"])
 

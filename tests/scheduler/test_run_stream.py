@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Execution, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.context import MAX_CHECKPOINT_BYTES, Context, encode_checkpoint
 from asynctier.platform.errors import CheckpointError
@@ -24,13 +25,13 @@ from asynctier.platform.stream import Event, Message, decode, encode, items_mess
 from asynctier.platform.wire import Outcome, decode_outcomes, encode_items
 from tests.scheduler_harness import Running, item, running_scheduler
 
-SYNC = Binding(name="long", topic="t", function="tests.funcs.long:work", source_kind="queue",
-               timeout_s=30)
-ASYNC = Binding(name="along", topic="t", function="tests.funcs.long:awork",
-                source_kind="queue", timeout_s=30)
+SYNC = Binding(name="long", source=Source("queue", "t"), function="tests.funcs.long:work",
+               execution=Execution(timeout_s=30))
+ASYNC = Binding(name="along", source=Source("queue", "t"), function="tests.funcs.long:awork",
+                execution=Execution(timeout_s=30))
 #: long work by its timeout (above queue_after_s): every item alone, however quick
-MINUTES = Binding(name="minutes", topic="t", function="tests.funcs.long:awork",
-                  source_kind="queue", timeout_s=120, queue_after_s=60)
+MINUTES = Binding(name="minutes", source=Source("queue", "t", queue_after_s=60),
+                  function="tests.funcs.long:awork", execution=Execution(timeout_s=120))
 
 
 @pytest.fixture

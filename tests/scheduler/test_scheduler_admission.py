@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Limits, Source
 from asynctier.platform.wire import Item
 from asynctier.scheduler import SchedulerOptions
 from tests.scheduler_harness import by_id, item, items, local_scheduler
@@ -63,7 +64,7 @@ class Recording:
 def test_over_quota_items_come_back_without_spending_an_attempt() -> None:
     admission = Recording()
     admission.quota_on = True
-    binding = Binding("b", "t", "tests.funcs.basic:noop")
+    binding = Binding("b", Source("kafka", "t"), "tests.funcs.basic:noop")
 
     async def scenario() -> None:
         scheduler = local_scheduler([binding], admission=admission)
@@ -85,8 +86,8 @@ def test_over_quota_items_come_back_without_spending_an_attempt() -> None:
 
 def test_tokens_are_taken_per_chunk_and_failures_reported() -> None:
     admission = Recording()
-    good = Binding("good", "t", "tests.funcs.basic:noop")
-    bad = Binding("bad", "t", "tests.funcs.basic:boom")
+    good = Binding("good", Source("kafka", "t"), "tests.funcs.basic:noop")
+    bad = Binding("bad", Source("kafka", "t"), "tests.funcs.basic:boom")
 
     async def scenario() -> None:
         scheduler = local_scheduler([good, bad], admission=admission)
@@ -105,7 +106,8 @@ def test_tokens_are_taken_per_chunk_and_failures_reported() -> None:
 
 def test_a_capped_binding_runs_items_inside_slots() -> None:
     admission = Recording(cap=3)
-    capped = Binding("capped", "t", "tests.funcs.basic:sleepy", max_concurrency=3)
+    capped = Binding("capped", Source("kafka", "t"), "tests.funcs.basic:sleepy",
+                     limits=Limits(max_concurrency=3))
     payload = json.dumps({"sleep": 0.01}).encode()
 
     async def scenario() -> None:
@@ -125,7 +127,7 @@ def test_a_capped_binding_runs_items_inside_slots() -> None:
 def test_admission_errors_bring_items_back_later() -> None:
     admission = Recording()
     admission.broken = True
-    binding = Binding("b", "t", "tests.funcs.basic:noop")
+    binding = Binding("b", Source("kafka", "t"), "tests.funcs.basic:noop")
 
     async def scenario() -> None:
         scheduler = local_scheduler([binding], admission=admission)
@@ -141,7 +143,8 @@ def test_admission_errors_bring_items_back_later() -> None:
 
 def test_a_high_cap_is_filled_by_async_functions() -> None:
     admission = Recording(cap=50)
-    capped = Binding("wide", "t", "tests.funcs.basic:async_sleepy", max_concurrency=50)
+    capped = Binding("wide", Source("kafka", "t"), "tests.funcs.basic:async_sleepy",
+                     limits=Limits(max_concurrency=50))
     payload = json.dumps({"sleep": 0.05}).encode()
 
     async def scenario() -> None:
@@ -164,7 +167,8 @@ class Adaptive(Recording):
 
 def test_an_adaptive_limit_narrows_a_capped_binding() -> None:
     admission = Adaptive(cap=100)
-    binding = Binding("b", "t", "tests.funcs.basic:async_sleepy", max_concurrency=10)
+    binding = Binding("b", Source("kafka", "t"), "tests.funcs.basic:async_sleepy",
+                      limits=Limits(max_concurrency=10))
     payload = json.dumps({"sleep": 0.01}).encode()
 
     async def scenario() -> None:
@@ -181,7 +185,7 @@ def test_an_adaptive_limit_narrows_a_capped_binding() -> None:
 def test_an_uncapped_binding_is_never_slowed_by_the_adaptive_limit() -> None:
     """A failing uncapped binding must still drain at full speed (docs/design.md, invariant 3)."""
     admission = Adaptive(cap=100)
-    binding = Binding("b", "t", "tests.funcs.basic:async_sleepy")
+    binding = Binding("b", Source("kafka", "t"), "tests.funcs.basic:async_sleepy")
     payload = json.dumps({"sleep": 0.05}).encode()
 
     async def scenario() -> float:

@@ -10,6 +10,7 @@ import asyncio
 import json
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.wire import Outcome
 from asynctier.scheduler import SchedulerOptions
@@ -20,8 +21,8 @@ from tests.scheduler_harness import items, local_scheduler, running_scheduler
 CALLS = 8
 BATCH = 250
 WORKERS = 4
-GAUGED = Binding("gauged", "t", "tests.funcs.basic:gauged")
-ASYNC_GAUGED = Binding("agauged", "t", "tests.funcs.basic:async_gauged")
+GAUGED = Binding("gauged", Source("kafka", "t"), "tests.funcs.basic:gauged")
+ASYNC_GAUGED = Binding("agauged", Source("kafka", "t"), "tests.funcs.basic:async_gauged")
 PAYLOAD = json.dumps({"ms": 0.5}).encode()
 
 

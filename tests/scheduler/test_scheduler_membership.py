@@ -9,6 +9,7 @@ import time
 import redis
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.binding_source import StaticBindings
 from asynctier.platform.config import Settings
 from asynctier.platform.membership import SchedulerDirectory, live_members, live_schedulers
@@ -107,7 +108,7 @@ def test_heartbeat_survives_redis_being_unreachable(settings: Settings) -> None:
 
 def test_a_scheduler_serves_on_while_redis_is_unreachable(settings: Settings) -> None:
     down = settings.with_overrides(redis_url="redis://127.0.0.1:1/0")
-    binding = Binding("rec", "t", "tests.funcs.basic:noop")
+    binding = Binding("rec", Source("kafka", "t"), "tests.funcs.basic:noop")
     with running_scheduler(down, [binding]) as running:
         outcomes = running.submit(items("rec", 100))
         assert all(o["status"] == "ok" for o in outcomes.values())

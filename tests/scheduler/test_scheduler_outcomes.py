@@ -12,6 +12,7 @@ import fastavro
 import pytest
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Execution, Payload, Source
 from asynctier.platform.config import Settings
 from asynctier.scheduler import SchedulerOptions
 from tests.funcs import basic
@@ -21,23 +22,27 @@ SCHEMA = json.dumps({"type": "record", "name": "Order", "fields": [
     {"name": "id", "type": "long"}, {"name": "sku", "type": "string"}]})
 
 BINDINGS = [
-    Binding("rec", "t", "tests.funcs.basic:record", tenant="acme"),
-    Binding("arec", "t", "tests.funcs.basic:async_record"),
-    Binding("retry", "t", "tests.funcs.basic:retry_later"),
-    Binding("reject", "t", "tests.funcs.basic:reject"),
-    Binding("areject", "t", "tests.funcs.basic:async_reject"),
-    Binding("boom", "t", "tests.funcs.basic:boom"),
-    Binding("aboom", "t", "tests.funcs.basic:async_boom"),
-    Binding("slow", "t", "tests.funcs.basic:sleepy", timeout_s=0.3),
-    Binding("aslow", "t", "tests.funcs.basic:async_sleepy", timeout_s=0.3),
-    Binding("avro", "t", "tests.funcs.basic:record", format="avro", schema=SCHEMA),
-    Binding("raw", "t", "tests.funcs.basic:record", format="bytes"),
-    Binding("evil", "t", "tests.funcs.evil:run"),
-    Binding("system", "t", "os:system"),
-    Binding("walk", "t", "tests.funcs.basic:time.sleep"),
-    Binding("missing", "t", "tests.funcs.basic:nope"),
-    Binding("nomod", "t", "tests.funcs.basic.nomodule:run"),
-    Binding("outside", "t", "tests.funcs.nomodule:run"),
+    Binding("rec", Source("kafka", "t"), "tests.funcs.basic:record", tenant="acme"),
+    Binding("arec", Source("kafka", "t"), "tests.funcs.basic:async_record"),
+    Binding("retry", Source("kafka", "t"), "tests.funcs.basic:retry_later"),
+    Binding("reject", Source("kafka", "t"), "tests.funcs.basic:reject"),
+    Binding("areject", Source("kafka", "t"), "tests.funcs.basic:async_reject"),
+    Binding("boom", Source("kafka", "t"), "tests.funcs.basic:boom"),
+    Binding("aboom", Source("kafka", "t"), "tests.funcs.basic:async_boom"),
+    Binding("slow", Source("kafka", "t"), "tests.funcs.basic:sleepy",
+            execution=Execution(timeout_s=0.3)),
+    Binding("aslow", Source("kafka", "t"), "tests.funcs.basic:async_sleepy",
+            execution=Execution(timeout_s=0.3)),
+    Binding("avro", Source("kafka", "t"), "tests.funcs.basic:record",
+            payload=Payload(format="avro", schema=SCHEMA)),
+    Binding("raw", Source("kafka", "t"), "tests.funcs.basic:record",
+            payload=Payload(format="bytes")),
+    Binding("evil", Source("kafka", "t"), "tests.funcs.evil:run"),
+    Binding("system", Source("kafka", "t"), "os:system"),
+    Binding("walk", Source("kafka", "t"), "tests.funcs.basic:time.sleep"),
+    Binding("missing", Source("kafka", "t"), "tests.funcs.basic:nope"),
+    Binding("nomod", Source("kafka", "t"), "tests.funcs.basic.nomodule:run"),
+    Binding("outside", Source("kafka", "t"), "tests.funcs.nomodule:run"),
 ]
 
 

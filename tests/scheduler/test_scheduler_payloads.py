@@ -12,17 +12,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Payload, Source
 from asynctier.platform.errors import DecodeError
 from asynctier.platform.payloads import TOMBSTONE, decode_json, decoder_for
 
 SCHEMA = json.dumps({"type": "record", "name": "R", "fields": [
     {"name": "n", "type": "long"}, {"name": "s", "type": "string"}]})
-AVRO = Binding("b", "t", "m:f", format="avro", schema=SCHEMA)
+AVRO = Binding("b", Source("kafka", "t"), "m:f", payload=Payload(format="avro", schema=SCHEMA))
 
 
 def encode(doc: dict[str, object]) -> bytes:
     buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, AVRO.parsed_schema(), doc)
+    fastavro.schemaless_writer(buf, AVRO.payload.parsed_schema(), doc)
     return buf.getvalue()
 
 
@@ -49,7 +50,7 @@ def test_avro_uses_every_byte() -> None:
 
 
 def test_bytes_are_passed_as_they_are() -> None:
-    decode = decoder_for(Binding("b", "t", "m:f", format="bytes"))
+    decode = decoder_for(Binding("b", Source("kafka", "t"), "m:f", payload=Payload(format="bytes")))
     assert decode(b"\x00\xff") == b"\x00\xff"
     assert decode(None) is None
 

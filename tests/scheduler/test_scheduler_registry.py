@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.registry import BindingRegistry
 from tests.scheduler_harness import item, items, running_scheduler
@@ -10,10 +11,10 @@ from tests.scheduler_harness import item, items, running_scheduler
 
 def test_bindings_come_from_the_registry_and_new_ones_are_found(settings: Settings) -> None:
     registry = BindingRegistry(settings)
-    registry.put(Binding("early", "some-topic", "tests.funcs.basic:noop"))
+    registry.put(Binding("early", Source("kafka", "some-topic"), "tests.funcs.basic:noop"))
     with running_scheduler(settings, None) as running:
         assert all(o["status"] == "ok" for o in running.submit(items("early", 50)).values())
-        registry.put(Binding("late", "some-topic", "tests.funcs.basic:noop"))
+        registry.put(Binding("late", Source("kafka", "some-topic"), "tests.funcs.basic:noop"))
         # submitted right away: the scheduler reads the registry again when it meets
         # a binding it does not know yet
         outcomes = running.submit([item("late", 1), item("ghost", 2)])
@@ -39,8 +40,9 @@ def test_the_delay_process_looks_up_a_binding_it_was_not_told_of_yet(
     book = BindingBook(settings, reload_every_s=60.0)
     registry = BindingRegistry(settings)
     assert book.get("gone") is None  # the registry read: no such binding
-    registry.put(Binding("late", "late-topic", "tests.funcs.basic:noop"))
-    assert book.get("late") == Binding("late", "late-topic", "tests.funcs.basic:noop")
+    registry.put(Binding("late", Source("kafka", "late-topic"), "tests.funcs.basic:noop"))
+    assert book.get("late") == Binding("late", Source("kafka", "late-topic"),
+                                       "tests.funcs.basic:noop")
     reads: list[int] = []
     real = book.registry.load
     book.registry.load = lambda *a: reads.append(1) or real(*a)  # type: ignore[method-assign]

@@ -13,6 +13,7 @@ import statistics
 import time
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.wire import Item, Outcome
 from asynctier.scheduler import Scheduler, SchedulerOptions
 from tests.funcs import basic
@@ -26,7 +27,7 @@ def timed_items(binding: str, count: int, ms: float, start: int = 0) -> list[Ite
 
 
 def test_a_full_queue_makes_submit_wait_and_the_cap_holds() -> None:
-    gate = Binding("gate", "t", "tests.funcs.basic:sleepy")
+    gate = Binding("gate", Source("kafka", "t"), "tests.funcs.basic:sleepy")
     options = SchedulerOptions(workers=1, max_queued_items=100, max_chunk_items=16,
                                min_chunk_items=16)
 
@@ -54,10 +55,10 @@ def test_a_full_queue_makes_submit_wait_and_the_cap_holds() -> None:
 
 
 def test_urgent_starts_first_under_contention_and_batch_still_progresses() -> None:
-    bindings = [Binding("urgent", "t", "tests.funcs.basic:timed", priority="urgent",
-                        tenant="live"),
-                Binding("batch", "t", "tests.funcs.basic:timed", priority="batch",
-                        tenant="suggest")]
+    bindings = [Binding("urgent", Source("kafka", "t"), "tests.funcs.basic:timed", tenant="live",
+                        priority="urgent"),
+                Binding("batch", Source("kafka", "t"), "tests.funcs.basic:timed", tenant="suggest",
+                        priority="batch")]
     basic.reset()
 
     async def scenario() -> tuple[float, float, int]:
@@ -89,8 +90,9 @@ def test_urgent_starts_first_under_contention_and_batch_still_progresses() -> No
 
 
 def test_both_tiers_backlogged_share_8_to_1() -> None:
-    bindings = [Binding("urgent", "t", "tests.funcs.basic:timed", priority="urgent"),
-                Binding("batch", "t", "tests.funcs.basic:timed", priority="batch")]
+    bindings = [Binding("urgent", Source("kafka", "t"), "tests.funcs.basic:timed",
+                        priority="urgent"),
+                Binding("batch", Source("kafka", "t"), "tests.funcs.basic:timed", priority="batch")]
     basic.reset()
 
     async def scenario() -> None:
@@ -115,8 +117,8 @@ def test_a_flooding_tenant_does_not_starve_a_trickle() -> None:
     """Tenant A floods 20,000 items, tenant B sends 500, equal weights, same tier: while
     B's items run, A starts about as many as B (counted, not timed: a count does not move
     with the machine's load)."""
-    bindings = [Binding("flood", "t", "tests.funcs.basic:timed", tenant="a"),
-                Binding("trickle", "t", "tests.funcs.basic:timed", tenant="b")]
+    bindings = [Binding("flood", Source("kafka", "t"), "tests.funcs.basic:timed", tenant="a"),
+                Binding("trickle", Source("kafka", "t"), "tests.funcs.basic:timed", tenant="b")]
     ms = 2.0
 
     async def b_with_flood() -> float:

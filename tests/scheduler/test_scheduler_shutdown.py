@@ -21,12 +21,13 @@ from tests.scheduler_harness import item
 SERVE = textwrap.dedent("""
     import logging, sys
     from asynctier.platform.binding import Binding
+    from asynctier.platform.binding_features import Source
     from asynctier.platform.config import Settings
     from asynctier.scheduler import run_scheduler
     from asynctier.platform.binding_source import StaticBindings
     logging.basicConfig(level=logging.INFO)
     settings = Settings(redis_url=sys.argv[1], prefix=sys.argv[2])
-    slow = Binding("slow", "t", "tests.funcs.basic:marked_sleepy")
+    slow = Binding("slow", Source("kafka", "t"), "tests.funcs.basic:marked_sleepy")
     run_scheduler(settings, listen="127.0.0.1:0", allow_modules=["tests.funcs.basic"],
                   bindings=StaticBindings([slow]),
                   ready_callback=lambda address: print("READY", address, flush=True))

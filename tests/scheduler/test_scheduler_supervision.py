@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -70,7 +71,8 @@ def test_the_lease_heartbeat_is_restarted(settings: Settings, redis_client: Any,
         calls: list[int] = []
         monkeypatch.setattr(pool, "_renew_binding", fail_once(pool._renew_binding, calls))
         try:
-            await pool.acquire(BINDING.with_changes(max_concurrency=2))
+            await pool.acquire(BINDING.with_changes(limits=replace(BINDING.limits,
+                                                                   max_concurrency=2)))
             await until(lambda: len(calls) >= 3, "renewals after the failure")
             assert restarts(task) == before + 1
         finally:

@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from asynctier.cli import main
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.registry import BindingRegistry
 from asynctier.queue import NewItem
@@ -188,7 +189,7 @@ def test_the_cli_adds_a_kafka_target_and_refuses_two_targets(
     unbound = run(main, ["schedule", "add", "x", *ns, "--every", "5s", "--topic", topic],
                   env=env)
     assert unbound.exit_code == 2 and f"no binding reads Kafka topic {topic!r}" in unbound.output
-    BindingRegistry(settings).put(Binding("beats", topic, "m:f"))
+    BindingRegistry(settings).put(Binding("beats", Source("kafka", topic), "m:f"))
     added = run(main, ["schedule", "add", "x", *ns, "--every", "5s", "--topic", topic], env=env)
     assert added.exit_code == 0, added.output
     assert f"-> Kafka topic {topic}" in added.output

@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from asynctier.cli import main
 from asynctier.platform import metrics
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Payload, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.registry import BindingRegistry
 from asynctier.queue.shards import ShardedQueue
@@ -336,12 +337,13 @@ def test_a_payload_the_bindings_decoder_refuses_is_refused(
         settings: Settings, postgres: str, schedules: ScheduleStore,
         queue_namespace: str) -> None:
     schema = {"type": "record", "name": "Tick", "fields": [{"name": "n", "type": "int"}]}
-    BindingRegistry(settings).put(Binding(
-        "avro-ticks", "avro-ticks", "tests.faults.funcs:run", tenant=queue_namespace,
-        source_kind="queue", format="avro", schema=json.dumps(schema)).validate())
-    BindingRegistry(settings).put(Binding(
-        "json-ticks", "json-ticks", "tests.faults.funcs:run", tenant=queue_namespace,
-        source_kind="queue").validate())
+    BindingRegistry(settings).put(Binding("avro-ticks", Source("queue", "avro-ticks"),
+                                          "tests.faults.funcs:run", tenant=queue_namespace,
+                                          payload=Payload(format="avro",
+                                                          schema=json.dumps(schema))).validate())
+    BindingRegistry(settings).put(Binding("json-ticks", Source("queue", "json-ticks"),
+                                          "tests.faults.funcs:run",
+                                          tenant=queue_namespace).validate())
     env = {"ASYNCTIER_CONFIG": "", "ASYNCTIER_QUEUE_SHARDS": postgres,
            "ASYNCTIER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
            "ASYNCTIER_PREFIX": settings.prefix}

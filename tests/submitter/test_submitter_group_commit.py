@@ -10,6 +10,7 @@ import pytest
 
 from asynctier.dev.process import free_port
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import QueueError, QueueUnavailable
 from asynctier.queue.items import NewItem
@@ -122,8 +123,7 @@ def test_a_backlog_reading_far_under_the_cap_is_reused_longer(
     """A reading is read again after ``recheck_s`` near the cap, but reused for 5 s when
     the cap is FAR_BELOW items away (a long topic's count is PostgreSQL's work)."""
     now = [100.0]
-    binding = Binding("b", "wb", "bench.noop:noop", tenant=queue_namespace,
-                      source_kind="queue")
+    binding = Binding("b", Source("queue", "wb"), "bench.noop:noop", tenant=queue_namespace)
     near = Backlog(Settings(), queue, cap=30, recheck_s=1.0, clock=lambda: now[0])
     far = Backlog(Settings(), queue, cap=FAR_BELOW + 10, recheck_s=1.0, clock=lambda: now[0])
 

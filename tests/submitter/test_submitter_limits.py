@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 
 from asynctier.client import Client
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Payload, Source
 from asynctier.platform.binding_source import StaticBindings
 from asynctier.platform.config import Settings
 from asynctier.queue.store import QueueStore
@@ -74,12 +75,12 @@ def tenant(queue_namespace: str) -> str:
 def bindings(tenant: str) -> list[Binding]:
     fn = "tests.faults.funcs:run"
     return [
-        Binding("q", "work", fn, tenant=tenant, source_kind="queue"),
-        Binding("other", "work2", fn, tenant=f"{tenant}-b", source_kind="queue"),
-        Binding("av", "avwork", fn, tenant=tenant, source_kind="queue", format="avro",
-                schema=AVRO_SCHEMA),
-        Binding("small", "smallwork", fn, tenant=tenant, source_kind="queue",
-                max_payload_bytes=64),
+        Binding("q", Source("queue", "work"), fn, tenant=tenant),
+        Binding("other", Source("queue", "work2"), fn, tenant=f"{tenant}-b"),
+        Binding("av", Source("queue", "avwork"), fn, tenant=tenant,
+                payload=Payload(format="avro", schema=AVRO_SCHEMA)),
+        Binding("small", Source("queue", "smallwork"), fn, tenant=tenant,
+                payload=Payload(max_bytes=64)),
     ]
 
 
@@ -350,7 +351,7 @@ def test_a_kafka_bindings_lag_over_the_cap_throttles_it(
     """A Kafka binding nobody consumes: once its consumer lag reaches the cap (100), its
     new workloads are throttled."""
     topic = unique_topic(partitions=2)
-    kafka = Binding("kb", topic, "tests.faults.funcs:run", tenant=tenant)
+    kafka = Binding("kb", Source("kafka", topic), "tests.faults.funcs:run", tenant=tenant)
     gen = start(settings, postgres, [kafka], max_backlog=100, backlog_recheck_s=0.2)
     served = next(gen)
     try:

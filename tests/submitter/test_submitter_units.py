@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+from dataclasses import replace
 
 import fastavro
 import pytest
@@ -15,6 +16,7 @@ from asynctier.cli.bindings import _size
 from asynctier.cli.run import COMPONENTS, _child_args
 from asynctier.client import as_payload
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import BindingError
 from asynctier.platform.schemas import load_schema
@@ -72,12 +74,12 @@ def test_a_per_binding_payload_limit_is_parsed_checked_and_stored() -> None:
         4096, 512_000, 1024 * 1024, 2048]
     with pytest.raises(BindingError, match="max payload: '1GB' is not a size"):
         _size("max payload", "1GB")
-    base = Binding("small", "work", "tests.faults.funcs:run", source_kind="queue")
+    base = Binding("small", Source("queue", "work"), "tests.faults.funcs:run")
     with pytest.raises(BindingError, match="max payload: max payload 2,097,152 bytes"):
-        base.with_changes(max_payload_bytes=2 * 1024 * 1024).validate()
-    kept = base.with_changes(max_payload_bytes=512_000).validate()
-    assert Binding.decode(kept.encode()).max_payload_bytes == 512_000
-    assert Binding.decode(base.encode()).max_payload_bytes is None
+        base.with_changes(payload=replace(base.payload, max_bytes=2 * 1024 * 1024)).validate()
+    kept = base.with_changes(payload=replace(base.payload, max_bytes=512_000)).validate()
+    assert Binding.decode(kept.encode()).payload.max_bytes == 512_000
+    assert Binding.decode(base.encode()).payload.max_bytes is None
 
 
 def fastavro_results(results: list[Result]) -> bytes:

@@ -18,6 +18,7 @@ import grpc
 import pytest
 
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Execution, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.rpc import CHANNEL_OPTIONS, SUBMIT, SchedulerClient
 from asynctier.platform.wire import decode_items, encode_outcomes, ok
@@ -85,7 +86,8 @@ def module_settings(kafka_bootstrap: str, redis_url: str) -> Settings:
 
 @pytest.fixture(scope="module")
 def scheduler(module_settings: Settings) -> Iterator[Running]:
-    bindings = [Binding(f"bad-{kind}", "unused", "tests.funcs.basic:record", idempotent=True)
+    bindings = [Binding(f"bad-{kind}", Source("kafka", "unused"), "tests.funcs.basic:record",
+                        execution=Execution(idempotent=True))
                 for kind in BAD]
     with running_scheduler(module_settings, bindings) as sched:
         yield sched
@@ -104,7 +106,8 @@ def test_a_bad_answer_is_refused_and_the_batch_sent_again(
     bad, says = BAD[kind]
     topic = unique_topic(1)
     produce(settings, topic, [{"id": i} for i in range(RECORDS)])
-    binding = Binding(f"bad-{kind}", topic, "tests.funcs.basic:record", idempotent=True)
+    binding = Binding(f"bad-{kind}", Source("kafka", topic), "tests.funcs.basic:record",
+                      execution=Execution(idempotent=True))
     group = settings.names.group(binding.name)
     proxy = Proxy(scheduler.address, bad)
     client = SchedulerClient(lambda: [proxy.address])

@@ -22,6 +22,7 @@ from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform import names as n
 from asynctier.platform import wire
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Retries, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.registry import BindingRegistry
 from asynctier.platform.rpc import SchedulerClient
@@ -75,10 +76,10 @@ class DelayProcess:
         assert not self.thread.is_alive(), "the delay tailers did not stop"
 
 
-def bind(settings: Settings, name: str, **fields: Any) -> Binding:
+def bind(settings: Settings, name: str, max_attempts: int = 5) -> Binding:
     """Store a binding (ledger function, short ladder) and create its topics."""
-    binding = Binding(name=name, topic=f"{settings.prefix}.src",
-                      function="tests.funcs.ledger:record", retry_ladder_s=LADDER, **fields)
+    binding = Binding(name, Source("kafka", f"{settings.prefix}.src"), "tests.funcs.ledger:record",
+                      retries=Retries(max_attempts, LADDER))
     BindingRegistry(settings).put(binding)
     ensure_binding_topics(settings, [binding])
     return binding
@@ -92,7 +93,7 @@ def fail_first_attempts(settings: Settings, binding: Binding, docs: list[dict[st
     before = time.time()
     for i, doc in enumerate(docs):
         parcel = Parcel(value=json.dumps(doc).encode(), key=str(doc["id"]).encode(),
-                        headers=[("trace", b"t-%d" % i)], origin=f"{binding.topic}/0/{i}",
+                        headers=[("trace", b"t-%d" % i)], origin=f"{binding.source.topic}/0/{i}",
                         attempt=1, first_seen_ms=int(before * 1000))
         handoff.resolve(binding, parcel, wire.retry(i, "boom", after_s))
     handoff.confirm()

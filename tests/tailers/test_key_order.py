@@ -17,13 +17,15 @@ from confluent_kafka import Message
 
 from asynctier.platform import wire
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Execution, Source
 from asynctier.platform.calls import CallBuilder
 from asynctier.platform.supervise import Supervisor
 from asynctier.tailers.key_order import Keyed, KeyOrder
 from asynctier.tailers.ordered import KeyGate
 from asynctier.tailers.source import TP, Batch, Offsets, OffsetSource, Prepared, high_marks
 
-BINDING = Binding("orders", "t", "tests.funcs.ledger:record", ordering="key")
+BINDING = Binding("orders", Source("kafka", "t"), "tests.funcs.ledger:record",
+                  execution=Execution(ordering="key"))
 TAILERS = Path(__file__).resolve().parents[2] / "asynctier" / "tailers"
 
 

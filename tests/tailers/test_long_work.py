@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from asynctier.platform.binding_features import Execution, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import CheckpointError
 from asynctier.queue.items import NewItem
@@ -275,7 +276,8 @@ def _pool_outcomes(functions: list[str], allow: list[str], **extra: Any) -> list
         try:
             results = []
             for function in functions:
-                binding = Binding("iso", "t", function, isolation="process", timeout_s=10)
+                binding = Binding("iso", Source("kafka", "t"), function,
+                                  execution=Execution(isolation="process", timeout_s=10))
                 results.append(await pool.run_item(_Job(binding, binding.encode()), item))
             return results
         finally:

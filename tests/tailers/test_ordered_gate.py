@@ -29,6 +29,7 @@ from hypothesis.stateful import (
 
 from asynctier.delay_streams.handoff import Parcel
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Execution, Source
 from asynctier.platform.redis_client import sync_client
 from asynctier.platform.wire import Outcome
 from asynctier.tailers.ordered import KeyGate, LaneKey, lane_key, redis_key
@@ -118,7 +119,8 @@ class GateModel:
 
     def __init__(self, lot: ParkingLot) -> None:
         self.lot = lot
-        self.binding = Binding("gate", TOPIC, "tests.funcs.order:step", ordering="key")
+        self.binding = Binding("gate", Source("kafka", TOPIC), "tests.funcs.order:step",
+                               execution=Execution(ordering="key"))
         self.gate = KeyGate(self.binding, lot, batch_size=4)
         self.resolver = Resolver()
         self.log: dict[int, list[Rec]] = {p: [] for p in PARTITIONS}

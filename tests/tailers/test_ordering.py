@@ -8,6 +8,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from confluent_kafka import KafkaException
 
 from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Execution, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import BindingError
 from asynctier.tailers.parking import ParkingLot
@@ -226,9 +228,10 @@ def test_one_key_failing_for_60s_does_not_slow_the_other_999(
 def test_ordering_key_is_refused_where_order_cannot_be_kept() -> None:
     """A queue binding, or a Kafka binding whose timeout moves its records into the
     queue, cannot keep a key's order: bind refuses --ordering key, saying what to change."""
-    kafka = Binding("o", "t", "tests.funcs.order:run", ordering="key")
+    kafka = Binding("o", Source("kafka", "t"), "tests.funcs.order:run",
+                    execution=Execution(ordering="key"))
     assert kafka.validate() is kafka
     with pytest.raises(BindingError, match="a queue orders by priority"):
-        kafka.with_changes(source_kind="queue").validate()
+        kafka.with_changes(source=replace(kafka.source, kind="queue")).validate()
     with pytest.raises(BindingError, match="lower --timeout or raise --queue-after"):
-        kafka.with_changes(timeout_s=120.0).validate()
+        kafka.with_changes(execution=replace(kafka.execution, timeout_s=120.0)).validate()

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from tests.funcs import ledger
 from tests.helpers import wait_until
@@ -137,7 +138,7 @@ def test_function_outside_allowed_modules_never_imported_nor_run(
     from asynctier.platform.binding import Binding
     from asynctier.platform.registry import BindingRegistry
 
-    evil = Binding(name="evil", topic=topic, function="tests.funcs.evil:run")
+    evil = Binding(name="evil", source=Source("kafka", topic), function="tests.funcs.evil:run")
     ensure_binding_topics(settings, [evil])
     BindingRegistry(settings).put(evil)
     platform.start("scheduler")

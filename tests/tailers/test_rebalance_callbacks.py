@@ -19,6 +19,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from asynctier.delay_streams.handoff import Handoff
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.kafka import leave_group
 from asynctier.tailers.delay import DelayTailer
@@ -65,7 +66,8 @@ def _callbacks(which: int, consumer: Recorder) -> tuple[Any, str]:
     """The object whose rebalance callbacks a tailer's consumer is given, and its topic:
     the main tailer's or the delay tailer's partitions; ``consumer`` is its session's."""
     if which == 0:
-        main = KafkaTailer(SETTINGS, Binding("b", "src", "tests.funcs.ledger:record"),
+        main = KafkaTailer(SETTINGS, Binding("b", Source("kafka", "src"),
+                                             "tests.funcs.ledger:record"),
                            None,  # type: ignore[arg-type]
                            consumer_factory=lambda conf: consumer, handoff=_handoff())
         main.open()

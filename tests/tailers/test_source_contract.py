@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from asynctier.platform.binding import SOURCE_KINDS, Binding
+from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import SOURCE_KINDS, Execution, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.rpc import PendingCall, SchedulerClient
 from asynctier.scheduler import SchedulerOptions
@@ -27,11 +28,12 @@ from tests.list_source import ListSource, Nack
 from tests.scheduler_harness import Running, running_scheduler
 
 BINDINGS = [
-    Binding("rec", "list", "tests.funcs.basic:record"),
-    Binding("timed", "list", "tests.funcs.basic:timed"),
-    Binding("retry", "list", "tests.funcs.basic:retry_later"),
-    Binding("reject", "list", "tests.funcs.basic:reject"),
-    Binding("slow", "list", "tests.funcs.basic:sleepy", timeout_s=0.3),
+    Binding("rec", Source("kafka", "list"), "tests.funcs.basic:record"),
+    Binding("timed", Source("kafka", "list"), "tests.funcs.basic:timed"),
+    Binding("retry", Source("kafka", "list"), "tests.funcs.basic:retry_later"),
+    Binding("reject", Source("kafka", "list"), "tests.funcs.basic:reject"),
+    Binding("slow", Source("kafka", "list"), "tests.funcs.basic:sleepy",
+            execution=Execution(timeout_s=0.3)),
 ]
 
 
@@ -137,7 +139,7 @@ def test_a_list_source_runs_on_the_real_pipeline_and_scheduler(sched: Running) -
     for n in (n for n, k in kinds.items() if k == "retry"):
         assert nacks[n].after_s == 7.0, nacks[n]  # Retry(after=7)
     slow = BINDINGS[4]
-    assert nacks[13] == Nack(13, slow.retry_ladder_s[0], "timeout")  # its ladder's step
+    assert nacks[13] == Nack(13, slow.retries.ladder_s[0], "timeout")  # its ladder's step
     dead = dict(source.dead)
     assert {n: dead[n] for n, k in kinds.items() if k == "reject"} == {
         n: "rejected" for n, k in kinds.items() if k == "reject"}

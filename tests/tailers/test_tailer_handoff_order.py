@@ -15,6 +15,7 @@ from typing import Any
 from asynctier.delay_streams.handoff import Handoff
 from asynctier.platform import wire
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.tailers.kafka import KafkaTailer
 from asynctier.tailers.options import TailerOptions
@@ -36,7 +37,8 @@ def _tailer(log: Log, offsets: range, max_in_flight: int = 2,
     """A tailer of topic ``t`` (partition 0 assigned) whose consumer holds ``offsets``."""
     consumer = RecordingConsumer(ready=[message(0, o) for o in offsets])
     client = RecordingClient(log)
-    tailer = KafkaTailer(SETTINGS, Binding("orders", "t", "tests.funcs.ledger:record"),
+    tailer = KafkaTailer(SETTINGS, Binding("orders", Source("kafka", "t"),
+                                           "tests.funcs.ledger:record"),
                          client,  # type: ignore[arg-type]
                          TailerOptions(batch_size=2, max_in_flight=max_in_flight,
                                        linger_s=0.0, idle_poll_s=0.0,

@@ -19,6 +19,7 @@ from asynctier.delay_streams.handoff import Handoff
 from asynctier.platform import names as n
 from asynctier.platform import wire
 from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.errors import SchedulerUnavailable
 from asynctier.tailers.delay import DelayOptions, DelayTailer
@@ -33,7 +34,7 @@ from tests.funcs.recording import (
 )
 
 SETTINGS = Settings(kafka={"bootstrap.servers": "127.0.0.1:9", "log_level": "0"})
-BINDING = Binding("orders", "t", "tests.funcs.ledger:record")
+BINDING = Binding("orders", Source("kafka", "t"), "tests.funcs.ledger:record")
 
 
 @pytest.fixture(autouse=True)

@@ -44,7 +44,7 @@ class CapGate(Gate):
 
     def lanes(self, binding: Binding) -> int | None:
         """None without a cap; with one, the adaptive limit within it."""
-        cap = binding.max_concurrency
+        cap = binding.limits.max_concurrency
         if not cap:
             return None
         try:

@@ -109,7 +109,7 @@ class Breakers:
     async def admit(self, binding: Binding,
                     items: list[Item]) -> tuple[list[Outcome], list[Item]]:
         """(parked outcomes, items let through) for a batch of ``binding``."""
-        if binding.breaker_ratio is None or not items:
+        if binding.breaker.ratio is None or not items:
             return [], items
         answer = await self._call(binding, "admit", len(items))
         if answer is None:
@@ -123,7 +123,7 @@ class Breakers:
 
     def parks_now(self, binding: Binding) -> bool:
         """Whether chunks of ``binding`` leaving the queue now should be parked."""
-        return binding.breaker_ratio is not None and self.state(binding.name) == OPEN
+        return binding.breaker.ratio is not None and self.state(binding.name) == OPEN
 
     def is_probe(self, item: Item) -> bool:
         """Whether ``item`` was let through as a probe."""
@@ -143,7 +143,7 @@ class Breakers:
                      outcomes: Sequence[Outcome]) -> list[Outcome]:
         """Feed the breaker a chunk's outcomes (bad input does not count); the outcomes with
         failed probes turned into retries that spend no attempt."""
-        if binding.breaker_ratio is None or not outcomes:
+        if binding.breaker.ratio is None or not outcomes:
             return list(outcomes)
         probe_ids = {i["id"] for i in items if id(i) in self._probes}
         for item in items:
@@ -163,10 +163,10 @@ class Breakers:
 
     async def _call(self, binding: Binding, op: str, *args: int) -> tuple[int, int] | None:
         cfg = self.config
-        assert binding.breaker_ratio is not None
+        assert binding.breaker.ratio is not None
         try:
             raw = await self._script(keys=[self.key(binding.name)], args=[
-                op, binding.breaker_ratio, int(binding.breaker_window_s * 1000),
+                op, binding.breaker.ratio, int(binding.breaker.window_s * 1000),
                 cfg.min_calls, int(cfg.probe_interval_s * 1000), int(cfg.ramp_s * 1000),
                 *args, *([0] * (4 - len(args))),
                 *([] if self._clock is None else [self._clock()])])
@@ -208,8 +208,8 @@ class Breakers:
 
 def _meaning(binding: Binding, state: str, cfg: BreakerConfig) -> str:
     if state == OPEN:
-        return (f"at least {binding.breaker_ratio:.0%} of its calls failed over "
-                f"{binding.breaker_window_s:g}s: new records are parked for {cfg.park_s:g}s "
+        return (f"at least {binding.breaker.ratio:.0%} of its calls failed over "
+                f"{binding.breaker.window_s:g}s: new records are parked for {cfg.park_s:g}s "
                 f"without spending attempts; one probe every {cfg.probe_interval_s:g}s")
     if state == RAMP:
         return f"a probe succeeded: records flow back over {cfg.ramp_s:g}s"

@@ -31,9 +31,9 @@ log = logging.getLogger(__name__)
 
 def burst_of(binding: Binding) -> float:
     """The binding's burst: its own, else one second's worth of its rate (at least 1)."""
-    if binding.burst is not None:
-        return float(binding.burst)
-    return float(max(1, math.ceil(binding.rate_per_s or 1.0)))
+    if binding.limits.burst is not None:
+        return float(binding.limits.burst)
+    return float(max(1, math.ceil(binding.limits.rate_per_s or 1.0)))
 
 
 class TokenBucket:
@@ -100,7 +100,7 @@ class RedisBucket:
 
     async def reserve(self, binding: Binding, n: int) -> float:
         """Take ``n`` tokens of ``binding``'s bucket; the seconds to wait (0: at once)."""
-        rate = binding.rate_per_s
+        rate = binding.limits.rate_per_s
         assert rate is not None
         name, now = binding.name, self._clock()
         paid = self._prepaid.get(name)
@@ -127,7 +127,7 @@ class RedisBucket:
         """What a take of up to ``n`` tokens asks the script (rate, burst, spare wanted),
         to be taken together with another script (:meth:`prepay`); None when this
         scheduler's spare tokens cover ``n`` (a take then costs no round trip)."""
-        rate = binding.rate_per_s
+        rate = binding.limits.rate_per_s
         assert rate is not None
         spare = self._spare.get(binding.name)
         if spare is not None and self._clock() < spare[1] and spare[0] >= n:
@@ -149,7 +149,7 @@ class RedisBucket:
     def _want(self, binding: Binding) -> int:
         """The spare tokens a take asks for (0 for a binding slower than
         :data:`MIN_SPARE` per :data:`SPARE_S`)."""
-        want = int(min(burst_of(binding), (binding.rate_per_s or 0.0) * SPARE_S))
+        want = int(min(burst_of(binding), (binding.limits.rate_per_s or 0.0) * SPARE_S))
         return want if want >= MIN_SPARE else 0
 
     def _refused(self, binding: str, refused: str) -> None:

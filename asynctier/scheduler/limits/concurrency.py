@@ -119,7 +119,7 @@ class LeasePool:
 
     async def acquire(self, binding: Binding) -> tuple[str, bool]:
         """Wait for a lease under the binding's cap; the lease id and whether it waited."""
-        assert binding.max_concurrency is not None
+        assert binding.limits.max_concurrency is not None
         lease = f"{self._holder}:{next(self._seq)}"
         gate = self._gates.setdefault(binding.name, asyncio.Lock())
         waited = gate.locked()
@@ -132,7 +132,7 @@ class LeasePool:
     async def _poll(self, binding: Binding, lease: str) -> bool:
         freed = self._freed.setdefault(binding.name, asyncio.Event())
         delay, waited = POLL_FIRST_S, False
-        cap = binding.max_concurrency
+        cap = binding.limits.max_concurrency
         assert cap is not None
         args: list[int | str] = [cap, lease, self._lease_ms]
         while True:

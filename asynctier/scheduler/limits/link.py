@@ -46,7 +46,7 @@ class RedisLink:
         ``fail_open`` takes ``fallback()``, ``fail_closed`` waits and tries again."""
         backoff = Backoff()
         while True:
-            if binding.redis_policy == "fail_closed" or self.outage.may_try():
+            if binding.limits.redis_policy == "fail_closed" or self.outage.may_try():
                 try:
                     value = await call()
                 except REDIS_DOWN as exc:
@@ -54,7 +54,7 @@ class RedisLink:
                 else:
                     self.outage.recovered()
                     return value
-            if binding.redis_policy == "fail_open":
+            if binding.limits.redis_policy == "fail_open":
                 self.stats.count_fallback(binding.name)
                 return fallback()
             await asyncio.sleep(backoff.next())

@@ -19,11 +19,11 @@ class LocalLimiter:
 
     def reserve(self, binding: Binding, n: int) -> float:
         """Take ``n`` tokens of the binding's local bucket; the seconds to wait."""
-        assert binding.rate_per_s is not None
+        assert binding.limits.rate_per_s is not None
         burst = burst_of(binding)
         bucket = self._buckets.get(binding.name)
         if bucket is None:
-            bucket = self._buckets[binding.name] = TokenBucket(binding.rate_per_s, burst)
-        elif (bucket.rate_per_s, bucket.burst) != (binding.rate_per_s, burst):
-            bucket.reconfigure(binding.rate_per_s, burst)
+            bucket = self._buckets[binding.name] = TokenBucket(binding.limits.rate_per_s, burst)
+        elif (bucket.rate_per_s, bucket.burst) != (binding.limits.rate_per_s, burst):
+            bucket.reconfigure(binding.limits.rate_per_s, burst)
         return bucket.reserve(n)

@@ -72,7 +72,7 @@ class Backoff:
 
 
 def _consequence(binding: Binding) -> str:
-    if binding.redis_policy == "fail_closed":
+    if binding.limits.redis_policy == "fail_closed":
         return "is fail_closed: its admission is PAUSED until Redis answers again"
     return ("fails open to this scheduler's local limiter (rate per scheduler, local "
             "concurrency cap, quotas NOT enforced) until Redis answers again")

@@ -66,13 +66,13 @@ class _Local:
     """A binding's state in this scheduler: its adaptive limit and its local cap."""
 
     def __init__(self, binding: Binding, aimd: AimdConfig) -> None:
-        self.cap = binding.max_concurrency
+        self.cap = binding.limits.max_concurrency
         self.aimd = Aimd(self.cap or aimd.uncapped_ceiling, aimd)
         self.limit = LocalLimit(self.cap)
 
     def update(self, binding: Binding, aimd: AimdConfig) -> None:
-        if binding.max_concurrency != self.cap:
-            self.cap = binding.max_concurrency
+        if binding.limits.max_concurrency != self.cap:
+            self.cap = binding.limits.max_concurrency
             self.aimd.resize(self.cap or aimd.uncapped_ceiling)
             self.apply()
 
@@ -140,7 +140,7 @@ class RedisAdmission:
         binding's admitted items in the same call (its :meth:`take_tokens` then waits for
         them without a round trip)."""
         plan = None
-        if (self._one_server and binding.rate_per_s is not None
+        if (self._one_server and binding.limits.rate_per_s is not None
                 and not self._quota.known_free(binding.tenant)):
             plan = self._bucket.plan(binding, len(items))
         if plan is None:
@@ -153,7 +153,7 @@ class RedisAdmission:
 
     async def take_tokens(self, binding: Binding, n: int) -> None:
         """Return once ``n`` items may start under the binding's rate limit."""
-        if binding.rate_per_s is None or n <= 0:
+        if binding.limits.rate_per_s is None or n <= 0:
             return
         wait_s = await self._link.guarded(binding, lambda: self._bucket.reserve(binding, n),
                                           lambda: self._fallback.reserve(binding, n))
@@ -203,7 +203,7 @@ class RedisAdmission:
         return local
 
     async def _lease(self, binding: Binding) -> tuple[str | None, bool]:
-        if binding.max_concurrency is None:
+        if binding.limits.max_concurrency is None:
             return None, False
         no_lease: tuple[str | None, bool] = (None, False)
         return await self._link.guarded(binding, lambda: self._leases.acquire(binding),

@@ -33,7 +33,7 @@ class RedisGuard:
 
     async def claim(self, binding: Binding, items: Sequence[Item]) -> str:
         """Claim ``items`` for this scheduler: one code per item (see :mod:`.once`)."""
-        if binding.idempotent or not items:
+        if binding.execution.idempotent or not items:
             return RUN * len(items)
         return await self.link.guarded(binding, lambda: self.once.claim(binding.name, items),
                                        lambda: RUN * len(items))
@@ -43,7 +43,7 @@ class RedisGuard:
         """After claimed ``items`` ran (or will not run here): remember the successes,
         release the others; the ids of those another copy completed meanwhile. Redis being
         down costs only the memory of these successes."""
-        if binding.idempotent or not items:
+        if binding.execution.idempotent or not items:
             return set()
         link = self.link
         if not link.outage.may_try():  # not now: a claim left behind is told apart later
