@@ -8,7 +8,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY schemas ./schemas
 COPY asynctier ./asynctier
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir '.[tracing]'
 # nobody, by number: Kubernetes' runAsNonRoot can check a number, not a name
 USER 65534:65534
 # SIGTERM goes to asynctier itself (exec form, PID 1): it drains, commits and exits

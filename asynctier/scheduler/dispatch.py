@@ -67,6 +67,12 @@ def _attempt_spans(binding: Binding, items: list[Item]) -> AttemptSpans:
     return AttemptSpans(binding, items)
 
 
+def _note_wait(items: list[Item], what: str, waited_s: float) -> None:
+    from asynctier.scheduler.traces import note_wait  # imports OpenTelemetry: only while on
+
+    note_wait(items, what, waited_s)
+
+
 def _ending_spans(spans: AttemptSpans, report: Report) -> Report:
     """``report`` that first ends the spans of the outcomes it sends."""
     def sent(outcomes: list[Outcome]) -> None:
@@ -248,6 +254,8 @@ class Dispatcher:
 
     async def _run(self, chunk: Chunk) -> list[Outcome]:
         binding = chunk.binding
+        if tracing.enabled():
+            _note_wait(chunk.items, "waited in the queue", self.queue.clock() - chunk.queued_at)
         refused, items = self.gates.dequeue(binding, chunk.items)
         if not items:
             return refused

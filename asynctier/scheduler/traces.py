@@ -130,6 +130,23 @@ class AttemptSpans:
             self.spans.clear()
 
 
+#: A wait at a gate shorter than this is not noted on the attempts' spans.
+WAIT_NOTED_S = 0.001
+
+
+def note_wait(items: Sequence[Item], what: str, waited_s: float) -> None:
+    """Note on each kept attempt's span that it waited ``waited_s`` (at a gate, in the
+    queue): the reasons of the gap before its run."""
+    if waited_s < WAIT_NOTED_S:
+        return
+    attrs = {"asynctier.waited_ms": round(waited_s * 1000, 3)}
+    for item in items:
+        trace = trace_of(item)
+        span = otel.get_current_span(trace) if trace is not None else None
+        if span is not None and span.is_recording():
+            span.add_event(what, attrs)
+
+
 def traced(function: Function) -> Function:
     """``function`` run inside a ``run`` span, child of its item's attempt span: the
     function's own spans nest in it (it is the current span while the function runs). An

@@ -152,6 +152,10 @@ def test_the_config_map_is_a_config_the_code_reads(helm: Path, tmp_path: Path) -
     assert settings.submitters == ("t-asynctier-submitter:50061",)
     options = options_from_settings(settings)
     assert (options.workers, options.max_queued_items) == (16, 40000)
+    traced = config["tracing"]
+    assert settings.tracing.enabled and settings.tracing.endpoint == traced["endpoint"]
+    assert settings.tracing.sample_ratio == traced["sampleRatio"]
+    assert settings.tracing.trace_link("ab") == traced["traceUrl"].replace("{trace_id}", "ab")
     pod = deployment(docs, "scheduler")["spec"]["template"]["spec"]
     mounted = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     for path in (settings.rpc.ca, settings.rpc.cert, settings.rpc.key):

@@ -87,11 +87,13 @@ def _trace_with(jaeger: JaegerNode, trace_id: str, ready: Callable[[list[dict[st
 def test_a_record_that_fails_twice_is_one_trace_of_three_attempts(
         platform: Platform, settings: Settings, jaeger: JaegerNode,
         unique_topic: Callable[..., str]) -> None:
-    topic, isolated = unique_topic(1), unique_topic(1)
+    topic, isolated, slow = unique_topic(1), unique_topic(1), unique_topic(1)
     platform.cli("bind", "pay", "--topic", topic, "--function", "tests.funcs.traced:charge",
                  "--retry-ladder", "1s,2s", "--max-attempts", "3")
     platform.cli("bind", "iso", "--topic", isolated, "--function",
                  "tests.funcs.traced:charge", "--retry-ladder", "1s", "--isolation", "process")
+    platform.cli("bind", "slow", "--topic", slow, "--function", "tests.funcs.traced:charge",
+                 "--rate", "2", "--burst", "1")
     for name in ("scheduler", "tailers", "delay"):
         platform.start(name)
     # the producer's own span, exported to the same Jaeger by the test
@@ -108,12 +110,13 @@ def test_a_record_that_fails_twice_is_one_trace_of_three_attempts(
     provider.shutdown()
     context = send.get_span_context()
     trace_id, send_id = f"{context.trace_id:032x}", f"{context.span_id:016x}"
+    waits = _produce(settings, slow, [(json.dumps({"id": n}).encode(), []) for n in (6, 7, 8)])
     bad = _produce(settings, topic, [(json.dumps({"id": n}).encode(),
                                       [("traceparent", b"00-not-a-trace-context")])
                                      for n in (2, 3, 4)])
 
-    wait_until(lambda: len(calls(platform.ledger)) == 8, 90,
-               "three attempts, three records, and two attempts in a worker process")
+    wait_until(lambda: len(calls(platform.ledger)) == 11, 90,
+               "three attempts, six records, and two attempts in a worker process")
     assert {c["trace"] for c in calls(platform.ledger) if c["id"] in (1, 5)} == {trace_id}
     spans = _trace_with(jaeger, trace_id, lambda s: sum(
         x["operationName"] == "charge" for x in s) == 5 and sum(
@@ -150,6 +153,24 @@ def test_a_record_that_fails_twice_is_one_trace_of_three_attempts(
     roots = [s for s in first if s["operationName"] == "process pay"]
     assert len(roots) == 1 and _parent(roots[0]) is None
     assert platform.log("scheduler", 1_000_000).count("is not W3C trace context") == 1
+
+    # a rate-limited binding's records wait for their tokens: the wait is on their spans
+    waited: list[float] = []
+    for ref in waits:
+        found = _trace_with(jaeger, trace_id_of([], ref), lambda s: any(
+            x["operationName"] == "process slow" for x in s))
+        waited += [w for s in found for w in _waits(s, "waited at TokenGate")]
+    assert waited and max(waited) >= 300, waited  # 2 a second, a burst of 1: 500 ms apart
+
+
+def _waits(span: dict[str, Any], event: str) -> list[float]:
+    """The ``asynctier.waited_ms`` of a span's events called ``event``."""
+    found = []
+    for log in span.get("logs", ()):
+        fields = {f["key"]: f["value"] for f in log["fields"]}
+        if fields.get("event") == event:
+            found.append(float(fields["asynctier.waited_ms"]))
+    return found
 
 
 def _exporting(jaeger: JaegerNode, service: str) -> TracerProvider:
@@ -208,3 +229,4 @@ def test_a_replayed_queue_item_is_a_trace_linked_to_its_first(
         assert [(r["traceID"], r["spanID"]) for r in links] == [(trace_id, app_id)]
     finally:
         plat.stop_all()
+

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
+from asynctier.platform import tracing
 from asynctier.platform.binding import Binding
 from asynctier.platform.wire import Item, Outcome
 from asynctier.scheduler.bounded import Chunk
@@ -76,6 +78,15 @@ async def _admit(gates: list[Gate], binding: Binding, items: list[Item]) -> Admi
     for gate in gates:
         if not items:
             break
+        began = time.monotonic()
         out, items = await gate.admit(binding, items)
         refused += out
+        if tracing.enabled():
+            _note_wait(items, type(gate).__name__, time.monotonic() - began)
     return refused, items
+
+
+def _note_wait(items: list[Item], gate: str, waited_s: float) -> None:
+    from asynctier.scheduler.traces import note_wait  # imports OpenTelemetry: when on
+
+    note_wait(items, f"waited at {gate}", waited_s)
