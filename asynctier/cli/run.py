@@ -19,18 +19,20 @@ uses P.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import click
 
 from asynctier.cli import settings_of
 from asynctier.cli.gcpolicy import quiet_gc
+from asynctier.platform import tracing
 from asynctier.platform.config import Settings
 from asynctier.platform.health import Health, beat_forever, redis_check
 from asynctier.platform.health import serve as serve_health
@@ -185,10 +187,24 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
         finally:
             board.stop()
     elif component == "tailers":
-        run_tailers(settings, stop, options, export_lag=metrics_port is not None,
-                    health=health)
+        with _traced(settings, component):
+            run_tailers(settings, stop, options, export_lag=metrics_port is not None,
+                        health=health)
     else:
-        run_delay(settings, stop, export_lag=metrics_port is not None, health=health)
+        with _traced(settings, component):
+            run_delay(settings, stop, export_lag=metrics_port is not None, health=health)
+
+
+@contextlib.contextmanager
+def _traced(settings: Settings, role: str) -> Iterator[None]:
+    """Tracing on for a tailers process while it runs (its records' ``read`` spans), the
+    spans still buffered exported at its end."""
+    traced = tracing.start(settings.tracing, role)
+    try:
+        yield
+    finally:
+        if traced:
+            tracing.stop()
 
 
 def run_delay(settings: Settings, stop: threading.Event, export_lag: bool = False,

@@ -4,9 +4,11 @@ tailers, the parked-key runner, ``dlq replay``). Its answer is read, and checked
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from typing import Any
 
-from asynctier.platform import wire
+from asynctier.platform import tracing, wire
 from asynctier.platform.rpc import MAX_CALL_BYTES, header_bytes
 
 
@@ -19,6 +21,8 @@ class CallBuilder:
         self.columns = wire.Columns()
         self.cap = MAX_CALL_BYTES if cap is None else cap
         self.size = 0
+        #: While tracing is on: what each item's ``read`` span needs (tracing_read.Read).
+        self.reads: list[Any] | None = [] if tracing.enabled() else None
 
     def add(self, binding: str, payload: bytes | None, key: bytes | None,
             headers: Sequence[tuple[str, bytes | None]] | None, attempt: int,
@@ -33,12 +37,18 @@ class CallBuilder:
         self.size = size
         self.columns.add(binding, payload, key, headers, attempt, source_ref, record_time_ms,
                          priority, deadline_ms)
+        if self.reads is not None:
+            self.reads.append((binding, headers or (), source_ref, attempt, time.time_ns()))
         return True
 
     def __len__(self) -> int:
         return len(self.columns)
 
     def encode(self) -> bytes:
-        """The request's bytes."""
+        """The request's bytes (and, while tracing is on, its items' ``read`` spans)."""
+        if self.reads:
+            from asynctier.platform.tracing_read import read_spans  # OpenTelemetry: when on
+
+            read_spans(self.reads, time.time_ns())
         return self.columns.encode()
 

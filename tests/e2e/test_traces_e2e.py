@@ -120,13 +120,21 @@ def test_a_record_that_fails_twice_is_one_trace_of_three_attempts(
     assert {c["trace"] for c in calls(platform.ledger) if c["id"] in (1, 5)} == {trace_id}
     spans = _trace_with(jaeger, trace_id, lambda s: sum(
         x["operationName"] == "charge" for x in s) == 5 and sum(
-        x["operationName"] == "process pay" for x in s) == 3)
+        x["operationName"] == "process pay" for x in s) == 3 and sum(
+        x["operationName"] == "read pay" for x in s) == 3)
     by_id = {s["spanID"]: s for s in spans}
     attempts = sorted((s for s in spans if s["operationName"] == "process pay"),
                       key=lambda s: s["startTime"])
     assert [_tags(a)["asynctier.attempt"] for a in attempts] == [1, 2, 3]
     assert [_tags(a)["asynctier.outcome"] for a in attempts] == ["retry", "retry", "ok"]
     assert all(_parent(a) == send_id for a in attempts)  # the producer's span is the parent
+    # each attempt read by a tailer (the main one, then the delay tailers) before it ran
+    reads = sorted((s for s in spans if s["operationName"] == "read pay"),
+                   key=lambda s: s["startTime"])
+    assert [_tags(r)["asynctier.attempt"] for r in reads] == [1, 2, 3]
+    assert all(_parent(r) == send_id for r in reads)
+    for read, attempt in zip(reads, attempts, strict=True):
+        assert read["startTime"] <= attempt["startTime"] + 1000  # us: read, then run
     assert by_id[send_id]["operationName"] == "send order"
     # the delay hops are the gaps between the attempts: 1 s, then 2 s of the ladder
     for before, after, hop_s in ((attempts[0], attempts[1], 1), (attempts[1], attempts[2], 2)):
