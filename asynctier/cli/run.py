@@ -19,14 +19,13 @@ uses P.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import click
 
@@ -187,24 +186,10 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
         finally:
             board.stop()
     elif component == "tailers":
-        with _traced(settings, component):
-            run_tailers(settings, stop, options, export_lag=metrics_port is not None,
-                        health=health)
+        run_tailers(settings, stop, options, export_lag=metrics_port is not None,
+                    health=health)
     else:
-        with _traced(settings, component):
-            run_delay(settings, stop, export_lag=metrics_port is not None, health=health)
-
-
-@contextlib.contextmanager
-def _traced(settings: Settings, role: str) -> Iterator[None]:
-    """Tracing on for a tailers process while it runs (its records' ``read`` spans), the
-    spans still buffered exported at its end."""
-    traced = tracing.start(settings.tracing, role)
-    try:
-        yield
-    finally:
-        if traced:
-            tracing.stop()
+        run_delay(settings, stop, export_lag=metrics_port is not None, health=health)
 
 
 def run_delay(settings: Settings, stop: threading.Event, export_lag: bool = False,
@@ -355,8 +340,10 @@ def run(ctx: click.Context, component: str | None, allow: tuple[str, ...], liste
     if component is None:
         _run_all(allow, listen, metrics_port, options, submitter_listen)
     else:
-        _run_one(settings, component, allow, listen, metrics_port, options, submitter_listen,
-                 SubmitterOptions(max_backlog=max_backlog, max_pending=max_pending))
+        with tracing.running(settings.tracing, component):  # [tracing]: spans of this process
+            _run_one(settings, component, allow, listen, metrics_port, options,
+                     submitter_listen,
+                     SubmitterOptions(max_backlog=max_backlog, max_pending=max_pending))
 
 
 COMMANDS = [run]

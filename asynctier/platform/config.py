@@ -78,7 +78,7 @@ from pathlib import Path
 from typing import Any
 
 from asynctier.platform.durations import parse_duration
-from asynctier.platform.errors import ConfigError
+from asynctier.platform.errors import ConfigError, refuse_unknown_keys
 from asynctier.platform.names import DEFAULT_PREFIX, Names
 from asynctier.platform.rpcsecurity import RpcSecurity
 from asynctier.platform.rpcsecurity import from_mapping as rpc_from_mapping
@@ -194,10 +194,7 @@ def _scheduler_table(table: dict[str, Any], source: str) -> tuple[int | None,
     """``[scheduler]``: (workers or None, tier weights named there)."""
     known = {"workers", "tier_weights", "max_queued_items", "cpu_bound_item_ms",
              "stop_grace"}
-    bad = set(table) - known
-    if bad:
-        raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [scheduler]; "
-                          f"known keys: {sorted(known)}")
+    refuse_unknown_keys(table, known, "scheduler", source)
     workers = table.get("workers")
     if workers is not None and (not isinstance(workers, int) or not 1 <= workers <= 1024):
         raise ConfigError(f"{source}: [scheduler] workers = {workers!r}: give 1 to 1024")
@@ -215,10 +212,7 @@ def _scheduler_table(table: dict[str, Any], source: str) -> tuple[int | None,
 
 def _queue_shards(queue: dict[str, Any], source: str) -> tuple[str, ...]:
     """``[queue] shards``: a non-empty list of postgresql:// DSNs."""
-    bad = set(queue) - {"shards"}
-    if bad:
-        raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [queue]; "
-                          "known keys: ['shards']")
+    refuse_unknown_keys(queue, {"shards"}, "queue", source)
     shards = queue.get("shards", [DEFAULT_QUEUE_SHARD])
     if (not isinstance(shards, list) or not shards
             or not all(isinstance(s, str) and s.strip() for s in shards)):
@@ -354,10 +348,7 @@ class Settings:
                  "submitter_listen", "submitters", "metrics_port", "run_once_window",
                  "topic_replication_factor", "topic_min_insync_replicas", "region",
                  "spill_share", "spill_window", "spill_order", "restarts"}
-        bad = set(main) - known
-        if bad:
-            raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [asynctier]; "
-                              f"known keys: {sorted(known)}")
+        refuse_unknown_keys(main, known, "asynctier", source)
         try:
             return cls(
                 kafka=kafka,
@@ -452,10 +443,7 @@ REGISTRY_KEYS = frozenset({
 
 
 def _registry_table(table: dict[str, Any], source: str) -> dict[str, str]:
-    bad = set(table) - REGISTRY_KEYS
-    if bad:
-        raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [schema_registry]; "
-                          f"known keys: {sorted(REGISTRY_KEYS)}")
+    refuse_unknown_keys(table, REGISTRY_KEYS, "schema_registry", source)
     for key in ("timeout", "max.retries", "retries.wait.ms", "retries.max.wait.ms"):
         try:
             if key in table and float(table[key]) < 0:

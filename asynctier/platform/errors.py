@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
+
 
 class AsynctierError(Exception):
     """Root of every error the platform raises on purpose."""
@@ -9,6 +11,15 @@ class AsynctierError(Exception):
 
 class ConfigError(AsynctierError):
     """The configuration file or environment is wrong; the message says what to fix."""
+
+
+def refuse_unknown_keys(table: Iterable[str], known: Collection[str], name: str,
+                        source: str) -> None:
+    """ConfigError naming the keys of ``[name]`` (in ``source``) that are not ``known``."""
+    bad = set(table) - set(known)
+    if bad:
+        raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [{name}]; "
+                          f"known keys: {sorted(known)}")
 
 
 class BindingError(AsynctierError):

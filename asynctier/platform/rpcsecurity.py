@@ -32,7 +32,7 @@ from typing import Any
 
 import grpc
 
-from asynctier.platform.errors import ConfigError, ServiceError
+from asynctier.platform.errors import ConfigError, ServiceError, refuse_unknown_keys
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +90,7 @@ class RpcSecurity:
 
 def from_mapping(table: dict[str, Any], source: str) -> RpcSecurity:
     """``[rpc]`` of a config file (paths relative to the working directory)."""
-    bad = set(table) - set(KEYS)
-    if bad:
-        raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [rpc]; "
-                          f"known keys: {sorted(KEYS)}")
+    refuse_unknown_keys(table, KEYS, "rpc", source)
     insecure = table.get("insecure", False)
     if not isinstance(insecure, bool):
         raise ConfigError(f"{source}: [rpc] insecure must be true or false")

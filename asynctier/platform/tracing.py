@@ -26,12 +26,13 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from asynctier.platform import names as n
-from asynctier.platform.errors import ConfigError
+from asynctier.platform.errors import ConfigError, refuse_unknown_keys
 from asynctier.platform.wire import Item
 
 log = logging.getLogger(__name__)
@@ -70,10 +71,7 @@ class TracingSettings:
     def from_table(cls, table: Mapping[str, Any], source: str) -> TracingSettings:
         """The ``[tracing]`` table; ConfigError names a key it does not know or a bad
         value."""
-        bad = set(table) - KEYS
-        if bad:
-            raise ConfigError(f"{source}: unknown key(s) {sorted(bad)} in [tracing]; known "
-                              f"keys: {sorted(KEYS)}")
+        refuse_unknown_keys(table, KEYS, "tracing", source)
         enabled = table.get("enabled", False)
         if not isinstance(enabled, bool):
             raise ConfigError(f"{source}: [tracing] enabled = {enabled!r} is not true or false")
@@ -261,7 +259,7 @@ def tracer() -> Any:
 
 
 def ids() -> Any:
-    """This process's id generator (:class:`~asynctier.platform.tracing_ids.FixedIds`)."""
+    """This process's id generator (:class:`~asynctier.platform.tracing_sdk.FixedIds`)."""
     return _State.ids
 
 
@@ -292,7 +290,7 @@ def start(settings: TracingSettings, role: str) -> bool:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-        from asynctier.platform.tracing_ids import FixedIds
+        from asynctier.platform.tracing_sdk import FixedIds
 
         fixed = FixedIds()
         resource = Resource.create({"service.name": settings.service_name,
@@ -308,6 +306,18 @@ def start(settings: TracingSettings, role: str) -> bool:
     log.info("tracing on: spans to %s over OTLP, %.0f%% of new traces kept",
              settings.endpoint, settings.sample_ratio * 100)
     return True
+
+
+@contextmanager
+def running(settings: TracingSettings, role: str) -> Iterator[bool]:
+    """Tracing on for a process while it runs (when ``settings`` say so), the spans still
+    buffered exported at its end; yields whether it is on."""
+    started = start(settings, role)
+    try:
+        yield started
+    finally:
+        if started:
+            stop()
 
 
 def _insecure(endpoint: str) -> bool:

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace as otel
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import SpanKind
 
 from asynctier.platform import tracing
+from asynctier.platform.tracing_sdk import parent_context
 
 #: What a call remembers of each item while tracing is on: binding, headers, source
 #: reference, attempt, and when it was added (epoch ns).
@@ -27,12 +26,8 @@ def read_spans(reads: Sequence[Read], sent_ns: int) -> None:
         parent = tracing.record_trace(list(headers), source_ref, ratio).parent
         if not parent.sampled:
             continue
-        remote = SpanContext(parent.trace_id, parent.span_id, is_remote=True,
-                             trace_flags=TraceFlags(TraceFlags.SAMPLED))
-        context = otel.set_span_in_context(otel.NonRecordingSpan(remote),
-                                           otel_context.Context())
         span = tracer.start_span(
-            f"read {binding}", context, SpanKind.CONSUMER,
+            f"read {binding}", parent_context(parent), SpanKind.CONSUMER,
             {"messaging.operation.type": "receive", "messaging.message.id": source_ref,
              "asynctier.binding": binding, "asynctier.attempt": attempt},
             start_time=added_ns)

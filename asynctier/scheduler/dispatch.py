@@ -61,18 +61,6 @@ def _reporter(report: Report) -> Callable[[asyncio.Future[list[Outcome]]], None]
     return done
 
 
-def _attempt_spans(binding: Binding, items: list[Item]) -> AttemptSpans:
-    from asynctier.scheduler.traces import AttemptSpans  # imports OpenTelemetry: only while on
-
-    return AttemptSpans(binding, items)
-
-
-def _note_wait(items: list[Item], what: str, waited_s: float) -> None:
-    from asynctier.scheduler.traces import note_wait  # imports OpenTelemetry: only while on
-
-    note_wait(items, what, waited_s)
-
-
 def _ending_spans(spans: AttemptSpans, report: Report) -> Report:
     """``report`` that first ends the spans of the outcomes it sends."""
     def sent(outcomes: list[Outcome]) -> None:
@@ -133,7 +121,9 @@ class Dispatcher:
         stamp_deadlines(binding, items)
         if not tracing.enabled():
             return await self._submit(binding, items, report)
-        spans, results = _attempt_spans(binding, items), []
+        from asynctier.scheduler.traces import AttemptSpans  # OpenTelemetry: only while on
+
+        spans, results = AttemptSpans(binding, items), []
         if report is not None:  # a run stream: each span ends as its outcome is sent
             report = _ending_spans(spans, report)
         try:
@@ -255,7 +245,9 @@ class Dispatcher:
     async def _run(self, chunk: Chunk) -> list[Outcome]:
         binding = chunk.binding
         if tracing.enabled():
-            _note_wait(chunk.items, "waited in the queue", self.queue.clock() - chunk.queued_at)
+            from asynctier.scheduler.traces import note_wait
+
+            note_wait(chunk.items, "waited in the queue", self.queue.clock() - chunk.queued_at)
         refused, items = self.gates.dequeue(binding, chunk.items)
         if not items:
             return refused

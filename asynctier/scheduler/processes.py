@@ -154,7 +154,7 @@ def request_of(item: Item) -> bytes:
 
 
 def _traceparent(item: Item) -> str | None:
-    from asynctier.scheduler.traces import traceparent_of  # imports OpenTelemetry: when on
+    from asynctier.scheduler.traces import traceparent_of  # OpenTelemetry: only while on
 
     return traceparent_of(item)
 

@@ -293,12 +293,6 @@ class _Harvest:
             self.early([self.by_id[o["id"]] for o in oks], oks)
 
 
-def _traced(function: Function) -> Function:
-    from asynctier.scheduler.traces import traced  # imports OpenTelemetry: only while on
-
-    return traced(function)
-
-
 class Runtime:
     """Resolves functions and runs chunks; owns the bounded pool of sync worker threads.
 
@@ -336,7 +330,11 @@ class Runtime:
         job = self._jobs.get(binding.name)
         if job is None or job.binding is not binding:
             function = self.resolver.resolve(binding.function)
-            job = Job(binding, _traced(function) if tracing.enabled() else function,
+            if tracing.enabled():
+                from asynctier.scheduler.traces import traced  # OpenTelemetry: only while on
+
+                function = traced(function)
+            job = Job(binding, function,
                       decoder_for(binding, self.registries),
                       binding.encode() if binding.execution.isolation == "process" else b"")
             self._jobs[binding.name] = job

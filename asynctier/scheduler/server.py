@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from asynctier.platform import eventloop, tracing
+from asynctier.platform import eventloop
 from asynctier.platform.binding_source import BindingSource, FollowedBindings
 from asynctier.platform.config import Settings
 from asynctier.platform.framed import RegistryClients
@@ -102,7 +102,6 @@ async def serve_scheduler(settings: Settings, *, listen: str | None = None,
     resolver = FunctionResolver(settings.allow_modules if allow_modules is None
                                 else allow_modules)
     source = bindings
-    traced = tracing.start(settings.tracing, "scheduler")
     try:
         if source is None:
             followed = FollowedBindings(settings)
@@ -122,8 +121,6 @@ async def serve_scheduler(settings: Settings, *, listen: str | None = None,
         await admission.close()
         if breakers is not None:
             await breakers.close()
-        if traced:
-            await asyncio.to_thread(tracing.stop)
 
 
 async def _serve(settings: Settings, scheduler: Scheduler, listen: str, stop: StopSignal,

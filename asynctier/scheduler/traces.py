@@ -17,23 +17,18 @@ from typing import Any, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from asynctier.platform import tracing
 from asynctier.platform.binding import Binding
 from asynctier.platform.context import Context
-from asynctier.platform.tracing_ids import FixedIds
+from asynctier.platform.tracing_sdk import FixedIds, parent_context, span_context
 from asynctier.platform.wire import Item, Outcome
 from asynctier.scheduler.resolver import Function
 from asynctier.scheduler.work import StreamItem, trace_of
 
 #: The longest error text kept on a span.
 ERROR_MAX_CHARS = 500
-
-
-def _span_context(parent: tracing.Parent) -> SpanContext:
-    return SpanContext(parent.trace_id, parent.span_id, is_remote=True,
-                       trace_flags=TraceFlags(TraceFlags.SAMPLED if parent.sampled else 0))
 
 
 def _attributes(binding: Binding, item: Item) -> dict[str, Any]:
@@ -66,10 +61,9 @@ def _start(binding: Binding, item: Item) -> tuple[Any, Any]:
     if found.malformed is not None:
         tracing.warn_malformed(binding.name, found.malformed)
     if not found.parent.sampled:
-        return None, otel.set_span_in_context(
-            otel.NonRecordingSpan(_span_context(found.parent)), otel_context.Context())
+        return None, parent_context(found.parent)
     tracer = tracing.tracer()
-    links = [Link(_span_context(found.link))] if found.link is not None else None
+    links = [Link(span_context(found.link))] if found.link is not None else None
     name, attrs = f"process {binding.name}", _attributes(binding, item)
     if found.derived and item["attempt"] == 1:
         # the record's first attempt is its trace's root, with the ids its later attempts
@@ -79,9 +73,8 @@ def _start(binding: Binding, item: Item) -> tuple[Any, Any]:
             span = tracer.start_span(name, otel_context.Context(), SpanKind.CONSUMER, attrs,
                                      links)
     else:
-        parent = otel.set_span_in_context(otel.NonRecordingSpan(_span_context(found.parent)),
-                                          otel_context.Context())
-        span = tracer.start_span(name, parent, SpanKind.CONSUMER, attrs, links)
+        span = tracer.start_span(name, parent_context(found.parent), SpanKind.CONSUMER, attrs,
+                                 links)
     return span, otel.set_span_in_context(span, otel_context.Context())
 
 
@@ -199,5 +192,4 @@ def context_of_traceparent(value: str | None) -> Any:
     parent = tracing.parse_traceparent(value)
     if parent is None:
         return None
-    return otel.set_span_in_context(otel.NonRecordingSpan(_span_context(parent)),
-                                    otel_context.Context())
+    return parent_context(parent)

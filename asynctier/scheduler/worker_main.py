@@ -40,7 +40,7 @@ from asynctier.platform.tracing import TracingSettings
 from asynctier.platform.wire import FUNCTION_ERROR, Outcome, failed, ok
 from asynctier.scheduler import outcomes
 from asynctier.scheduler.frames import CHECKPOINT, frame, read_frame
-from asynctier.scheduler.resolver import Function, FunctionResolver
+from asynctier.scheduler.resolver import FunctionResolver
 
 #: The worker's ``[schema_registry]`` settings (JSON), for registry-framed bindings: in its
 #: environment, not on its command line, since they may hold credentials.
@@ -116,26 +116,16 @@ class Worker:
                                                                      resumed["kind"]),
                       saver if doc.get("checkpoints") else None)
         if doc.get("trace") and tracing.enabled():
-            ctx.trace = _context_of(doc["trace"])
-            function = _traced(function)
+            from asynctier.scheduler.traces import context_of_traceparent, traced
+
+            ctx.trace = context_of_traceparent(doc["trace"])
+            function = traced(function)
         started()
         try:
             function.call(value, ctx)
         except BaseException as exc:  # a function may raise anything, even SystemExit
             return outcomes.of_exception(item_id, exc)
         return ok(item_id)
-
-
-def _context_of(traceparent: str) -> Any:
-    from asynctier.scheduler.traces import context_of_traceparent  # OpenTelemetry: when on
-
-    return context_of_traceparent(traceparent)
-
-
-def _traced(function: Function) -> Function:
-    from asynctier.scheduler.traces import traced
-
-    return traced(function)
 
 
 def main(argv: list[str]) -> None:

@@ -115,7 +115,7 @@ def test_no_tracing_code_is_imported_while_tracing_is_off() -> None:
             "import asynctier.tailers.manager, asynctier.submitter.server\n"
             "loaded = sorted(m for m in sys.modules if m.startswith(("
             "'opentelemetry.sdk.trace', 'opentelemetry.exporter', "
-            "'asynctier.scheduler.traces', 'asynctier.platform.tracing_ids', "
+            "'asynctier.scheduler.traces', 'asynctier.platform.tracing_sdk', "
             "'asynctier.platform.tracing_read')))\n"
             "assert not loaded, loaded\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -82,11 +82,7 @@ async def _admit(gates: list[Gate], binding: Binding, items: list[Item]) -> Admi
         out, items = await gate.admit(binding, items)
         refused += out
         if tracing.enabled():
-            _note_wait(items, type(gate).__name__, time.monotonic() - began)
+            from asynctier.scheduler.traces import note_wait  # OpenTelemetry: only while on
+
+            note_wait(items, f"waited at {type(gate).__name__}", time.monotonic() - began)
     return refused, items
-
-
-def _note_wait(items: list[Item], gate: str, waited_s: float) -> None:
-    from asynctier.scheduler.traces import note_wait  # imports OpenTelemetry: when on
-
-    note_wait(items, f"waited at {gate}", waited_s)
