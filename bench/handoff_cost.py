@@ -12,10 +12,12 @@ with keys over every partition by their keys:
 
 - **hand-off**: what a tailer does in a retry flood: :meth:`Handoff.resolve_messages`
   (every record a retry) and :meth:`Handoff.confirm`; each record goes to the first delay
-  topic with the six headers docs/design.md gives a delay record (binding, attempt, origin,
-  error, first seen, due);
-- **bare produce, same headers**: ``Producer.produce`` of the same records with six
-  headers of the same sizes built beforehand (the client's share of the hand-off);
+  topic with the packed header docs/design.md gives a delay record (binding, attempt, due,
+  origin, first seen, error in one ``asynctier.delay``);
+- **bare produce, one packed header**: ``Producer.produce`` of the same records with that
+  header built beforehand (the client's share of the hand-off);
+- **bare produce, the same six headers**: the same fields as six headers of the same
+  sizes (as delay records carried them before they were packed, and dead letters do);
 - **bare produce, no headers**: the same records without headers (what the client costs
   without the platform's headers);
 - **client produce, six headers by keyword / by position**: the Kafka client's own
@@ -43,13 +45,21 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from asynctier.delay_streams.handoff import Handoff
+from asynctier.delay_streams.handoff import Handoff, pack_delay
 from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.binding import Binding
 from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.kafka import PRODUCE_ANY_PARTITION, ConfirmingProducer
-from asynctier.platform.names import H_ATTEMPT, H_BINDING, H_DUE, H_ERROR, H_FIRST_SEEN, H_ORIGIN
+from asynctier.platform.names import (
+    H_ATTEMPT,
+    H_BINDING,
+    H_DELAY,
+    H_DUE,
+    H_ERROR,
+    H_FIRST_SEEN,
+    H_ORIGIN,
+)
 from asynctier.platform.wire import Outcome, retry
 from bench.measure import Meter, single
 from bench.records import preload, read_messages
@@ -99,6 +109,8 @@ def main() -> None:
         tail: list[tuple[str, bytes | None]] = [
             (H_ERROR, ERROR.encode()), (H_FIRST_SEEN, now), (H_DUE, now)]
         with_headers = [[*fixed, (H_ORIGIN, o.encode()), *tail] for o in origins]
+        packed: list[list[tuple[str, bytes | None]]] = [[(H_DELAY, pack_delay(
+            "cost", 2, int(now), o, int(now), ERROR))] for o in origins]
 
         def hand_off() -> None:
             for at in range(0, n, 1000):
@@ -123,6 +135,8 @@ def main() -> None:
         fast = bare.client_produce
         ways: dict[str, Callable[[], None]] = {
             "hand-off (resolve_messages + confirm)": hand_off,
+            "bare produce, one packed header": each(
+                lambda i, m: bare.produce(topic, m.value(), m.key(), packed[i])),
             "bare produce, the same six headers": each(
                 lambda i, m: bare.produce(topic, m.value(), m.key(), with_headers[i])),
             "bare produce, no headers": each(

@@ -105,15 +105,16 @@ def _detail(drain: Drain, keys: tuple[str, ...]) -> dict[str, float]:
 # --------------------------------------------------------------------------- asynctier
 
 
-def enqueue(dsn: str, topic: str, n: int, batch: int) -> Filled:
+def enqueue(dsn: str, topic: str, n: int, batch: int, delay_s: float | None = None) -> Filled:
     """``n`` records (the Kafka scenarios' ~100-byte JSON) into queue topic ``topic``,
     ``batch`` per :meth:`QueueStore.enqueue` call (one statement each), ids made by the
-    store; the records are built inside the timed loop, as a producer would."""
+    store; the records are built inside the timed loop, as a producer would. With
+    ``delay_s``, each is delivered that long after its enqueue."""
     with QueueStore(dsn, pool_size=1) as store:
         store.migrate()
         started = time.monotonic()
         for first in range(0, n, batch):
-            store.enqueue(NAMESPACE, [NewItem(topic, record(i, time.time()))
+            store.enqueue(NAMESPACE, [NewItem(topic, record(i, time.time()), delay_s=delay_s)
                                       for i in range(first, min(n, first + batch))])
         return Filled(n, time.monotonic() - started, batch)
 
@@ -123,12 +124,14 @@ QUEUE_TABLES = ("asynctier_queue_items", "asynctier_queue_dead")
 
 def queue_drain(services: Services, watch: PgWatch, folder: Path, n: int, batch: int,
                 idempotent: bool = False,
-                profile: dict[str, spy.Profile] | None = None) -> tuple[Row, Filled]:
-    """Fill a fresh queue topic with ``n`` items, then drain it with the default
-    ``asynctier run`` (a binding ``--queue`` to ``bench.noop:noop``) until every item is
-    acked. With ``profile``, py-spy samples the tailer and scheduler during the drain and
-    their summaries go there."""
-    topic = f"bench-q-{uuid.uuid4().hex[:6]}"
+                profile: dict[str, spy.Profile] | None = None,
+                topic: str | None = None, staying: int = 0) -> tuple[Row, Filled]:
+    """Fill a queue topic (a fresh one unless ``topic`` is given) with ``n`` items, then
+    drain it with the default ``asynctier run`` (a binding ``--queue`` to
+    ``bench.noop:noop``) until every one is acked (``staying``: how many items the topic
+    holds that do not get ready meanwhile). With ``profile``, py-spy samples the tailer
+    and scheduler during the drain and their summaries go there."""
+    topic = topic or f"bench-q-{uuid.uuid4().hex[:6]}"
     filled = enqueue(watch.pg.dsn, topic, n, batch)
     watch.vacuum(*QUEUE_TABLES)
     label = "queue-idem" if idempotent else "queue"
@@ -144,7 +147,7 @@ def queue_drain(services: Services, watch: PgWatch, folder: Path, n: int, batch:
         spies = _Spies(run, folder, label) if profile is not None else None
 
         def done() -> int:
-            got = n - watch.scalar(left, (NAMESPACE, topic))
+            got = n + staying - watch.scalar(left, (NAMESPACE, topic))
             if spies is not None and got > 0:
                 spies.attach()
             return got

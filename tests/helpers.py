@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -68,3 +68,20 @@ class MinuteClock:
 
     def __call__(self) -> int:
         return self._start_ms + int((time.monotonic() - self._real_start) * 1000)
+
+
+def record_headers(msg: Any) -> dict[str, bytes | None]:
+    """A Kafka record's headers by name (see :func:`headers_by_name`)."""
+    return headers_by_name(msg.headers() or ())
+
+
+def headers_by_name(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, bytes | None]:
+    """Headers by name, the last of each, a packed delay header read out into the six it
+    holds (as the platform reads them)."""
+    from asynctier.delay_streams.handoff import unpack_delay
+    from asynctier.platform.names import H_DELAY
+
+    found: dict[str, bytes | None] = {}
+    for name, value in headers:
+        found.update(unpack_delay(value) if name == H_DELAY else {name: value})
+    return found

@@ -6,7 +6,10 @@ caller until :meth:`Handoff.confirm` returned (every record delivered).
 
 Delay and dead-letter records keep the original value and key; the platform's headers
 (``asynctier.*``, see :mod:`asynctier.platform.names`) say where the record came from,
-which attempt comes next, when it is due and why it failed.
+which attempt comes next, when it is due and why it failed. A delay record carries them
+packed in one header (``asynctier.delay``) unless ``delay_headers = "separate"`` (the
+upgrade from a version that reads only separate ones); a dead letter, read by operators'
+tools, carries them one by one. Both forms are read.
 """
 
 from __future__ import annotations
@@ -93,10 +96,58 @@ def where(msg: Any) -> str:
     return f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
 
 
+#: The packed delay header's format (:data:`~asynctier.platform.names.H_DELAY`): the
+#: version, then binding, attempt, due, origin, first seen and error, one per line (the
+#: error last: it may hold line breaks; the others cannot).
+DELAY_FORMAT = b"1"
+_PACKED = (n.H_BINDING, n.H_ATTEMPT, n.H_DUE, n.H_ORIGIN, n.H_FIRST_SEEN, n.H_ERROR)
+
+
+def _packed_around(binding: str, attempt: int, due_ms: int, error: str) -> tuple[bytes, bytes]:
+    """A packed delay value's bytes before a record's origin, and after its first-seen
+    time."""
+    head = b"\n".join((DELAY_FORMAT, binding.encode(), str(attempt).encode(),
+                       str(due_ms).encode(), b""))
+    return head, b"\n" + error[:ERROR_MAX_CHARS].encode("utf-8", "replace")
+
+
+def pack_delay(binding: str, attempt: int, due_ms: int, origin: str, first_seen_ms: int,
+               error: str) -> bytes:
+    """A delay record's platform headers as one :data:`~asynctier.platform.names.H_DELAY`
+    value (:func:`unpack_delay` reads it)."""
+    head, tail = _packed_around(binding, attempt, due_ms, error)
+    return b"".join((head, origin.encode(), b"\n", str(first_seen_ms).encode(), tail))
+
+
+def unpack_delay(value: bytes | None) -> dict[str, bytes]:
+    """The headers a packed delay value holds, by their own names; none when it is not of
+    a format this version reads (records are data: read as absent, like any insane
+    platform header)."""
+    if not value:
+        return {}
+    parts = value.split(b"\n", len(_PACKED))
+    if parts[0] != DELAY_FORMAT or len(parts) != len(_PACKED) + 1:
+        return {}
+    return {name: part for name, part in zip(_PACKED, parts[1:], strict=True) if part}
+
+
+def platform_header(msg: Any, name: str) -> bytes | None:
+    """The value of platform header ``name`` (packed or on its own); the last one when a
+    producer wrote it more than once, as :func:`parcel_from_message` reads it."""
+    found = None
+    for key, value in msg.headers() or ():
+        if key == name:
+            found = value
+        elif key == n.H_DELAY:
+            found = unpack_delay(value).get(name, found)
+    return found
+
+
 def parcel_from_message(msg: Any, now_ms: int | None = None) -> Parcel:
     """A Parcel from a confluent-kafka Message of a source, delay or dead-letter topic.
 
-    Platform headers, when present, say the origin and attempt; otherwise the record is
+    Platform headers (packed in one, or each on its own), when present, say the origin
+    and attempt; otherwise the record is
     new: attempt 1, its origin is where it sits now. A header that is not a sane value (an
     attempt out of 1..1000, a time more than a year ahead, an origin with a line break) is
     ignored the same way: records are data, and a producer may write anything.
@@ -104,7 +155,9 @@ def parcel_from_message(msg: Any, now_ms: int | None = None) -> Parcel:
     user: list[tuple[str, bytes | None]] = []
     plat: dict[str, bytes | None] = {}
     for name, value in msg.headers() or ():
-        if name in n.PLATFORM_HEADERS:
+        if name == n.H_DELAY:
+            plat.update(unpack_delay(value))
+        elif name in n.PLATFORM_HEADERS:
             plat[name] = value
         else:
             user.append((name, value))
@@ -145,14 +198,13 @@ def record_bytes(parcel: Parcel) -> int:
 
 @dataclass(slots=True)
 class _Plan:
-    """The topic and headers shared by a batch's fresh records that fail the same way:
-    each record's origin goes between ``head`` and ``mid``, its first-seen time (its Kafka
-    timestamp) between ``mid`` and ``tail``."""
+    """The topic and packed header shared by a batch's fresh records that fail the same
+    way: each record's origin and first-seen time (its Kafka timestamp) go between
+    ``head`` and ``tail``."""
 
     topic: str
-    head: list[tuple[str, bytes | None]]
-    mid: list[tuple[str, bytes | None]]
-    tail: list[tuple[str, bytes | None]]
+    head: bytes
+    tail: bytes
     step: str
     partition: int = PRODUCE_ANY_PARTITION
     count: int = 0
@@ -201,6 +253,8 @@ class Handoff:
         self.settings = settings
         self.names = settings.names
         self.producer = producer or ConfirmingProducer(settings)
+        # delay records' platform headers packed in one (docs/operations.md, Upgrades)
+        self.packed = settings.delay_headers == "packed"
         self._retries: Counter[tuple[str, str]] = Counter()
         self._dead: Counter[tuple[str, str]] = Counter()
         self._cycles = 0  # confirm() calls so far: each cycle writes the next partition
@@ -268,7 +322,8 @@ class Handoff:
                 continue
             msg = messages[outcome["id"]]
             spends = outcome["spends_attempt"]
-            if (status != "retry" or msg.headers() or (spends and not may_retry)
+            if (status != "retry" or msg.headers() or not self.packed
+                    or (spends and not may_retry)
                     or (sizes and len(msg.value() or b"") + len(msg.key() or b"")
                         > FAST_MAX_BYTES)):
                 parcel = parcel_from_message(msg, now_ms)
@@ -281,8 +336,8 @@ class Handoff:
             origin = (origins[outcome["id"]] if origins is not None
                       else f"{msg.topic()}/{msg.partition()}/{msg.offset()}").encode()
             seen = str(record_time_ms(msg, now_ms)).encode()
-            headers = [*plan.head, (n.H_ORIGIN, origin), *plan.mid, (n.H_FIRST_SEEN, seen),
-                       *plan.tail]
+            headers: list[tuple[str, bytes | None]] = [
+                (n.H_DELAY, b"".join((plan.head, origin, b"\n", seen, plan.tail)))]
             try:
                 produce_by_position(fast, plan.topic, msg.value(), msg.key(), plan.partition,
                                     0, headers)
@@ -295,17 +350,14 @@ class Handoff:
         return counts
 
     def _fresh_plan(self, binding: Binding, outcome: Outcome, now_ms: int) -> _Plan:
-        """Where a retried record seen for the first time goes, and its headers around its
-        origin (the headers :meth:`delay` writes)."""
+        """Where a retried record seen for the first time goes, and its packed header
+        around its origin (the header :meth:`delay` writes)."""
         spends = outcome["spends_attempt"]
-        fresh = Parcel(None, None, [], "", 1, now_ms)
         due_ms = _due_ms(binding, 1, outcome["after_s"], now_ms)
-        topic, headers = self._delay_record(binding, fresh, due_ms, 2 if spends else 1,
-                                            outcome["error"] or outcome["status"], now_ms)
-        names = [name for name, _ in headers]
-        at, seen = names.index(n.H_ORIGIN), names.index(n.H_FIRST_SEEN)
-        return _Plan(topic, headers[:at], headers[at + 1:seen], headers[seen + 1:],
-                     _retry_step(1, spends), self.partition(topic))
+        topic = self.names.delay_topic(first_hop(due_ms - now_ms, binding.retries.ladder_s))
+        head, tail = _packed_around(binding.name, 2 if spends else 1, due_ms,
+                                    outcome["error"] or outcome["status"])
+        return _Plan(topic, head, tail, _retry_step(1, spends), self.partition(topic))
 
     def delay(self, binding: Binding, parcel: Parcel, due_ms: int, attempt: int,
               error: str, now_ms: int | None = None) -> str:
@@ -333,6 +385,9 @@ class Handoff:
                       error: str, now_ms: int) -> tuple[str, list[tuple[str, bytes | None]]]:
         """The delay topic and headers of ``parcel`` due at ``due_ms``."""
         topic = self.names.delay_topic(first_hop(due_ms - now_ms, binding.retries.ladder_s))
+        if self.packed:
+            return topic, [*parcel.headers, (n.H_DELAY, pack_delay(
+                binding.name, attempt, due_ms, parcel.origin, parcel.first_seen_ms, error))]
         headers = self._headers(binding, parcel, attempt, error)
         headers.append((n.H_DUE, str(due_ms).encode()))
         return topic, headers

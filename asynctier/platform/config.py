@@ -22,6 +22,8 @@ The file::
     spill_window = 100                   # ... over the last this many calls
     spill_order = ["eu-west", "us-east"] # regions to spill to first (others after, by name)
     restarts = "first_s=1,max_s=60"      # a failed loop's restarts (supervise.py)
+    delay_headers = "packed"             # "separate": while upgrading from a version
+                                         # that reads only separate delay headers
 
     [kafka]                              # passed to librdkafka as is
     "bootstrap.servers" = "127.0.0.1:9092"
@@ -98,6 +100,15 @@ DEFAULT_QUEUE_SHARD = "postgresql://asynctier@127.0.0.1:5432/asynctier"
 #: minutes at most; two delay copies of one record come back within that window of each
 #: other.
 DEFAULT_RUN_ONCE_WINDOW_S = 900.0
+
+
+def _delay_headers(value: object) -> str:
+    """``delay_headers``: ``packed`` or ``separate``."""
+    if value not in ("packed", "separate"):
+        raise ValueError(f"delay_headers = {value!r}: say \"packed\" (the default) or "
+                         "\"separate\" (while tailers of a version that reads only separate "
+                         "delay headers still run)")
+    return str(value)
 
 
 def _window(value: Any) -> float:
@@ -240,6 +251,9 @@ class Settings:
     metrics_port: int = 0
     #: How long the scheduler remembers a record's success for the run-once guard.
     run_once_window_s: float = DEFAULT_RUN_ONCE_WINDOW_S
+    #: How a delay record carries its platform headers: ``packed`` in one, or
+    #: ``separate`` (docs/operations.md, Upgrades). Both are read.
+    delay_headers: str = "packed"
     #: The queue source's PostgreSQL databases (``[queue] shards``), one per shard.
     queue_shards: tuple[str, ...] = (DEFAULT_QUEUE_SHARD,)
     #: ``[scheduler] workers``: chunks a scheduler runs at once (None: its default).
@@ -347,7 +361,7 @@ class Settings:
         known = {"prefix", "data_dir", "allow_modules", "schedulers", "scheduler_listen",
                  "submitter_listen", "submitters", "metrics_port", "run_once_window",
                  "topic_replication_factor", "topic_min_insync_replicas", "region",
-                 "spill_share", "spill_window", "spill_order", "restarts"}
+                 "spill_share", "spill_window", "spill_order", "restarts", "delay_headers"}
         refuse_unknown_keys(main, known, "asynctier", source)
         try:
             return cls(
@@ -377,6 +391,7 @@ class Settings:
                 spill_window=_spill_window(main.get("spill_window", DEFAULT_SPILL_WINDOW)),
                 spill_order=_spill_order(main.get("spill_order", [])),
                 restarts=RestartPolicy.parse(str(main.get("restarts", ""))),
+                delay_headers=_delay_headers(main.get("delay_headers", "packed")),
                 schema_registry=_registry_table(dict(doc.get("schema_registry", {})), source),
                 tracing=TracingSettings.from_table(dict(doc.get("tracing", {})), source),
             )

@@ -29,7 +29,13 @@ H_KEY = "asynctier.key"
 H_RAN_AFTER = "asynctier.ran-after"
 #: A dead letter of a registry-framed binding: the schema id its payload is framed with.
 H_SCHEMA_ID = "asynctier.schema-id"
+#: A delay record's six headers above (binding, attempt, due, origin, first seen, error)
+#: packed into one value (``delay_streams/handoff.py``, :func:`pack_delay`): a Kafka
+#: header costs the client and the broker per header, and a retry flood writes one delay
+#: record per record read.
+H_DELAY = "asynctier.delay"
 PLATFORM_HEADERS = (
+    H_DELAY,
     H_BINDING,
     H_ATTEMPT,
     H_DUE,

@@ -37,7 +37,12 @@ from asynctier.delay_streams.bookkeeping import (
     existing_delay_intervals,
     ladder_intervals,
 )
-from asynctier.delay_streams.handoff import Handoff, Parcel, parcel_from_message
+from asynctier.delay_streams.handoff import (
+    Handoff,
+    Parcel,
+    parcel_from_message,
+    platform_header,
+)
 from asynctier.delay_streams.pauses import PauseBook, release_at_ms
 from asynctier.delay_streams.release import Action, Entry, make_entry
 from asynctier.delay_streams.topics import dlq_topic_config, ensure_binding_topics
@@ -106,19 +111,8 @@ class DelayOptions(PipelineOptions):
     ready_timeout_s: float = 30.0
 
 
-def _header(msg: Any, name: str) -> bytes | None:
-    """The value of header ``name``; the last one when a producer wrote it more than once,
-    as :func:`parcel_from_message` reads it (the release time and the record handed on
-    must follow the same header)."""
-    found = None
-    for key, value in msg.headers() or ():
-        if key == name:
-            found = value
-    return found
-
-
 def _due_ms(msg: Any) -> int:
-    raw = _header(msg, n.H_DUE)
+    raw = platform_header(msg, n.H_DUE)
     try:
         return int(raw) if raw else 0
     except ValueError:
@@ -185,7 +179,7 @@ class DelaySource:
         local: list[tuple[Any, Action]] = []
         for at, msg in enumerate(records):
             parcel = parcel_from_message(msg, now_ms=msg.timestamp()[1])
-            name = (_header(msg, n.H_BINDING) or b"").decode("utf-8", "replace")
+            name = (platform_header(msg, n.H_BINDING) or b"").decode("utf-8", "replace")
             possible = is_binding_name(name)  # else: no registry read, the catch-all
             binding = tailer.bindings.get(name) if possible else None
             if binding is None:

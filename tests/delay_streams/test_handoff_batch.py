@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asynctier.delay_streams import handoff as handoff_module
-from asynctier.delay_streams.handoff import Handoff, parcel_from_message
+from asynctier.delay_streams.handoff import Handoff, parcel_from_message, unpack_delay
 from asynctier.platform import names as n
 from asynctier.platform.binding import Binding
 from asynctier.platform.binding_features import Retries, Source
@@ -119,16 +119,41 @@ def _outcome(kind: str, i: int) -> Outcome:
 @settings(max_examples=200, deadline=None)
 @given(rows=st.lists(st.tuples(HEADERS, OUTCOME, PAD), min_size=1, max_size=30),
        max_attempts=st.sampled_from([1, 2, 5]), with_origins=st.booleans(),
-       full=st.booleans(), with_size=st.booleans())
+       full=st.booleans(), with_size=st.booleans(),
+       delay_headers=st.sampled_from(["packed", "separate"]))
 def test_the_batch_path_writes_what_the_record_path_writes(
         rows: list[tuple[Any, str, int]], max_attempts: int, with_origins: bool,
-        full: bool, with_size: bool) -> None:
+        full: bool, with_size: bool, delay_headers: str) -> None:
     """Whether the caller passes the origins (and the batch's size) or not, whether the
     client's queue takes the fast path's records or not (then the careful path writes
-    them), and whatever the records' sizes against a delay topic's limit."""
+    them), whatever the records' sizes against a delay topic's limit, and however the
+    delay records carry their headers."""
     with mock.patch.object(handoff_module.time, "time", lambda: 1_700_000_000.0), \
             mock.patch.multiple(handoff_module, **LIMITS):
-        _compare(rows, max_attempts, with_origins, full, with_size)
+        _compare(rows, max_attempts, with_origins, full, with_size,
+                 Settings(delay_headers=delay_headers))
+
+
+def test_a_delay_record_carries_its_headers_packed_or_one_by_one() -> None:
+    """Packed (the default): one ``asynctier.delay`` header after the record's own, read
+    back as the six; ``separate``: the six, as a version before packing reads them."""
+    binding = Binding("b", Source("kafka", "orders"), "tests.funcs.basic:record",
+                      retries=Retries(ladder_s=(1.0,), max_attempts=3))
+    written = {}
+    for form in ("packed", "separate"):
+        recorder = _Recorder()
+        handoff = Handoff(Settings(delay_headers=form), producer=recorder)  # type: ignore[arg-type]
+        with mock.patch.object(handoff_module.time, "time", lambda: 1_700_000_000.0):
+            handoff.resolve_messages(binding, [_Msg(0, None), _Msg(1, [("trace", b"t")])],
+                                     [retry(0, "boom"), retry(1, "boom")])
+        written[form] = [headers for _, _, _, headers in recorder.records]
+    for headers in written["packed"]:
+        assert [name for name, _ in headers if name.startswith("asynctier.")] == [n.H_DELAY]
+    for headers in written["separate"]:
+        assert n.H_DELAY not in dict(headers)
+    for packed, separate in zip(written["packed"], written["separate"], strict=True):
+        unpacked = {**dict(packed[:-1]), **unpack_delay(packed[-1][1])}
+        assert unpacked == dict(separate)
 
 
 def test_a_failing_record_too_large_for_a_delay_topic_is_a_dead_letter_kept_whole() -> None:
@@ -160,15 +185,17 @@ def test_a_failing_record_too_large_for_a_delay_topic_is_a_dead_letter_kept_whol
 
 
 def _compare(rows: list[tuple[Any, str, int]], max_attempts: int, with_origins: bool = False,
-             full: bool = False, with_size: bool = False) -> None:
+             full: bool = False, with_size: bool = False,
+             config: Settings | None = None) -> None:
+    config = config or Settings()
     binding = Binding("b", Source("kafka", "orders"), "tests.funcs.basic:record",
                       retries=Retries(ladder_s=(1.0, 2.0, 4.0), max_attempts=max_attempts))
     messages = [_Msg(i, headers, pad) for i, (headers, _, pad) in enumerate(rows)]
     outcomes = [_outcome(kind, i) for i, (_, kind, _) in enumerate(rows)]
 
     batch, single = _Recorder(full), _Recorder()
-    by_batch = Handoff(Settings(), producer=batch)  # type: ignore[arg-type]
-    by_record = Handoff(Settings(), producer=single)  # type: ignore[arg-type]
+    by_batch = Handoff(config, producer=batch)  # type: ignore[arg-type]
+    by_record = Handoff(config, producer=single)  # type: ignore[arg-type]
     origins = ([f"{m.topic()}/{m.partition()}/{m.offset()}" for m in messages]
                if with_origins else None)
     size = sum(len(m.value()) + len(m.key() or b"") for m in messages) if with_size else None

@@ -49,7 +49,7 @@ INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
 NAMES = st.sampled_from(["fz", "fzb", "nope", "", "asynctier.attempt"])
 HEADER_NAMES = st.sampled_from(["asynctier.attempt", "asynctier.origin", "asynctier.due",
-                                "asynctier.first-seen", "trace", ""])
+                                "asynctier.first-seen", "asynctier.delay", "trace", ""])
 
 
 def _settings(kafka_bootstrap: str, redis_url: str) -> Settings:

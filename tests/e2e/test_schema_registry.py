@@ -45,7 +45,7 @@ from asynctier.scheduler.outcomes import undecodable
 from asynctier.submitter.protocol import Workload
 from asynctier.submitter.validation import Validator
 from tests.funcs.shapes import kept
-from tests.helpers import wait_until
+from tests.helpers import record_headers, wait_until
 from tests.platform_harness import Platform, read_topic
 
 V1 = {"type": "record", "name": "Order", "namespace": "shop",
@@ -437,5 +437,5 @@ def _retried_for_outage(settings: Settings) -> bool:
         delayed = read_topic(settings, settings.names.delay_topic("1s"), timeout_s=5.0)
     except KeyError:  # not created yet
         return False
-    return any(m.key().startswith(b"v3-") and b"registry at" in dict(m.headers() or ())  # type: ignore[attr-defined]
-               .get(n.H_ERROR, b"") for m in delayed)
+    return any(m.key().startswith(b"v3-") and b"registry at" in (
+        record_headers(m).get(n.H_ERROR) or b"") for m in delayed)

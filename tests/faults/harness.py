@@ -23,7 +23,7 @@ from asynctier.platform.config import Settings
 from asynctier.platform.durations import format_duration
 from tests.faults import checker
 from tests.faults.checker import Report
-from tests.helpers import wait_until
+from tests.helpers import record_headers, wait_until
 from tests.platform_harness import REPO, Platform, produce_json, read_topic
 
 FUNCTION = "tests.faults.funcs:run"
@@ -138,7 +138,7 @@ class FaultPlatform(Platform):
             interval = format_duration(step)
             for msg in _uncommitted(self.settings, names.delay_topic(interval),
                                     names.delay_group(interval)):
-                headers = dict(msg.headers() or ())
+                headers = record_headers(msg)
                 if headers.get("asynctier.binding") == binding.encode():
                     try:
                         ids.add(int(json.loads(msg.value())["id"]))

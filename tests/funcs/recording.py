@@ -15,6 +15,7 @@ from confluent_kafka import Message, TopicPartition
 from asynctier.platform import names as n
 from asynctier.platform import wire
 from asynctier.platform.errors import HandoffError
+from tests.helpers import headers_by_name
 
 Log = list[tuple[Any, ...]]
 
@@ -135,7 +136,7 @@ class RecordingProducer:
                 headers: list[tuple[str, bytes | None]] | None = None,
                 timestamp_ms: int = 0, partition: int = -1) -> None:
         self.produced.append((topic, value, list(headers or [])))
-        origin = dict(headers or {}).get(n.H_ORIGIN)
+        origin = headers_by_name(headers or ()).get(n.H_ORIGIN)
         self.log.append(("produce", topic, origin.decode() if origin else None))
 
     def client_produce(self, topic: str, value: bytes | None, key: bytes | None,

@@ -29,7 +29,7 @@ from asynctier.platform.rpc import SchedulerClient
 from asynctier.tailers.delay import DelayOptions, run_delay_tailers
 from tests.funcs import ledger
 from tests.funcs.delay import LocalScheduler
-from tests.helpers import wait_until
+from tests.helpers import record_headers, wait_until
 from tests.platform_harness import committed_vs_end, read_topic
 
 LADDER = (1.0, 2.0, 4.0)
@@ -102,7 +102,7 @@ def fail_first_attempts(settings: Settings, binding: Binding, docs: list[dict[st
 
 def due_by_key(settings: Settings, step: str) -> dict[bytes, float]:
     """The due time (epoch s) of each record in a delay topic, by key."""
-    return {m.key(): int(dict(m.headers())[n.H_DUE]) / 1000.0  # type: ignore[attr-defined]
+    return {m.key(): int(record_headers(m)[n.H_DUE] or 0) / 1000.0  # type: ignore[attr-defined]
             for m in read_topic(settings, settings.names.delay_topic(step))}
 
 
