@@ -9,13 +9,19 @@ In one run on this machine, in interleaved rounds (every other one in reverse or
 - Procrastinate on the same PostgreSQL: jobs deferred with its batch API, drained by two
   worker processes;
 - asynctier's Kafka drain of N records (``bench/scenarios.py``'s ``asynctier_noop``, as
-  is and ``--idempotent``), for the ratio.
+  is and ``--idempotent``), for the ratio;
+- River (Go, ``bench/river``: see ``bench/queue_river.py``) on the same PostgreSQL: N
+  no-op jobs by ``InsertManyFast``, drained by its client; after the rounds, the pickup
+  (enqueue-to-start of single items, idle then at ``--loaded-rate``), River's and
+  asynctier's.
 
 Writes its section of ``bench/RESULTS.md`` (between the ``queue-drain`` markers; the rest
 of the file is kept; not in ``--quick`` unless ``--out`` says where) and prints the final
 line::
 
     queue_ratio_vs_procrastinate=31.2 queue_ratio_vs_kafka=0.35 enqueue_per_s=52000 ...
+    ... drain_vs_river=.. enqueue_vs_river=.. pickup_p50_ms=.. pickup_p99_ms=.. (idle)
+    pickup_p99_vs_river=.. (loaded: asynctier's p99 over River's)
 
 Kafka and Redis as in ``bench/run.py``; PostgreSQL: the first of ``ASYNCTIER_QUEUE_SHARDS``
 when set, else a server started by the run on a free loopback port.
@@ -39,13 +45,13 @@ import traceback  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
-from bench import queue_report, scenarios  # noqa: E402
+from bench import queue_report, queue_river, scenarios  # noqa: E402
 from bench import queue_scenarios as qs  # noqa: E402
 from bench.queue_report import QueueResults  # noqa: E402
 from bench.records import preload  # noqa: E402
-from bench.stack import machine, postgres, services  # noqa: E402
+from bench.stack import Postgres, Services, machine, postgres, services  # noqa: E402
 
-KEYS = ("queue", "queue_idempotent", "kafka", "kafka_idempotent", "procrastinate")
+KEYS = ("queue", "queue_idempotent", "kafka", "kafka_idempotent", "procrastinate", "river")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -69,6 +75,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--peer-task", choices=("noop", "noop_async"), default="noop_async",
                    help="Procrastinate's task: an async def (no thread hop: its cheapest) or a def "
                         "like asynctier's [noop_async]")
+    p.add_argument("--river-workers", type=int, default=2000,
+                   help="River's MaxWorkers (goroutines; GOMAXPROCS 2) [2000]")
+    p.add_argument("--pickups", type=int, help="single items of the idle pickup (five "
+                                               "times as many loaded) [200; quick 40]")
+    p.add_argument("--loaded-rate", type=float, default=500.0,
+                   help="single items a second of the loaded pickup [500]")
     p.add_argument("--only", help=f"comma-separated subset of {','.join(KEYS)}")
     p.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
                    help="py-spy the queue drain's tailer and scheduler (auto: when a goal "
@@ -78,6 +90,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     quick = args.quick
     args.items = args.items or (10_000 if quick else 100_000)
     args.peer_items = args.peer_items or (2_000 if quick else 10_000)
+    args.pickups = args.pickups or (40 if quick else 200)
     args.rounds = max(1, args.rounds or (1 if quick else 3))
     if args.warmup_rounds is None:
         args.warmup_rounds = 0 if quick else 1
@@ -121,7 +134,10 @@ def run(args: argparse.Namespace, results: QueueResults, folder: Path) -> None:
                     "kafka_idempotent", scenarios.asynctier_noop(
                         svc, folder, topic, args.items, True))),
                 ("procrastinate", lambda: results.add("procrastinate", *qs.procrastinate_drain(
-                    svc, watch, folder, args.peer_items, args.batch, peer)))]
+                    svc, watch, folder, args.peer_items, args.batch, peer))),
+                ("river", lambda: results.add("river", *qs.river_drain(
+                    program, pg.dsn, args.items, args.batch, args.river_workers)))]
+            program = queue_river.build(folder) if "river" in args.only else Path()
             steps = [s for s in steps if s[0] in args.only]
             total = args.warmup_rounds + args.rounds
             for number in range(total):
@@ -132,6 +148,9 @@ def run(args: argparse.Namespace, results: QueueResults, folder: Path) -> None:
                 results.start_round(counted=not warm, load=_load())
                 for name, fn in steps if number % 2 == 0 else reversed(steps):
                     _step(results, folder, name, fn)
+            if "river" in args.only:
+                _step(results, folder, "pickup", lambda: _pickups(args, results, svc, pg,
+                                                                   folder, program))
             if _want_profile(args, results):
                 print("== profile (py-spy on the queue drain's tailer and scheduler)",
                       flush=True)
@@ -141,6 +160,23 @@ def run(args: argparse.Namespace, results: QueueResults, folder: Path) -> None:
                 results.profile = got.get("queue")
         finally:
             watch.close()
+
+
+def _pickups(args: argparse.Namespace, results: QueueResults, svc: Services, pg: Postgres,
+             folder: Path, program: Path) -> None:
+    """Enqueue-to-start of single items, River's and asynctier's, idle then loaded."""
+    n, rate = args.pickups, args.loaded_rate
+    for load, count, at in (("idle", n, None), ("loaded", n * 5, rate)):
+        extra = () if at is None else ("-rate", f"{at:.0f}")
+        got = queue_river.river(program, "pickup", pg.dsn, "-jobs", str(count), *extra,
+                                "-workers", str(args.river_workers))
+        results.pickup[f"River {load}"] = {"n": count, "p50": float(got["pickup_p50_ms"]),
+                                           "p99": float(got["pickup_p99_ms"])}
+        ours = queue_river.asynctier_pickup(svc, pg, folder, count, at)
+        results.pickup[f"asynctier {load}"] = {"n": count, **ours}
+        print(f"   pickup {load}: asynctier p50 {ours['p50']:.1f} ms p99 {ours['p99']:.1f} "
+              f"ms; River p50 {got['pickup_p50_ms']:.1f} ms p99 {got['pickup_p99_ms']:.1f} ms",
+              flush=True)
 
 
 def _want_profile(args: argparse.Namespace, results: QueueResults) -> bool:

@@ -23,7 +23,8 @@ NAMES = {"queue": "asynctier queue (default binding)",
          "queue_idempotent": "asynctier queue, --idempotent",
          "kafka": "asynctier Kafka drain (default binding)",
          "kafka_idempotent": "asynctier Kafka drain, --idempotent",
-         "procrastinate": "Procrastinate"}
+         "procrastinate": "Procrastinate",
+         "river": "River (Go)"}
 
 
 @dataclass
@@ -46,6 +47,8 @@ class QueueResults:
     rounds: list[Round] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
     profile: Profile | None = None
+    #: enqueue-to-start ms (``p50``, ``p99``) by contender and load (``asynctier idle``...)
+    pickup: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def start_round(self, counted: bool, load: str) -> None:
         """Open a round."""
@@ -141,8 +144,23 @@ def _table(results: QueueResults) -> list[str]:
         rates = results.rates(key)
         lines.append(
             f"| {NAMES[key]} | {row.items:,} | {row.seconds:.2f} | {row.rate:,.0f} "
-            f"| {min(rates):,.0f}-{max(rates):,.0f} | {row.cpu_per_1k:.3f} "
+            f"| {min(rates):,.0f}-{max(rates):,.0f} | {_fmt(row.cpu_per_1k)} "
             f"| {_fmt(_per_1k(row, 'postgres'))} | {_fmt(_brokers_per_1k(row))} |")
+    return lines
+
+
+def _pick(results: QueueResults, who: str, which: str) -> float:
+    return results.pickup.get(who, {}).get(which, math.nan)
+
+
+def _pickups(results: QueueResults) -> list[str]:
+    if not results.pickup:
+        return []
+    lines = ["", "Enqueue-to-start of single items (from just before the enqueue to the "
+             "function's start), idle (random gaps of 20-200 ms) and loaded (a steady rate):",
+             "", "| contender, load | items | p50 ms | p99 ms |", "|---|---:|---:|---:|"]
+    for who, got in results.pickup.items():
+        lines.append(f"| {who} | {got['n']:,.0f} | {got['p50']:.1f} | {got['p99']:.1f} |")
     return lines
 
 
@@ -174,7 +192,8 @@ def _fills(results: QueueResults) -> list[str]:
     for key, what in (("queue", "asynctier `QueueStore.enqueue`"),
                       ("queue_idempotent", "asynctier `QueueStore.enqueue` (the "
                                            "--idempotent runs' queues)"),
-                      ("procrastinate", "Procrastinate `Task.batch_defer_async`")):
+                      ("procrastinate", "Procrastinate `Task.batch_defer_async`"),
+                      ("river", "River `InsertManyFast` (COPY)")):
         got = [r.fills[key].rate for r in results.counted() if key in r.fills]
         if got:
             lines.append(f"| {what} | {statistics.median(got):,.0f} | "
@@ -294,7 +313,8 @@ def render(results: QueueResults) -> str:
     lines += [f"- {k}: {v}" for k, v in results.settings.items()]
     lines += ["", "The headline is the default binding (the run-once guard on), as in "
                   "the Kafka table above; `--idempotent` beside it.", ""]
-    lines += [*_table(results), "", *_goals(results), "", *_fills(results)]
+    lines += [*_table(results), "", *_goals(results), "", *_fills(results),
+              *_pickups(results)]
     lines += ["", "Rounds (items/s):", "", *_rounds(results)]
     if results.errors:
         lines += ["", "Errors:", ""] + [f"- {k}: {v}" for k, v in results.errors.items()]
@@ -340,5 +360,11 @@ def final_line(results: QueueResults) -> str:
         "kafka_per_s": rate("kafka"),
         "procrastinate_per_s": rate("procrastinate"),
         "procrastinate_defer_per_s": _fmt(results.fill_rate("procrastinate"), 0),
+        "drain_vs_river": _fmt(results.ratio("queue", "river"), 2),
+        "enqueue_vs_river": _fmt(results.fill_rate("queue") / results.fill_rate("river"), 2),
+        "pickup_p50_ms": _fmt(_pick(results, "asynctier idle", "p50"), 1),
+        "pickup_p99_ms": _fmt(_pick(results, "asynctier idle", "p99"), 1),
+        "pickup_p99_vs_river": _fmt(_pick(results, "asynctier loaded", "p99")
+                                    / _pick(results, "River loaded", "p99"), 2),
     }
     return " ".join(f"{k}={v.replace('n/a', 'nan')}" for k, v in values.items())

@@ -167,6 +167,22 @@ def queue_drain(services: Services, watch: PgWatch, folder: Path, n: int, batch:
     return _queue_row(name, drain, IDEMPOTENT_NOTE if idempotent else ""), filled
 
 
+def river_drain(program: Path, dsn: str, n: int, batch: int, workers: int) -> tuple[Row, Filled]:
+    """River's ``InsertManyFast`` of ``n`` no-op jobs (``batch`` a call), then its client's
+    drain of them (``bench/river``: rates only, its CPU is not metered)."""
+    from bench.queue_river import river
+
+    got = river(program, "drain", dsn, "-jobs", str(n), "-batch", str(batch),
+                "-workers", str(workers))
+    drain_s, insert_s = n / float(got["drain_per_s"]), n / float(got["insert_per_s"])
+    return (Row("River", n, drain_s, float("nan"), None, {}, RIVER_NOTE),
+            Filled(n, insert_s, batch))
+
+
+RIVER_NOTE = ("River v0.51.2 (Go, pgx), MaxWorkers as --river-workers, GOMAXPROCS 2, "
+              "FetchCooldown 2 ms, FetchPollInterval 20 ms; no run-once guard")
+
+
 def _queue_row(name: str, drain: Drain, note: str) -> Row:
     cpu = sum(drain.cpu_s.get(k, 0.0) for k in OWN)
     rss = {k: drain.peak_rss.get(k, 0) for k in ("tailers", "scheduler")}
