@@ -108,6 +108,9 @@ def run(args: argparse.Namespace, results: QueueResults, folder: Path) -> None:
     """Every round of every selected contender."""
     peer = qs.PeerSettings(args.workers, args.concurrency, args.peer_task)
     results.settings["Procrastinate"] = peer.describe()
+    if "river" in args.only:
+        results.settings["River"] = qs.RIVER_NOTE.replace("--river-workers",
+                                                          f"{args.river_workers:,}")
     with services() as svc, postgres() as pg:
         results.settings["services"] = (
             ("Kafka and Redis started by this run" if svc.own else
@@ -198,7 +201,7 @@ def _step(results: QueueResults, folder: Path, name: str, fn: Callable[[], None]
     row = results.last(name)
     if row is not None:
         print(f"   {row.name}: {row.items:,} in {row.seconds:.2f} s = {row.rate:,.0f}/s, "
-              f"own {row.cpu_per_1k:.3f} CPU-s/1k"
+              f"own {queue_report.fmt(row.cpu_per_1k)} CPU-s/1k"
               + queue_report.service_cpu_text(row)
               + f" ({time.monotonic() - started:.0f} s)", flush=True)
     filled = results.last_fill(name)

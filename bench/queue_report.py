@@ -126,7 +126,8 @@ def service_cpu_text(row: Row) -> str:
     return f", {', '.join(parts)} CPU-s/1k" if parts else ""
 
 
-def _fmt(value: float | None, digits: int = 3) -> str:
+def fmt(value: float | None, digits: int = 3) -> str:
+    """``value`` with ``digits`` decimals; ``n/a`` for none (not measured)."""
     return "n/a" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
 
@@ -144,8 +145,8 @@ def _table(results: QueueResults) -> list[str]:
         rates = results.rates(key)
         lines.append(
             f"| {NAMES[key]} | {row.items:,} | {row.seconds:.2f} | {row.rate:,.0f} "
-            f"| {min(rates):,.0f}-{max(rates):,.0f} | {_fmt(row.cpu_per_1k)} "
-            f"| {_fmt(_per_1k(row, 'postgres'))} | {_fmt(_brokers_per_1k(row))} |")
+            f"| {min(rates):,.0f}-{max(rates):,.0f} | {fmt(row.cpu_per_1k)} "
+            f"| {fmt(_per_1k(row, 'postgres'))} | {fmt(_brokers_per_1k(row))} |")
     return lines
 
 
@@ -178,12 +179,12 @@ def _goals(results: QueueResults) -> list[str]:
     return [
         "| goal (issue 25) | measured (median of the rounds' ratios) | |",
         "|---|---:|---|",
-        f"| queue drain >= {GOAL_VS_PROCRASTINATE:g}x Procrastinate | {_fmt(vs_peer, 1)} "
+        f"| queue drain >= {GOAL_VS_PROCRASTINATE:g}x Procrastinate | {fmt(vs_peer, 1)} "
         f"| {verdict(vs_peer, GOAL_VS_PROCRASTINATE)} |",
-        f"| queue drain >= {GOAL_VS_KAFKA:g}x the Kafka drain | {_fmt(vs_kafka, 2)} "
+        f"| queue drain >= {GOAL_VS_KAFKA:g}x the Kafka drain | {fmt(vs_kafka, 2)} "
         f"| {verdict(vs_kafka, GOAL_VS_KAFKA)} |",
-        f"| (both --idempotent) queue / Kafka | {_fmt(idem_kafka, 2)} | reported |",
-        f"| (--idempotent) queue / Procrastinate | {_fmt(idem_peer, 1)} | reported |",
+        f"| (both --idempotent) queue / Kafka | {fmt(idem_kafka, 2)} | reported |",
+        f"| (--idempotent) queue / Procrastinate | {fmt(idem_peer, 1)} | reported |",
     ]
 
 
@@ -352,19 +353,19 @@ def final_line(results: QueueResults) -> str:
         return "nan" if row is None else f"{row.rate:.0f}"
 
     values = {
-        "queue_ratio_vs_procrastinate": _fmt(results.ratio("queue", "procrastinate"), 1),
-        "queue_ratio_vs_kafka": _fmt(results.ratio("queue", "kafka"), 2),
-        "enqueue_per_s": _fmt(results.fill_rate("queue"), 0),
+        "queue_ratio_vs_procrastinate": fmt(results.ratio("queue", "procrastinate"), 1),
+        "queue_ratio_vs_kafka": fmt(results.ratio("queue", "kafka"), 2),
+        "enqueue_per_s": fmt(results.fill_rate("queue"), 0),
         "queue_per_s": rate("queue"),
         "queue_idempotent_per_s": rate("queue_idempotent"),
         "kafka_per_s": rate("kafka"),
         "procrastinate_per_s": rate("procrastinate"),
-        "procrastinate_defer_per_s": _fmt(results.fill_rate("procrastinate"), 0),
-        "drain_vs_river": _fmt(results.ratio("queue", "river"), 2),
-        "enqueue_vs_river": _fmt(results.fill_rate("queue") / results.fill_rate("river"), 2),
-        "pickup_p50_ms": _fmt(_pick(results, "asynctier idle", "p50"), 1),
-        "pickup_p99_ms": _fmt(_pick(results, "asynctier idle", "p99"), 1),
-        "pickup_p99_vs_river": _fmt(_pick(results, "asynctier loaded", "p99")
+        "procrastinate_defer_per_s": fmt(results.fill_rate("procrastinate"), 0),
+        "drain_vs_river": fmt(results.ratio("queue", "river"), 2),
+        "enqueue_vs_river": fmt(results.fill_rate("queue") / results.fill_rate("river"), 2),
+        "pickup_p50_ms": fmt(_pick(results, "asynctier idle", "p50"), 1),
+        "pickup_p99_ms": fmt(_pick(results, "asynctier idle", "p99"), 1),
+        "pickup_p99_vs_river": fmt(_pick(results, "asynctier loaded", "p99")
                                     / _pick(results, "River loaded", "p99"), 2),
     }
     return " ".join(f"{k}={v.replace('n/a', 'nan')}" for k, v in values.items())

@@ -179,8 +179,9 @@ def river_drain(program: Path, dsn: str, n: int, batch: int, workers: int) -> tu
             Filled(n, insert_s, batch))
 
 
-RIVER_NOTE = ("River v0.51.2 (Go, pgx), MaxWorkers as --river-workers, GOMAXPROCS 2, "
-              "FetchCooldown 2 ms, FetchPollInterval 20 ms; no run-once guard")
+RIVER_NOTE = ("River v0.51.2 (Go, pgx driver, its schema migrated by its own migrator), "
+              "MaxWorkers --river-workers, GOMAXPROCS 2, FetchCooldown 2 ms, "
+              "FetchPollInterval 20 ms (River's own benchmark's settings); no run-once guard")
 
 
 def _queue_row(name: str, drain: Drain, note: str) -> Row:
