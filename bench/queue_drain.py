@@ -140,7 +140,7 @@ def run(args: argparse.Namespace, results: QueueResults, folder: Path) -> None:
                     svc, watch, folder, args.peer_items, args.batch, peer))),
                 ("river", lambda: results.add("river", *qs.river_drain(
                     program, pg.dsn, args.items, args.batch, args.river_workers)))]
-            program = queue_river.build(folder) if "river" in args.only else Path()
+            program = qs.build_river(folder) if "river" in args.only else Path()
             steps = [s for s in steps if s[0] in args.only]
             total = args.warmup_rounds + args.rounds
             for number in range(total):
@@ -171,7 +171,7 @@ def _pickups(args: argparse.Namespace, results: QueueResults, svc: Services, pg:
     n, rate = args.pickups, args.loaded_rate
     for load, count, at in (("idle", n, None), ("loaded", n * 5, rate)):
         extra = () if at is None else ("-rate", f"{at:.0f}")
-        got = queue_river.river(program, "pickup", pg.dsn, "-jobs", str(count), *extra,
+        got = qs.river(program, "pickup", pg.dsn, "-jobs", str(count), *extra,
                                 "-workers", str(args.river_workers))
         results.pickup[f"River {load}"] = {"n": count, "p50": float(got["pickup_p50_ms"]),
                                            "p99": float(got["pickup_p99_ms"])}

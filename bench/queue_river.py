@@ -16,48 +16,27 @@ Work call's) start. asynctier's runs a default ``asynctier run`` with a queue bi
 ``bench.noop:timed``.
 
 The final line reads ``drain_vs_river=.. drain_idempotent_vs_river=.. enqueue_vs_river=..
-pickup_p50_ms=.. pickup_p99_ms=.. pickup_p99_vs_river=.. loaded_p99_vs_river=..``
-(medians of the drain rounds; pickup: asynctier's idle, and its p99s over River's).
+pickup_p50_ms=.. pickup_p99_ms=.. idle_p99_vs_river=.. pickup_p99_vs_river=..``
+(medians of the drain rounds; pickup: asynctier's idle, and its p99s over River's, idle
+and loaded: ``pickup_p99_vs_river`` is the loaded one, as in ``bench/queue_drain.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
 import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 from asynctier.queue import NewItem, QueueStore
 from bench import queue_scenarios as qs
 from bench.measure import BenchError
 from bench.scenarios import platform
 from bench.stack import Postgres, Services, postgres, services
-
-RIVER = Path(__file__).resolve().parent / "river"
-
-
-def build(folder: Path) -> Path:
-    """The River bench program, built from ``bench/river`` (go.mod and go.sum pinned)."""
-    out = folder / "river-bench"
-    subprocess.run(["go", "build", "-mod=readonly", "-o", str(out), "."], cwd=RIVER,
-                   check=True, env={**os.environ, "CGO_ENABLED": "0"})
-    return out
-
-
-def river(program: Path, mode: str, dsn: str, *args: str) -> dict[str, Any]:
-    """One run of the River program; its JSON answer."""
-    done = subprocess.run([str(program), mode, "-dsn", dsn, *args], capture_output=True,
-                          text=True, timeout=900, env={**os.environ, "GOMAXPROCS": "2"})
-    if done.returncode != 0:
-        raise RuntimeError(f"river-bench {mode} failed: {done.stderr[-2000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def asynctier_pickup(svc: Services, pg: Postgres, folder: Path, n: int,
@@ -107,14 +86,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="asynctier-river-") as tmp, services() as svc, \
             postgres() as pg:
         folder = Path(tmp)
-        program = build(folder)
+        program = qs.build_river(folder)
         watch = qs.PgWatch(pg)
         try:
             for number in range(args.rounds):
                 row, filled = qs.queue_drain(svc, watch, folder, args.items, args.batch)
                 idem, _ = qs.queue_drain(svc, watch, folder, args.items, args.batch,
                                          idempotent=True)
-                got = river(program, "drain", pg.dsn, "-jobs", str(args.items), "-batch",
+                got = qs.river(program, "drain", pg.dsn, "-jobs", str(args.items), "-batch",
                             str(args.batch), "-workers", str(args.workers))
                 watch.vacuum(*qs.QUEUE_TABLES)
                 rates["queue"].append(row.rate)
@@ -126,9 +105,9 @@ def main() -> None:
                       f"(--idempotent {idem.rate:,.0f}/s), enqueue {filled.rate:,.0f}/s; "
                       f"River drain {got['drain_per_s']:,.0f}/s, InsertManyFast "
                       f"{got['insert_per_s']:,.0f}/s", flush=True)
-            idle = river(program, "pickup", pg.dsn, "-jobs", str(args.pickups),
+            idle = qs.river(program, "pickup", pg.dsn, "-jobs", str(args.pickups),
                          "-workers", str(args.workers))
-            loaded = river(program, "pickup", pg.dsn, "-jobs", str(args.pickups * 5),
+            loaded = qs.river(program, "pickup", pg.dsn, "-jobs", str(args.pickups * 5),
                            "-rate", f"{args.loaded_rate:.0f}", "-workers", str(args.workers))
             ours_idle = asynctier_pickup(svc, pg, folder, args.pickups, None)
             ours_loaded = asynctier_pickup(svc, pg, folder, args.pickups * 5,
@@ -146,8 +125,8 @@ def main() -> None:
           f"drain_idempotent_vs_river={med['queue_idempotent'] / med['river']:.2f} "
           f"enqueue_vs_river={med['enqueue'] / med['river_insert']:.2f} "
           f"pickup_p50_ms={ours_idle['p50']:.1f} pickup_p99_ms={ours_idle['p99']:.1f} "
-          f"pickup_p99_vs_river={ours_idle['p99'] / idle['pickup_p99_ms']:.2f} "
-          f"loaded_p99_vs_river={ours_loaded['p99'] / loaded['pickup_p99_ms']:.2f}")
+          f"idle_p99_vs_river={ours_idle['p99'] / idle['pickup_p99_ms']:.2f} "
+          f"pickup_p99_vs_river={ours_loaded['p99'] / loaded['pickup_p99_ms']:.2f}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ that connection's backend is left out of PostgreSQL's CPU.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import psycopg
@@ -167,11 +169,30 @@ def queue_drain(services: Services, watch: PgWatch, folder: Path, n: int, batch:
     return _queue_row(name, drain, IDEMPOTENT_NOTE if idempotent else ""), filled
 
 
+#: The River bench program's Go module (``bench/river``).
+RIVER = Path(__file__).resolve().parent / "river"
+
+
+def build_river(folder: Path) -> Path:
+    """The River bench program, built from ``bench/river`` (go.mod and go.sum pinned)."""
+    out = folder / "river-bench"
+    subprocess.run(["go", "build", "-mod=readonly", "-o", str(out), "."], cwd=RIVER,
+                   check=True, env={**os.environ, "CGO_ENABLED": "0"})
+    return out
+
+
+def river(program: Path, mode: str, dsn: str, *args: str) -> dict[str, Any]:
+    """One run of the River program; its JSON answer."""
+    done = subprocess.run([str(program), mode, "-dsn", dsn, *args], capture_output=True,
+                          text=True, timeout=900, env={**os.environ, "GOMAXPROCS": "2"})
+    if done.returncode != 0:
+        raise RuntimeError(f"river-bench {mode} failed: {done.stderr[-2000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 def river_drain(program: Path, dsn: str, n: int, batch: int, workers: int) -> tuple[Row, Filled]:
     """River's ``InsertManyFast`` of ``n`` no-op jobs (``batch`` a call), then its client's
     drain of them (``bench/river``: rates only, its CPU is not metered)."""
-    from bench.queue_river import river
-
     got = river(program, "drain", dsn, "-jobs", str(n), "-batch", str(batch),
                 "-workers", str(workers))
     drain_s, insert_s = n / float(got["drain_per_s"]), n / float(got["insert_per_s"])
