@@ -87,8 +87,7 @@ def main() -> None:
                 for kind in order:
                     topic = delayed_topic if kind == "beside" else None
                     row, _ = qs.queue_drain(svc, watch, folder, args.ready, args.batch,
-                                            topic=topic,
-                                            staying=args.delayed if topic else 0)
+                                            topic=topic, later=topic is not None)
                     watch.vacuum(*qs.QUEUE_TABLES)
                     rates[kind] = row.rate
                 ratios.append(rates["beside"] / rates["plain"])

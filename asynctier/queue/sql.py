@@ -3,7 +3,8 @@
 Time is always the database's (``asynctier_queue_now_ms()``, the statement's start), so
 producers, tailers and the clock that expires leases agree. A leased item's
 ``deliver_after`` is its lease expiry: "ready" is ``deliver_after <= now`` alone, which
-the lease index (namespace, topic, priority DESC, deliver_after, seq) serves.
+the lease index (namespace, topic, priority DESC, deliver_after, seq) serves for each
+priority.
 
 A statement that touches a batch of items by id names them with ``id = ANY(array)`` as
 well as by its join: the planner then reads them through the primary key instead of
@@ -64,14 +65,32 @@ NOTIFY_READY = """
 SELECT pg_notify('asynctier_queue', key) FROM unnest(%(keys)s::text[]) AS k(key)
 """
 
+#: The lease walks the topic one priority at a time, highest first: the priorities present
+#: found by a skip scan (one index probe each), then in each the ready items, where
+#: ``deliver_after <= now`` bounds the index scan. One ordered scan of the whole topic
+#: would read through every delayed and leased item of a priority before the next one.
+#: Rows are locked as the outer LIMIT pulls them, so no more than ``n`` are locked, in
+#: the order the priorities come.
 LEASE = f"""
-WITH picked AS (
-    SELECT id, deliver_after, attempts, lease_owner, expires_ms, last_error
-    FROM {ITEMS}
-    WHERE namespace = %(ns)s AND topic = %(topic)s AND deliver_after <= {NOW}
-    ORDER BY priority DESC, deliver_after, seq
+WITH RECURSIVE priorities AS (
+    (SELECT priority FROM {ITEMS} WHERE namespace = %(ns)s AND topic = %(topic)s
+     ORDER BY priority DESC LIMIT 1)
+    UNION ALL
+    SELECT (SELECT i.priority FROM {ITEMS} i
+            WHERE i.namespace = %(ns)s AND i.topic = %(topic)s AND i.priority < p.priority
+            ORDER BY i.priority DESC LIMIT 1)
+    FROM priorities p WHERE p.priority IS NOT NULL
+), picked AS (
+    SELECT r.* FROM priorities p CROSS JOIN LATERAL (
+        SELECT id, deliver_after, attempts, lease_owner, expires_ms, last_error
+        FROM {ITEMS}
+        WHERE namespace = %(ns)s AND topic = %(topic)s AND priority = p.priority
+          AND deliver_after <= {NOW}
+        ORDER BY deliver_after, seq
+        LIMIT %(n)s
+        FOR UPDATE SKIP LOCKED
+    ) r
     LIMIT %(n)s
-    FOR UPDATE SKIP LOCKED
 ), doomed AS (
     SELECT id,
            CASE WHEN expires_ms <= {NOW} THEN 'expired' ELSE 'max_attempts' END AS reason,

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from asynctier.platform.errors import QueueError
 from asynctier.queue import (
@@ -18,7 +23,7 @@ from asynctier.queue import (
     NewItem,
     QueueStore,
 )
-from asynctier.queue.sql import LEASE_RAN_OUT
+from asynctier.queue.sql import LEASE, LEASE_RAN_OUT
 from tests.helpers import wait_until
 
 TOPIC = "jobs"
@@ -84,6 +89,91 @@ def test_deliver_after_is_respected(queue_store: QueueStore, queue_namespace: st
                      "the delayed item leased")
     assert db_now_ms(queue_store) >= due
     assert got[0].deliver_after_ms == due
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # a topic per example
+@given(items=st.lists(st.tuples(st.sampled_from([-1000, -3, 0, 2, 1000]),  # priority
+                                st.sampled_from(["ready", "delayed", "taken"]),
+                                st.integers(0, 3)),  # how long ago it became due
+                      max_size=30),
+       sizes=st.lists(st.integers(1, 7), min_size=1, max_size=8))
+def test_leases_take_the_ready_items_in_order_across_priorities(
+        queue_store: QueueStore, queue_namespace: str,
+        items: list[tuple[int, str, int]], sizes: list[int]) -> None:
+    """Whatever the mix of priorities, delayed items and items another owner holds, leases
+    of any size take exactly the ready items, highest priority first, then due time, then
+    enqueue order."""
+    ns, topic = queue_namespace, f"mix-{uuid.uuid4().hex[:8]}"
+    now = db_now_ms(queue_store)
+    new = [NewItem(topic, b"", id=f"i{n}", priority=p,
+                   deliver_after_ms=now + 86_400_000 if state == "delayed" else now - 1000 * ago)
+           for n, (p, state, ago) in enumerate(items)]
+    queue_store.enqueue(ns, new)
+    taken = [f"i{n}" for n, (_, state, _) in enumerate(items) if state == "taken"]
+    with psycopg.connect(queue_store.dsn) as conn:  # held by another owner: their lease runs
+        conn.execute("UPDATE asynctier_queue_items SET deliver_after = %s, lease_owner = 'b' "
+                     "WHERE namespace = %s AND topic = %s AND id = ANY(%s)",
+                     (now + 86_400_000, ns, topic, taken))
+    ready = sorted((n for n, (_, state, _) in enumerate(items) if state == "ready"),
+                   key=lambda n: (-items[n][0], -items[n][2], n))
+    got: list[str] = []
+    for size in sizes * (len(items) + 1):
+        leased = queue_store.lease(ns, topic, size, 30, "a")
+        assert len(leased) == min(size, len(ready) - len(got))
+        got += [g.id for g in leased]
+        if len(got) == len(ready):
+            break
+    assert got == [f"i{n}" for n in ready]
+    assert queue_store.lease(ns, topic, 10, 30, "a") == []
+
+
+def test_a_lease_skips_rows_locked_by_another_lease_in_every_priority(
+        queue_store: QueueStore, queue_namespace: str) -> None:
+    ns = queue_namespace
+    queue_store.enqueue(ns, [NewItem(TOPIC, b"", id=f"p{p}-{n}", priority=p)
+                             for p in (9, 5, 1) for n in range(3)])
+    with psycopg.connect(queue_store.dsn) as other, other.transaction():
+        other.execute("SELECT 1 FROM asynctier_queue_items WHERE namespace = %s AND topic = %s "
+                      "AND id IN ('p9-0', 'p9-1', 'p5-0') FOR UPDATE", (ns, TOPIC))
+        got = queue_store.lease(ns, TOPIC, 4, 30, "a")
+    assert [g.id for g in got] == ["p9-2", "p5-1", "p5-2", "p1-0"]
+
+
+def find_node(node: dict[str, Any], name: str) -> dict[str, Any]:
+    """The node of an EXPLAIN (FORMAT JSON) plan whose ``Subplan Name`` is ``name``."""
+    if node.get("Subplan Name") == name:
+        return node
+    for child in node.get("Plans", []):
+        with contextlib.suppress(LookupError):
+            return find_node(child, name)
+    raise LookupError(name)
+
+
+def test_a_lease_does_not_read_the_delayed_items(queue_store: QueueStore,
+                                                 queue_namespace: str) -> None:
+    """Items delayed into the future (and leased ones) sit in the lease index after each
+    priority's ready ones: the lease reads the ready ones and stops, whatever their number
+    (``python -m bench.queue_scale``'s delayed case measures the drain)."""
+    ns = queue_namespace
+    later = db_now_ms(queue_store) + 86_400_000
+    for start in range(0, 20_000, 1000):
+        queue_store.enqueue(ns, [NewItem(TOPIC, b"", id=f"d{p}-{n}", priority=p,
+                                         deliver_after_ms=later)
+                                 for p in (0, 5) for n in range(start, start + 500)])
+    queue_store.enqueue(ns, [NewItem(TOPIC, b"", id=f"r{p}-{n}", priority=p)
+                             for p in (0, 5) for n in range(5)])
+    with psycopg.connect(queue_store.dsn) as conn:
+        conn.execute("ANALYZE asynctier_queue_items")
+        cur = psycopg.ClientCursor(conn)
+        cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + LEASE,
+                    {"ns": ns, "topic": TOPIC, "n": 100, "owner": "a", "lease_ms": 30_000,
+                     "max_attempts": None})
+        (plan,), = cur.fetchall()
+    picked = find_node(plan[0]["Plan"], "CTE picked")  # the choice, before the writes
+    buffers = picked["Shared Hit Blocks"] + picked["Shared Read Blocks"]
+    assert buffers < 60, f"the lease read {buffers} buffers to find 10 ready items"
+    assert len(queue_store.browse(ns, TOPIC, "leased", limit=20)) == 10
 
 
 @pytest.mark.parametrize("workers", [4])
