@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -256,6 +258,14 @@ def check_id(item_id: str, where: str = "") -> None:
             or not item_id.isprintable()):
         raise QueueError(f"{where}id {item_id!r} is not valid: an id is 1 to {MAX_ID_CHARS} "
                          "printable characters (no control characters or newlines)")
+
+
+def new_item_id() -> str:
+    """An id for an item its producer did not name: 32 hex characters, the first 12 the
+    milliseconds since the epoch, the other 20 random (80 bits). Ids made one after the
+    other sort together, so an enqueue writes to the last pages of the primary key's index
+    instead of random ones across it (``make bench-queue``'s enqueue)."""
+    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
 def check_priority(priority: int, where: str = "") -> None:

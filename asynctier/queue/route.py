@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -27,7 +26,7 @@ import psycopg
 
 from asynctier.platform.errors import QueueUnavailable
 from asynctier.queue.dsn import choose_primary, probe, redact_dsn, shard_hosts
-from asynctier.queue.items import EnqueueResult, NewItem
+from asynctier.queue.items import EnqueueResult, NewItem, new_item_id
 from asynctier.queue.store import QueueStore
 
 log = logging.getLogger(__name__)
@@ -94,7 +93,7 @@ class ShardRoute:
     def enqueue(self, namespace: str, items: Sequence[NewItem]) -> list[EnqueueResult]:
         """:meth:`QueueStore.enqueue` on the primary, each item's id chosen first: an
         enqueue tried again after a failover (its commit may have landed) adds no item."""
-        items = [i if i.id else dataclasses.replace(i, id=uuid.uuid4().hex) for i in items]
+        items = [i if i.id else dataclasses.replace(i, id=new_item_id()) for i in items]
         return self.call(lambda store: store.enqueue(namespace, items))
 
     def waiting(self, namespace: str, topic: str, cap: int) -> int:

@@ -19,7 +19,6 @@ import dataclasses
 import json
 import logging
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -55,6 +54,7 @@ from asynctier.queue.items import (
     check_new_item,
     check_seconds,
     check_topic,
+    new_item_id,
 )
 from asynctier.queue.migrate import migrate
 from asynctier.queue.wakeups import notify_key
@@ -426,7 +426,7 @@ def enqueue_in(conn: Conn, namespace: str, items: Sequence[NewItem]) -> list[Enq
         check_new_item(item, position)
     if not items:
         return []
-    ids = [item.id or uuid.uuid4().hex for item in items]
+    ids = [item.id or new_item_id() for item in items]
     params = {
         "ns": namespace, "ids": ids, "topics": [i.topic for i in items],
         "priorities": [i.priority for i in items],

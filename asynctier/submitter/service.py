@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +24,7 @@ from asynctier.platform.binding_source import BindingSource
 from asynctier.platform.errors import HandoffError, ParentRefused, QueueUnavailable
 from asynctier.platform.framed import RegistryClients
 from asynctier.platform.redis_client import REDIS_DOWN
-from asynctier.queue.items import NewItem
+from asynctier.queue.items import NewItem, new_item_id
 from asynctier.submitter.backlog import Backlog
 from asynctier.submitter.capacity import EnqueueCapacity
 from asynctier.submitter.protocol import (
@@ -263,7 +262,7 @@ class Submitter:
 
 def _item(topic: str, w: Workload) -> NewItem:
     """The queue item of a valid workload of a binding of ``topic``."""
-    return NewItem(topic, w.payload or b"", id=w.id or uuid.uuid4().hex,
+    return NewItem(topic, w.payload or b"", id=w.id or new_item_id(),
                    priority=w.priority or 0, headers=w.headers,
                    delay_s=None if w.delay_ms is None else w.delay_ms / 1000,
                    after=tuple((t or topic, i) for t, i in w.after),

@@ -23,6 +23,7 @@ from asynctier.queue import (
     NewItem,
     QueueStore,
 )
+from asynctier.queue.items import new_item_id
 from asynctier.queue.sql import LEASE, LEASE_RAN_OUT
 from tests.helpers import wait_until
 
@@ -362,6 +363,18 @@ def test_get_cancel_counts_dead_and_replay(queue_store: QueueStore,
     assert not queue_store.cancel(queue_namespace, TOPIC, "g")
     assert queue_store.cancel(queue_namespace, TOPIC, "h")  # a leased one
     assert {(queue_namespace, TOPIC), (queue_namespace, "other")} <= set(queue_store.topics())
+
+
+def test_generated_ids_are_hex_and_sort_in_the_order_they_were_made() -> None:
+    made = []
+    deadline = time.monotonic() + 5
+    while len({i[:12] for i in made}) < 3 and time.monotonic() < deadline:
+        made.append(new_item_id())  # at least three milliseconds' worth
+    assert len({i[:12] for i in made}) == 3
+    assert all(len(i) == 32 and int(i, 16) >= 0 and i == i.lower() for i in made)
+    assert len(set(made)) == len(made)
+    assert [i[:12] for i in made] == sorted(i[:12] for i in made)
+    assert abs(int(made[0][:12], 16) - time.time() * 1000) < 60_000
 
 
 def test_duplicate_ids_are_no_ops_that_say_so(queue_store: QueueStore,
