@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import queue
 import threading
 import time
 from collections.abc import (
@@ -39,7 +38,7 @@ import grpc
 from asynctier.platform.errors import BadReply, SchedulerUnavailable
 from asynctier.platform.replies import read_outcomes
 from asynctier.platform.rpcsecurity import RpcSecurity, failure_hint, open_channel
-from asynctier.platform.stream import RUN_STREAM, STREAM_VERSION, Event, StreamCall
+from asynctier.platform.stream import RUN_STREAM, STREAM_VERSION, Events, StreamCall
 from asynctier.platform.wire import (
     TOO_LARGE,
     Item,
@@ -350,7 +349,7 @@ class SchedulerClient:
         return PendingCall(self, None, payload, count, spread)
 
     def open_stream(self, first: bytes, items: Sequence[Any],
-                    events: queue.Queue[Event]) -> StreamCall | None:
+                    events: Events) -> StreamCall | None:
         """Open a run stream for one batch (:mod:`asynctier.platform.stream`) on a live
         scheduler; None when none is known (the caller waits and tries again)."""
         address = self._pick()

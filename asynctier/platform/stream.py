@@ -25,7 +25,7 @@ import queue
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import fastavro
 import grpc
@@ -94,6 +94,15 @@ def items_message(request: bytes, resume: dict[int, tuple[str, bytes]],
 Event = tuple["StreamCall", Message]
 
 
+class Events(Protocol):
+    """Where a stream's reader puts its messages (a ``queue.Queue``, which may take other
+    things too)."""
+
+    def put(self, item: Event) -> None:
+        """Take one message."""
+        ...
+
+
 class StreamCall:
     """The tailer's side of one run stream: a reader thread puts every message it gets on
     ``events`` as ``(call, message)``, then an ``end`` message (its ``error`` set when the
@@ -106,7 +115,7 @@ class StreamCall:
     nothing is resolved on its word, and its items run again once their leases run out."""
 
     def __init__(self, address: str, stub: Any, first: bytes,
-                 events: queue.Queue[Event], items: Sequence[Any]) -> None:
+                 events: Events, items: Sequence[Any]) -> None:
         self.address = address
         self.items = list(items)  # the source's records; message ids are positions here
         self.accepted = False  # a message came back: the scheduler holds the items

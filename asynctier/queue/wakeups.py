@@ -3,8 +3,8 @@
 An enqueue of items that are ready at once sends one ``NOTIFY`` per topic on channel
 :data:`CHANNEL` (payload ``namespace<TAB>topic``), inside its transaction, so it is
 delivered when the items are visible. Each process that leases listens once per shard
-(:class:`Wakeups`, one connection in a supervised thread) and sets the events of the
-tailers of that topic, which lease at once instead of at their next poll.
+(:class:`Wakeups`, one connection in a supervised thread) and wakes the tailers of that
+topic, which lease at once instead of at their next poll.
 
 A notification is a hint, never the only way: one lost (the listener reconnecting, the
 server restarted) costs the tailer's bounded poll (``IDLE_POLL_S``), and items that
@@ -39,15 +39,15 @@ def notify_key(namespace: str, topic: str) -> str:
 
 
 class Wakeups:
-    """The ready-item notifications of shard ``name``, handed to the events of the tailers
-    that subscribed to a (namespace, topic); :meth:`start` listens in a supervised thread
+    """The ready-item notifications of shard ``name``, handed to the tailers that
+    subscribed to a (namespace, topic); :meth:`start` listens in a supervised thread
     until :meth:`stop`, on the host ``dsn()`` names when it (re)connects (the primary: a
     failover breaks the connection, and the listener reconnects to the new one)."""
 
     def __init__(self, name: str, dsn: Callable[[], str]) -> None:
         self.name = name
         self.dsn = dsn
-        self._events: dict[str, set[threading.Event]] = defaultdict(set)
+        self._wakes: dict[str, set[Callable[[], None]]] = defaultdict(set)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._supervisor: Supervisor | None = None
@@ -61,20 +61,19 @@ class Wakeups:
         """How many times the listener was restarted after a failure."""
         return 0 if self._supervisor is None else self._supervisor.restarts.count
 
-    def subscribe(self, namespace: str, topic: str) -> threading.Event:
-        """An event set whenever items of ``topic`` of ``namespace`` become ready."""
-        event = threading.Event()
+    def subscribe(self, namespace: str, topic: str, wake: Callable[[], None]) -> None:
+        """Call ``wake`` whenever items of ``topic`` of ``namespace`` become ready (from the
+        listener's thread: it must return at once, as ``Event.set`` does)."""
         with self._lock:
-            self._events[notify_key(namespace, topic)].add(event)
-        return event
+            self._wakes[notify_key(namespace, topic)].add(wake)
 
-    def unsubscribe(self, namespace: str, topic: str, event: threading.Event) -> None:
-        """Stop setting ``event``."""
+    def unsubscribe(self, namespace: str, topic: str, wake: Callable[[], None]) -> None:
+        """Stop calling ``wake``."""
         with self._lock:
             key = notify_key(namespace, topic)
-            self._events[key].discard(event)
-            if not self._events[key]:
-                del self._events[key]
+            self._wakes[key].discard(wake)
+            if not self._wakes[key]:
+                del self._wakes[key]
 
     def start(self) -> Wakeups:
         """Listen in a supervised thread; returns self."""
@@ -102,17 +101,17 @@ class Wakeups:
                 while not stop.is_set():
                     for note in conn.notifies(timeout=LISTEN_TICK_S):
                         with self._lock:
-                            events = list(self._events.get(note.payload, ()))
-                        for event in events:
-                            event.set()
+                            wakes = list(self._wakes.get(note.payload, ()))
+                        for wake in wakes:
+                            wake()
             finally:
                 self.listening = False
 
     def _wake_all(self) -> None:
         with self._lock:
-            events = [e for group in self._events.values() for e in group]
-        for event in events:
-            event.set()
+            wakes = [w for group in self._wakes.values() for w in group]
+        for wake in wakes:
+            wake()
 
 
 _SHARED: dict[str, tuple[Wakeups, int]] = {}

@@ -82,10 +82,12 @@ class LongWork:
         self.hook = hook
         self.binding = source.binding
         self.running: dict[str, Run] = {}
-        self.events: queue.Queue[Event] = queue.Queue()
+        #: The streams' messages, and None when the source has items ready (a wake-up).
+        self.events: queue.Queue[Event | None] = queue.Queue()
         self.unresolved: list[Pair] = []  # outcomes whose write failed: written again
         self.max_running = options.batch_size * options.max_in_flight
         self._retry_at = 0.0
+        source.on_ready(lambda: self.events.put(None))
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -96,10 +98,12 @@ class LongWork:
         self.finish()
 
     def step(self, lease: bool = True) -> None:
-        """One turn: lease if there is room, take the messages, drop expired leases."""
+        """One turn: lease if there is room, take the messages, drop expired leases. With
+        nothing running the lease is where the loop waits (for a wake-up or the source's
+        poll); with items running it waits for their messages or a wake-up."""
         if lease:
             self._lease()
-        self.handle(self._take(EVENT_WAIT_S))
+        self.handle(self._take(EVENT_WAIT_S if self.running or not lease else 0.0))
         self._expire()
         self._write_unresolved()
         self._gauges()
@@ -158,7 +162,7 @@ class LongWork:
 
     # -- messages -------------------------------------------------------------------------
 
-    def _take(self, wait_s: float) -> list[Event]:
+    def _take(self, wait_s: float) -> list[Event | None]:
         """The messages there are (waiting at most ``wait_s`` for the first)."""
         try:
             got = [self.events.get(timeout=wait_s)]
@@ -170,11 +174,15 @@ class LongWork:
             except queue.Empty:
                 return got
 
-    def handle(self, events: Iterable[Event]) -> None:
-        """Act on the messages, in order; outcomes and lease extensions are batched."""
+    def handle(self, events: Iterable[Event | None]) -> None:
+        """Act on the messages, in order; outcomes and lease extensions are batched (a
+        wake-up is for the next lease)."""
         done: list[Pair] = []
         alive: list[Run] = []
-        for call, message in events:
+        for event in events:
+            if event is None:
+                continue
+            call, message = event
             kind = message.kind
             if kind == "outcomes":
                 done += self._ended(call, message.outcomes)

@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from asynctier.delay_streams.ladder import ladder_delay
 from asynctier.platform import metrics, wire
@@ -83,11 +83,20 @@ class QueueSource:
         self._down_logged = 0.0
         route = queue.route_of(self.namespace, self.topic)
         self._wakeups = wakeups.acquire(route.name, lambda: route.store.dsn)
-        self._woken = self._wakeups.subscribe(self.namespace, self.topic)
+        self._woken = threading.Event()
+        self._wakes: list[Callable[[], None]] = []
+        self.on_ready(self._woken.set)
+
+    def on_ready(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` too whenever an enqueue makes items of the topic ready: a loop
+        that waits on something else than :meth:`read` wakes for them."""
+        self._wakes.append(wake)
+        self._wakeups.subscribe(self.namespace, self.topic, wake)
 
     def close(self) -> None:
         """Stop listening for this topic's wake-ups."""
-        self._wakeups.unsubscribe(self.namespace, self.topic, self._woken)
+        for wake in self._wakes:
+            self._wakeups.unsubscribe(self.namespace, self.topic, wake)
         wakeups.release(self._wakeups)
 
     # -- reading --------------------------------------------------------------------------

@@ -189,6 +189,10 @@ class LeaseSource(Protocol):
         """Lease up to ``max_records`` ready items, waiting at most ``wait_s``."""
         ...
 
+    def on_ready(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` too whenever items may have become ready (it must not block)."""
+        ...
+
     def prepare(self, records: list[Leased]) -> Prepared[None]:
         """The call for what fits of ``records``; the rest left for the next."""
         ...
