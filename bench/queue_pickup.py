@@ -9,11 +9,16 @@ notification costs an enqueue.
    enqueue's commit, both on this process's clock.
 2. Enqueue cost: batches of 1 and of 1,000 ready items (notified) against the same items
    ready but not notified (``deliver_after_ms=0``), interleaved, ``--rounds`` each.
+3. Many writers: ``--writers`` threads enqueueing single items for ``--seconds``, notified
+   against not notified, ``--rounds`` interleaved rounds (PostgreSQL serializes the
+   commits of transactions that notify).
 
-    .venv/bin/python -m bench.queue_pickup [--items 300] [--rounds 5]
+    .venv/bin/python -m bench.queue_pickup [--items 300] [--rounds 5] [--writers 8]
+                                           [--seconds 5]
 
 The final line reads ``pickup_p50_ms=.. pickup_p99_ms=.. poll_p50_ms=.. poll_p99_ms=..
-notify_cost_1=.. notify_cost_1000=..`` (cost: notified seconds over not notified).
+notify_cost_1=.. notify_cost_1000=.. writers_rate_ratio=..`` (cost: notified seconds over
+not notified; ratio: notified rate over not notified).
 """
 
 from __future__ import annotations
@@ -87,6 +92,40 @@ def enqueue_cost(store: QueueStore, ns: str, batch: int, rounds: int) -> float:
     return statistics.median(notified) / statistics.median(quiet)
 
 
+def _write(store: QueueStore, ns: str, w: int, notified: bool, until: float,
+           counts: list[int]) -> None:
+    """Writer ``w``: single items to its own topic until ``until``, counted."""
+    while time.monotonic() < until:
+        store.enqueue(ns, [NewItem(f"writer{w}", b'{"pad": "0123456789"}',
+                                   deliver_after_ms=None if notified else 0)])
+        counts[w] += 1
+
+
+def writers_cost(dsn: str, ns: str, writers: int, seconds: float, rounds: int) -> float:
+    """Median over interleaved rounds of the rate of ``writers`` threads enqueueing single
+    ready items for ``seconds`` (each its own topic and connection), notified over not
+    notified: PostgreSQL serializes the commits of notifying transactions."""
+    ratios = []
+    with QueueStore(dsn, pool_size=writers) as store:
+        for r in range(rounds):
+            rates = {}
+            for kind in ("n", "q")[:: 1 if r % 2 else -1]:
+                counts = [0] * writers
+                until = time.monotonic() + seconds
+                threads = [threading.Thread(target=_write,
+                                            args=(store, ns, w, kind == "n", until, counts))
+                           for w in range(writers)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                rates[kind] = sum(counts) / seconds
+            print(f"   {writers} writers, round {r + 1}: notified {rates['n']:,.0f}/s, not "
+                  f"notified {rates['q']:,.0f}/s", flush=True)
+            ratios.append(rates["n"] / rates["q"])
+    return statistics.median(ratios)
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000
@@ -96,6 +135,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--items", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--writers", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=5.0)
     args = parser.parse_args()
     ns = f"pickup{uuid.uuid4().hex[:8]}"
     with postgres() as pg, ShardedQueue([pg.dsn]) as queue:
@@ -108,11 +149,15 @@ def main() -> None:
         costs = {b: enqueue_cost(store, ns, b, args.rounds) for b in (1, 1000)}
         for b, c in costs.items():
             print(f"enqueue of {b:,} ready item(s): notified / not notified = {c:.2f}")
+        many = writers_cost(pg.dsn, ns, args.writers, args.seconds, args.rounds)
+        print(f"{args.writers} writers of single items: notified / not notified rate = "
+              f"{many:.2f}")
         store.close()
     n, p = got["notified"], got["poll"]
     print(f"pickup_p50_ms={pct(n, 0.5):.1f} pickup_p99_ms={pct(n, 0.99):.1f} "
           f"poll_p50_ms={pct(p, 0.5):.1f} poll_p99_ms={pct(p, 0.99):.1f} "
-          f"notify_cost_1={costs[1]:.2f} notify_cost_1000={costs[1000]:.2f}")
+          f"notify_cost_1={costs[1]:.2f} notify_cost_1000={costs[1000]:.2f} "
+          f"writers_rate_ratio={many:.2f}")
 
 
 if __name__ == "__main__":
