@@ -80,7 +80,7 @@ RELEASE = f"""
 WITH gone AS (
     DELETE FROM {EDGES} e
     WHERE e.namespace = %(ns)s AND e.parent_topic = %(topic)s
-      AND e.parent_id = ANY(%(ids)s::text[])
+      AND e.parent_id = ANY(%(ids)b::text[])
       AND NOT EXISTS (SELECT 1 FROM {ITEMS} i WHERE i.namespace = %(ns)s
                       AND i.topic = %(topic)s AND i.id = e.parent_id)
       AND NOT EXISTS (SELECT 1 FROM {DEAD} d WHERE d.namespace = %(ns)s

@@ -124,7 +124,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, id FROM
 
 ACK = f"""
 DELETE FROM {ITEMS}
-WHERE namespace = %(ns)s AND topic = %(topic)s AND id = ANY(%(ids)s::text[])
+WHERE namespace = %(ns)s AND topic = %(topic)s AND id = ANY(%(ids)b::text[])
   AND lease_owner = %(owner)s
 RETURNING id
 """
@@ -135,9 +135,9 @@ SET deliver_after = {NOW} + n.delay_ms, lease_owner = NULL, lease_expires = NULL
     leased_ms = NULL, heartbeat_ms = NULL,
     attempts = GREATEST(0, i.attempts - CASE WHEN n.spend THEN 0 ELSE 1 END),
     last_error = CASE WHEN n.error = '' THEN i.last_error ELSE n.error END
-FROM unnest(%(ids)s::text[], %(delay_ms)s::bigint[], %(spend)s::bool[], %(errors)s::text[])
+FROM unnest(%(ids)b::text[], %(delay_ms)b::bigint[], %(spend)b::bool[], %(errors)b::text[])
      AS n(id, delay_ms, spend, error)
-WHERE i.namespace = %(ns)s AND i.topic = %(topic)s AND i.id = ANY(%(ids)s::text[])
+WHERE i.namespace = %(ns)s AND i.topic = %(topic)s AND i.id = ANY(%(ids)b::text[])
   AND i.id = n.id AND i.lease_owner = %(owner)s
 RETURNING i.id
 """
@@ -145,8 +145,8 @@ RETURNING i.id
 BURY = f"""
 WITH removed AS (
     DELETE FROM {ITEMS} i
-    USING unnest(%(ids)s::text[], %(reasons)s::text[], %(errors)s::text[]) AS d(id, reason, error)
-    WHERE i.namespace = %(ns)s AND i.topic = %(topic)s AND i.id = ANY(%(ids)s::text[])
+    USING unnest(%(ids)b::text[], %(reasons)b::text[], %(errors)b::text[]) AS d(id, reason, error)
+    WHERE i.namespace = %(ns)s AND i.topic = %(topic)s AND i.id = ANY(%(ids)b::text[])
       AND i.id = d.id AND i.lease_owner = %(owner)s
     RETURNING i.*, d.reason, d.error
 ){_BURY}
@@ -156,7 +156,7 @@ EXTEND = f"""
 UPDATE {ITEMS}
 SET lease_expires = {NOW} + %(lease_ms)s, deliver_after = {NOW} + %(lease_ms)s,
     heartbeat_ms = {NOW}
-WHERE namespace = %(ns)s AND topic = %(topic)s AND id = ANY(%(ids)s::text[])
+WHERE namespace = %(ns)s AND topic = %(topic)s AND id = ANY(%(ids)b::text[])
   AND lease_owner = %(owner)s
 RETURNING id
 """
