@@ -89,6 +89,30 @@ class RedisClusterNodes:
         raise ServiceError(f"the Redis Cluster under {self.root} was not ok within "
                            f"{timeout_s:.0f} s (see each node's redis.out)")
 
+    def wait_replicated(self, key: str, timeout_s: float = CLUSTER_READY_S) -> None:
+        """Wait until every replica of ``key``'s master has everything that master had
+        written when called (its replication offset): a replica that takes over after a
+        kill then has the same data. Replication is asynchronous, and on a busy machine a
+        replica can lag for longer than any fixed pause."""
+        import redis
+
+        master = self.master_of(key)
+        target = int(_command(master, "INFO", "replication")["master_repl_offset"])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                info = _command(master, "INFO", "replication")
+            except redis.RedisError:
+                info = {}
+            replicas = [_fields(v) for k, v in info.items()
+                        if k.startswith("slave") and k[5:].isdigit()]
+            if replicas and all(r.get("state") == "online" and int(r.get("offset", -1)) >= target
+                                for r in replicas):
+                return
+            time.sleep(0.05)
+        raise ServiceError(f"the replicas of the Redis Cluster node on port {master.port} did "
+                           f"not reach its replication offset {target} within {timeout_s:.0f} s")
+
     def _masters_live(self) -> bool:
         import redis
 
@@ -135,6 +159,14 @@ class RedisClusterNodes:
 
     def _slots_assigned(self, node: RedisNode) -> bool:
         return "cluster_slots_assigned:16384" in self._info(node)
+
+
+def _fields(value: Any) -> dict[str, Any]:
+    """A replica's line of ``INFO replication`` (``ip=..,port=..,state=..,offset=..``) as a
+    dict, whether redis-py parsed it already or not."""
+    if isinstance(value, dict):
+        return value
+    return dict(part.split("=", 1) for part in str(value).split(",") if "=" in part)
 
 
 def _command(node: RedisNode, *args: str) -> Any:

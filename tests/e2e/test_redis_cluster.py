@@ -238,8 +238,9 @@ def test_run_once_comes_back_on_the_replica_that_took_over_a_killed_master(
                 chunk = make_items(before[s:s + 50])
                 await admission.guard.claim(guarded, chunk)
                 await admission.guard.finish(guarded, chunk, [ok(i["id"]) for i in chunk])
-            await asyncio.sleep(0.2)  # the replica has had time to follow
-            nodes.master_of(settings.names.once_key(guarded.name, "1")).kill()
+            key = settings.names.once_key(guarded.name, "1")
+            await asyncio.to_thread(nodes.wait_replicated, key)  # the replica has followed
+            nodes.master_of(key).kill()
             during = await admission.guard.claim(guarded, make_items(["orders/2/1"]))
             await asyncio.to_thread(nodes.wait_ok)
             deadline = time.monotonic() + 20
