@@ -1,8 +1,9 @@
 """Prompt pickup: an enqueue wakes the tailers of its topic through LISTEN/NOTIFY.
 
 An enqueue of items that are ready at once sends one ``NOTIFY`` per topic on channel
-:data:`CHANNEL` (payload ``namespace<TAB>topic``), inside its transaction, so it is
-delivered when the items are visible. Each process that leases listens once per shard
+:data:`CHANNEL` (payload ``namespace<TAB>topic``) once they are committed (a statement
+after the insert's commit, or inside the caller's transaction when it enqueues in one),
+so it is delivered when the items are visible. Each process that leases listens once per shard
 (:class:`Wakeups`, one connection in a supervised thread) and wakes the tailers of that
 topic, which lease at once instead of at their next poll.
 
