@@ -13,6 +13,13 @@ Every test gets its own prefix (so its own topics, groups and Redis keys). Tests
 from __future__ import annotations
 
 import os
+
+# Before gRPC loads (the imports below load it): its fork handlers can crash a child that
+# this process forks while gRPC's threads run, before the child's exec (a fork, not a
+# vfork, whenever the child runs as another user: PostgreSQL's tools as user postgres).
+# Nothing here forks a child that uses gRPC.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
