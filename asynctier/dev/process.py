@@ -8,6 +8,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -88,11 +89,21 @@ def require_binary(name: str, path: str | None = None) -> str:
     return found
 
 
+#: Ports handed to services: below Linux's default range of ephemeral ports (32768-60999),
+#: from which the kernel picks the local port of every outgoing connection. A service
+#: stopped and started again on its port (a fault test's broker) could otherwise find it
+#: taken by some client's connection meanwhile.
+SERVICE_PORTS = range(10_000, 32_768)
+
+
 def free_port(host: str = HOST) -> int:
-    """A TCP port that nothing listens on right now (the kernel's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port that nothing listens on right now, outside the ephemeral range."""
+    for _ in range(1000):
+        port = random.choice(SERVICE_PORTS)
+        if port_is_free(port, host):
+            return port
+    raise ServiceError(f"no free TCP port on {host} among {SERVICE_PORTS.start}-"
+                       f"{SERVICE_PORTS.stop - 1} after 1,000 tries")
 
 
 def port_is_free(port: int, host: str = HOST) -> bool:
