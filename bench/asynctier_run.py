@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import psutil
 
+from asynctier.dev.process import free_port
 from bench.measure import BenchError, Finder
 from bench.stack import Services
 
@@ -26,13 +26,6 @@ COMPONENTS = ("scheduler", "tailers", "delay")
 #: Extra options of every ``asynctier run`` of this bench (``bench/run.py --run-args``), to
 #: compare a setting against the default in one machine's conditions.
 RUN_ARGS: list[str] = []
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class AsynctierRun:

@@ -16,16 +16,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from asynctier.dev.process import free_port
 from asynctier.platform.config import Settings
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Platform:

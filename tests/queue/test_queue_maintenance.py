@@ -19,9 +19,9 @@ DRAIN_ITEMS = 50_000
 #: 100,000 over the drain if nothing reclaimed them. Autovacuum (naptime 1 s on the test
 #: server, the table's threshold 1,000 rows at any size, no cost delay) reclaims them
 #: while the drain runs. How many wait at once depends on the drain's speed and on how
-#: late a vacuum starts when another test shares the two cores (32,000 on a quiet machine,
-#: 62,581 once in CI), so the test asserts what makes the table stay small: vacuums ran
-#: during the drain and the dead tuples fell while it went on, never reaching the total.
+#: late a vacuum starts when another test shares the two cores, so the test asserts what
+#: makes the table stay small: vacuums ran during the drain and the dead tuples fell while
+#: it went on, never near the total.
 UNRECLAIMED = 2 * DRAIN_ITEMS
 
 
