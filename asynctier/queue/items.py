@@ -330,7 +330,19 @@ def check_new_item(item: NewItem, position: int) -> None:
     for name, value in item.headers:
         if not isinstance(name, str) or not (value is None or isinstance(value, bytes)):
             raise QueueError(f"{where}header {name!r}: a header is (str name, bytes or None)")
+        if not _storable(name):
+            raise QueueError(f"{where}header {name!r}: a header name is text without NUL "
+                             "characters or lone surrogates (PostgreSQL cannot store them)")
     _check_after(item, where)
+
+
+def _storable(text: str) -> bool:
+    """Whether PostgreSQL can store ``text`` in a text or JSON value."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text
 
 
 def _check_after(item: NewItem, where: str) -> None:

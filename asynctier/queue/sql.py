@@ -60,6 +60,24 @@ ON CONFLICT DO NOTHING
 RETURNING topic, id
 """
 
+#: An enqueue by ``COPY`` (items without parents, in batches of :data:`COPY_FROM` or
+#: more) first upserts the topics and reads the database's time, which the items' times
+#: are computed from, then copies the rows in binary.
+SEEN_NOW = f"""
+WITH seen AS (
+    INSERT INTO {TOPICS} (namespace, topic)
+    SELECT %(ns)s, topic FROM unnest(%(topics)s::text[]) AS t(topic)
+    ON CONFLICT DO NOTHING
+)
+SELECT {NOW}
+"""
+
+COPY_ITEMS = f"""
+COPY {ITEMS} (namespace, topic, id, priority, deliver_after, payload, headers,
+              enqueued_ms, expires_ms) FROM STDIN (FORMAT BINARY)
+"""
+COPY_TYPES = ("text", "text", "text", "int4", "int8", "bytea", "jsonb", "int8", "int8")
+
 #: Wake the listeners of these ``namespace<TAB>topic`` keys (delivered at commit).
 NOTIFY_READY = """
 SELECT pg_notify('asynctier_queue', key) FROM unnest(%(keys)s::text[]) AS k(key)

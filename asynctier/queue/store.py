@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import TupleRow
+from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from asynctier.platform.errors import QueueError, QueueUnavailable
@@ -67,6 +68,9 @@ DEFAULT_TIMEOUT_S = 5.0
 #: The most lease statements one ``lease`` call runs (each after one that moved items to
 #: the dead items instead of leasing them).
 LEASE_ROUNDS = 4
+#: Batches of this many items or more (without parents) are written by ``COPY``; below
+#: it the one ``INSERT`` statement costs fewer round trips than ``COPY`` does.
+COPY_FROM = 100
 
 
 class QueueStore:
@@ -440,6 +444,8 @@ def enqueue_in(conn: Conn, namespace: str, items: Sequence[NewItem]) -> list[Enq
         with conn.transaction():  # the children, their parents checked, and their edges
             created = {(t, i) for t, i in conn.execute(sql.ENQUEUE, params).fetchall()}
             deps.hold_children(conn, namespace, items, ids, set(created))
+    elif len(items) >= COPY_FROM and _copied(conn, namespace, items, ids):
+        created = {(item.topic, item_id) for item, item_id in zip(items, ids, strict=True)}
     else:
         created = {(t, i) for t, i in conn.execute(sql.ENQUEUE, params).fetchall()}
     results = []
@@ -457,12 +463,51 @@ def enqueue_in(conn: Conn, namespace: str, items: Sequence[NewItem]) -> list[Enq
     return results
 
 
-def encode_headers(headers: Sequence[Header]) -> str | None:
-    """Headers as JSON text ``[[name, base64 or null], ...]``; None when there are none."""
+def _copied(conn: Conn, namespace: str, items: Sequence[NewItem], ids: list[str]) -> bool:
+    """Write a batch of items without parents by a binary ``COPY``, PostgreSQL's cheapest
+    write; False, with nothing written, when one of the ids is there already (a ``COPY``
+    cannot skip a row, so it fails whole): the caller then writes the batch with the
+    statement that leaves existing ids as they are."""
+    try:
+        with conn.transaction():
+            topics = sorted({item.topic for item in items})
+            [(now,)] = conn.execute(sql.SEEN_NOW, {"ns": namespace, "topics": topics}).fetchall()
+            with conn.cursor().copy(sql.COPY_ITEMS) as copy:
+                copy.set_types(sql.COPY_TYPES)
+                for item, item_id in zip(items, ids, strict=True):
+                    doc = headers_doc(item.headers)
+                    copy.write_row((
+                        namespace, item.topic, item_id, item.priority,
+                        _deliver_after(item, now), bytes(item.payload),
+                        None if doc is None else Jsonb(doc), now,
+                        None if item.ttl_s is None else now + round(item.ttl_s * 1000)))
+        return True
+    except psycopg.errors.UniqueViolation:
+        return False
+
+
+def _deliver_after(item: NewItem, now_ms: int) -> int:
+    """When an item without parents is first ready, by the database's time ``now_ms``."""
+    if item.deliver_after_ms is not None:
+        return item.deliver_after_ms
+    if item.delay_s is not None:
+        return now_ms + round(item.delay_s * 1000)
+    return now_ms
+
+
+def headers_doc(headers: Sequence[Header]) -> list[list[str | None]] | None:
+    """Headers as the stored document ``[[name, base64 or null], ...]``; None when there
+    are none."""
     if not headers:
         return None
-    return json.dumps([[name, None if value is None else base64.b64encode(value).decode()]
-                       for name, value in headers])
+    return [[name, None if value is None else base64.b64encode(value).decode()]
+            for name, value in headers]
+
+
+def encode_headers(headers: Sequence[Header]) -> str | None:
+    """:func:`headers_doc` as JSON text."""
+    doc = headers_doc(headers)
+    return None if doc is None else json.dumps(doc)
 
 
 def decode_headers(doc: Any) -> tuple[Header, ...]:

@@ -25,6 +25,7 @@ from asynctier.queue import (
 )
 from asynctier.queue.items import new_item_id
 from asynctier.queue.sql import LEASE, LEASE_RAN_OUT
+from asynctier.queue.store import COPY_FROM, enqueue_in
 from tests.helpers import wait_until
 
 TOPIC = "jobs"
@@ -391,6 +392,75 @@ def test_duplicate_ids_are_no_ops_that_say_so(queue_store: QueueStore,
     assert info is not None and info.payload == b"1"
 
 
+_NEW_ITEMS = st.builds(
+    lambda topic, priority, when, headers, ttl_s: NewItem(
+        topic, b"p", priority=priority, headers=headers, ttl_s=ttl_s,
+        deliver_after_ms=when if isinstance(when, int) and when > 1000 else None,
+        delay_s=when if isinstance(when, float) else None),
+    st.sampled_from(["a", "b"]), st.integers(-1000, 1000),
+    st.one_of(st.none(), st.floats(0, 3600), st.integers(10**12, 2 * 10**12)),
+    st.lists(st.tuples(st.text(st.characters(blacklist_categories=["Cs"],
+                                              blacklist_characters="\x00"),
+                                min_size=1, max_size=5),
+                        st.one_of(st.none(), st.binary())),
+             max_size=2),
+    st.one_of(st.none(), st.floats(0.001, 86_400)))
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(items=st.lists(_NEW_ITEMS, min_size=1, max_size=5))
+def test_a_batch_written_by_copy_stores_what_the_statement_stores(
+        queue_store: QueueStore, queue_namespace: str, items: list[NewItem]) -> None:
+    """A batch of COPY_FROM items or more is copied, a smaller one inserted by the
+    statement: the same items come out of both alike (times relative to the enqueue)."""
+    batch = (items * COPY_FROM)[:COPY_FROM]
+    copied = queue_store.enqueue(queue_namespace, batch)
+    inserted = [r for n in range(0, len(batch), 10)
+                for r in queue_store.enqueue(queue_namespace, batch[n:n + 10])]
+    assert all(r.created for r in copied + inserted)
+
+    def stored(item: NewItem, item_id: str) -> tuple[object, ...]:
+        info = queue_store.get(queue_namespace, item.topic, item_id)
+        assert info is not None and info.deliver_after_ms is not None
+        relative = info.deliver_after_ms - (0 if item.deliver_after_ms else info.enqueued_ms)
+        return (info.state, info.priority, info.payload, info.headers, relative,
+                None if info.expires_ms is None else info.expires_ms - info.enqueued_ms)
+
+    for item, one, other in zip(batch[:10], copied, inserted, strict=False):
+        assert stored(item, one.id) == stored(item, other.id)
+        assert stored(item, one.id)[3] == tuple(item.headers)
+
+
+def test_a_copied_batch_with_ids_already_there_keeps_them_and_adds_the_rest(
+        queue_store: QueueStore, queue_namespace: str) -> None:
+    """A COPY cannot skip an existing id: the batch is written again by the statement,
+    which leaves the old item as it was and says so (a retried enqueue adds nothing)."""
+    queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"old", id="there")])
+    batch = [NewItem(TOPIC, b"new", id=f"n{n}") for n in range(COPY_FROM)]
+    batch[50] = NewItem(TOPIC, b"new", id="there")
+    batch[70] = NewItem(TOPIC, b"twice", id="n10")
+    got = queue_store.enqueue(queue_namespace, batch)
+    assert [n for n, r in enumerate(got) if not r.created] == [50, 70]
+    assert queue_store.get(queue_namespace, TOPIC, "there").payload == b"old"  # type: ignore[union-attr]
+    assert queue_store.get(queue_namespace, TOPIC, "n10").payload == b"new"  # type: ignore[union-attr]
+    again = queue_store.enqueue(queue_namespace, batch)
+    assert not any(r.created for r in again)
+    [counts] = queue_store.counts(queue_namespace, TOPIC)
+    assert counts.ready == COPY_FROM - 1  # "there" was there, n10 twice
+
+
+def test_a_copy_that_meets_an_id_inside_a_callers_transaction_keeps_the_transaction(
+        queue_store: QueueStore, queue_namespace: str) -> None:
+    batch = [NewItem(TOPIC, b"", id=f"t{n}") for n in range(COPY_FROM)]
+    with queue_store.transaction() as conn:
+        assert all(r.created for r in enqueue_in(conn, queue_namespace, batch[:1]))
+        got = enqueue_in(conn, queue_namespace, batch)
+        assert [r.created for r in got] == [False] + [True] * (len(batch) - 1)
+    [counts] = queue_store.counts(queue_namespace, TOPIC)
+    assert counts.ready == len(batch)
+
+
 def test_ttl_moves_an_unleased_item_to_dead(queue_store: QueueStore,
                                             queue_namespace: str) -> None:
     queue_store.enqueue(queue_namespace, [NewItem(TOPIC, b"x", id="t", ttl_s=0.2)])
@@ -413,6 +483,8 @@ def test_ttl_moves_an_unleased_item_to_dead(queue_store: QueueStore,
     (lambda: NewItem(TOPIC, b"", id="a\nb"), "printable"),
     (lambda: NewItem(TOPIC, "text"), "give bytes"),  # type: ignore[arg-type]
     (lambda: NewItem(TOPIC, b"", ttl_s=-1), "ttl_s -1 is not valid"),
+    (lambda: NewItem(TOPIC, b"", headers=[("a\x00b", b"")]), "without NUL"),
+    (lambda: NewItem(TOPIC, b"", headers=[("\ud800", None)]), "lone surrogates"),
 ])
 def test_bad_items_are_refused_naming_the_item(
         queue_store: QueueStore, queue_namespace: str, make: Callable[[], NewItem],
