@@ -81,7 +81,7 @@ class LongWork:
         self.options = options
         self.hook = hook
         self.binding = source.binding
-        self.running: dict[str, Run] = {}
+        self.running: dict[str, Run] = {}  # in the order they started
         #: The streams' messages, and None when the source has items ready (a wake-up).
         self.events: queue.Queue[Event | None] = queue.Queue()
         self.unresolved: list[Pair] = []  # outcomes whose write failed: written again
@@ -157,6 +157,7 @@ class LongWork:
         metrics.count_batch(COMPONENT, self.binding.name)
         started = time.monotonic()
         for item in items:
+            self.running.pop(item.id, None)  # (leased again: it moves to the end)
             self.running[item.id] = Run(item, call, float(item.lease_expires_ms), started)
         return prepared.rest
 
@@ -323,6 +324,6 @@ class LongWork:
 
     def _gauges(self) -> None:
         metrics.set_in_flight(COMPONENT, self.binding.name, len(self.running))
-        now = time.monotonic()
-        oldest = max((now - run.started for run in self.running.values()), default=0.0)
+        first = next(iter(self.running.values()), None)  # the oldest: they keep start order
+        oldest = 0.0 if first is None else time.monotonic() - first.started
         metrics.set_longest_run(self.binding.name, self.binding.tenant, oldest)
