@@ -431,23 +431,14 @@ def enqueue_in(conn: Conn, namespace: str, items: Sequence[NewItem]) -> list[Enq
     if not items:
         return []
     ids = [item.id or new_item_id() for item in items]
-    params = {
-        "ns": namespace, "ids": ids, "topics": [i.topic for i in items],
-        "priorities": [i.priority for i in items],
-        "after": [i.deliver_after_ms for i in items],
-        "payloads": [bytes(i.payload) for i in items],
-        "headers": [encode_headers(i.headers) for i in items],
-        "ttl_ms": [None if i.ttl_s is None else round(i.ttl_s * 1000) for i in items],
-        "delay_ms": [None if i.delay_s is None else round(i.delay_s * 1000) for i in items],
-    }
     if any(item.after for item in items):
         with conn.transaction():  # the children, their parents checked, and their edges
-            created = {(t, i) for t, i in conn.execute(sql.ENQUEUE, params).fetchall()}
+            created = _inserted(conn, namespace, items, ids)
             deps.hold_children(conn, namespace, items, ids, set(created))
     elif len(items) >= COPY_FROM and _copied(conn, namespace, items, ids):
         created = {(item.topic, item_id) for item, item_id in zip(items, ids, strict=True)}
     else:
-        created = {(t, i) for t, i in conn.execute(sql.ENQUEUE, params).fetchall()}
+        created = _inserted(conn, namespace, items, ids)
     results = []
     ready: set[str] = set()  # the topics with new items ready now: their tailers are woken
     for item, item_id in zip(items, ids, strict=True):
@@ -461,6 +452,22 @@ def enqueue_in(conn: Conn, namespace: str, items: Sequence[NewItem]) -> list[Enq
         conn.execute(sql.NOTIFY_READY,
                      {"keys": [notify_key(namespace, topic) for topic in sorted(ready)]})
     return results
+
+
+def _inserted(conn: Conn, namespace: str, items: Sequence[NewItem],
+              ids: list[str]) -> set[tuple[str, str]]:
+    """Write items by the one statement that leaves existing ids as they are; the
+    (topic, id) of those it created."""
+    params = {
+        "ns": namespace, "ids": ids, "topics": [i.topic for i in items],
+        "priorities": [i.priority for i in items],
+        "after": [i.deliver_after_ms for i in items],
+        "payloads": [bytes(i.payload) for i in items],
+        "headers": [encode_headers(i.headers) for i in items],
+        "ttl_ms": [None if i.ttl_s is None else round(i.ttl_s * 1000) for i in items],
+        "delay_ms": [None if i.delay_s is None else round(i.delay_s * 1000) for i in items],
+    }
+    return {(t, i) for t, i in conn.execute(sql.ENQUEUE, params).fetchall()}
 
 
 def _copied(conn: Conn, namespace: str, items: Sequence[NewItem], ids: list[str]) -> bool:
