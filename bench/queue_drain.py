@@ -10,7 +10,7 @@ In one run on this machine, in interleaved rounds (every other one in reverse or
   worker processes;
 - asynctier's Kafka drain of N records (``bench/scenarios.py``'s ``asynctier_noop``, as
   is and ``--idempotent``), for the ratio;
-- River (Go, ``bench/river``: see ``bench/queue_river.py``) on the same PostgreSQL: N
+- River (Go, ``bench/river``, built by ``queue_scenarios.build_river``) on the same PostgreSQL: N
   no-op jobs by ``InsertManyFast``, drained by its client; after the rounds, the pickup
   (enqueue-to-start of single items, idle then at ``--loaded-rate``), River's and
   asynctier's.
@@ -45,7 +45,7 @@ import traceback  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
-from bench import queue_report, queue_river, scenarios  # noqa: E402
+from bench import queue_report, scenarios  # noqa: E402
 from bench import queue_scenarios as qs  # noqa: E402
 from bench.queue_report import QueueResults  # noqa: E402
 from bench.records import preload  # noqa: E402
@@ -175,7 +175,7 @@ def _pickups(args: argparse.Namespace, results: QueueResults, svc: Services, pg:
                                 "-workers", str(args.river_workers))
         results.pickup[f"River {load}"] = {"n": count, "p50": float(got["pickup_p50_ms"]),
                                            "p99": float(got["pickup_p99_ms"])}
-        ours = queue_river.asynctier_pickup(svc, pg, folder, count, at)
+        ours = qs.asynctier_pickup(svc, pg, folder, count, at)
         results.pickup[f"asynctier {load}"] = {"n": count, **ours}
         print(f"   pickup {load}: asynctier p50 {ours['p50']:.1f} ms p99 {ours['p99']:.1f} "
               f"ms; River p50 {got['pickup_p50_ms']:.1f} ms p99 {got['pickup_p99_ms']:.1f} ms",

@@ -12,7 +12,7 @@ and Redis as in ``bench/run.py``:
   ``bench.noop:noop``); then N items are left ready in a topic nobody is bound to, and
   ``--pickups`` single items are enqueued one at a time (random gaps of 20-200 ms) to an
   idle bound topic: p50 and p99 from just before the enqueue to the function's start
-  (``bench.queue_river.asynctier_pickup``). The table holds N more items than the pickup's
+  (``bench.queue_scenarios.asynctier_pickup``). The table holds N more items than the pickup's
   topic needs: what a large backlog elsewhere costs an idle binding.
 - **delayed**: ``--delayed`` items enqueued once, due in a day, in topic D. Then, in
   ``--rounds`` interleaved rounds (every other one in reverse order), ``--ready`` ready
@@ -35,7 +35,7 @@ import uuid
 from pathlib import Path
 
 from bench import queue_scenarios as qs
-from bench.queue_river import asynctier_pickup
+from bench.queue_scenarios import asynctier_pickup
 from bench.stack import postgres, services
 
 #: Delayed items are due this far ahead: never during the run.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -206,6 +207,39 @@ def river_drain(program: Path, dsn: str, n: int, batch: int, workers: int) -> tu
 RIVER_NOTE = ("River v0.51.2 (Go, pgx driver, its schema migrated by its own migrator), "
               "MaxWorkers --river-workers, GOMAXPROCS 2, FetchCooldown 2 ms, "
               "FetchPollInterval 20 ms (River's own benchmark's settings); no run-once guard")
+
+
+def asynctier_pickup(svc: Services, pg: Postgres, folder: Path, n: int,
+                     rate: float | None) -> dict[str, float]:
+    """p50/p99 ms from just before each single enqueue to its function's start, through a
+    default ``asynctier run``: random idle gaps, or ``rate`` a second."""
+    topic = f"bench-pick-{uuid.uuid4().hex[:6]}"
+    samples = folder / f"{topic}.samples"
+    env = {"ASYNCTIER_QUEUE_SHARDS": pg.dsn, "BENCH_LATENCY_FILE": str(samples)}
+    rng = random.Random(7)
+    with platform(svc, folder, "pickup", env) as run, QueueStore(pg.dsn, pool_size=1) as store:
+        run.bind_queue("qpick", topic, "timed", "--tenant", NAMESPACE, "--idempotent")
+        run.start()
+
+        def left() -> int:
+            return sum(c.ready + c.leased + c.delayed for c in store.counts(NAMESPACE, topic))
+
+        store.enqueue(NAMESPACE, [NewItem(topic, json.dumps({"t0": time.time(),
+                                                                "warmup": True}).encode())])
+        deadline = time.monotonic() + 60
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for _ in range(n):
+            time.sleep(1 / rate if rate else rng.uniform(0.02, 0.2))
+            store.enqueue(NAMESPACE, [NewItem(topic, json.dumps({"t0": time.time()}
+                                                                   ).encode())])
+        deadline = time.monotonic() + 60
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    ms = sorted(float(line.split()[1]) for line in samples.read_text().splitlines())
+    if len(ms) < n:
+        raise BenchError(f"asynctier pickup: {len(ms)} of {n} items started; see {run.log}")
+    return {"p50": ms[len(ms) // 2], "p99": ms[min(len(ms) - 1, len(ms) * 99 // 100)]}
 
 
 def _queue_row(name: str, drain: Drain, note: str) -> Row:

@@ -1,5 +1,5 @@
 // Command river-bench: River (github.com/riverqueue/river) on the bench's PostgreSQL,
-// for bench/queue_river.py. Modes:
+// for bench/queue_scenarios.py (make bench-queue). Modes:
 //
 //	drain  -dsn DSN -jobs N -batch B -workers W   insert N no-op jobs B at a time
 //	       (InsertManyFast: COPY), then start a client and time the drain of the backlog.
