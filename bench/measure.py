@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
@@ -155,3 +156,16 @@ def watch_drain(progress: Callable[[], int], total: int, meter: Meter, timeout_s
         if check is not None:
             check()
         time.sleep(poll_s)
+
+
+def write_section(path: Path, section: str) -> None:
+    """Put ``section`` into ``path`` in place of the one with its heading (or at the end)."""
+    heading = section.splitlines()[0] + "\n"  # whole line: one heading may begin another
+    text = path.read_text() if path.exists() else ""
+    start = text.find(heading)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = text.find("\n## ", start + len(heading))
+        text = text[:start] + section + ("" if end < 0 else text[end + 1:])
+    path.write_text(text)

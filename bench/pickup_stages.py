@@ -31,10 +31,9 @@ from asynctier.dev.testing import start_test_jaeger
 from asynctier.platform.tracing import trace_id_of
 from asynctier.queue import NewItem, QueueStore
 from bench import queue_scenarios as qs
-from bench.measure import BenchError
+from bench.measure import BenchError, write_section
 from bench.scenarios import platform
 from bench.stack import postgres, services
-from bench.urgency import write_section
 
 #: The stages, in the order an item reaches them: (label, where its time is read).
 STAGES = ("enqueue returned (its commit)", "leased by the tailer (read span starts)",
@@ -99,20 +98,30 @@ def _run(svc: Any, pg: Any, jaeger: Any, items: int, rate: float,
             [result] = store.enqueue(qs.NAMESPACE, [NewItem(topic, json.dumps({"t0": t0}
                                                                              ).encode())])
             sent[result.id] = (t0, time.time())
-        rows: list[list[float]] = []
-        deadline = time.monotonic() + 120
-        for item_id, (t0, returned) in sent.items():
-            times, trace = None, None
-            while times is None and time.monotonic() < deadline:
-                trace = jaeger.trace(_trace_id(topic, item_id))
-                times = stage_times(trace, "qstages") if trace else None
-                if times is None:
-                    time.sleep(0.2)
+        found = read_stages(jaeger, {_trace_id(topic, i): t0 for i, (t0, _) in sent.items()},
+                            "qstages", f"see {run.log}")
+    return [[(returned - t0) * 1000, *times]
+            for (t0, returned), times in zip(sent.values(), found, strict=True)]
+
+
+def read_stages(jaeger: Any, traces: dict[str, float], binding: str, hint: str,
+                timeout_s: float = 120.0) -> list[list[float]]:
+    """Per trace id (in order), milliseconds from its ``t0`` (epoch seconds) to each of
+    :func:`stage_times`' moments, once Jaeger has the whole trace; BenchError naming the
+    spans seen when one is not whole within ``timeout_s``."""
+    rows: list[list[float]] = []
+    deadline = time.monotonic() + timeout_s
+    for trace_id, t0 in traces.items():
+        times, trace = None, None
+        while times is None and time.monotonic() < deadline:
+            trace = jaeger.trace(trace_id)
+            times = stage_times(trace, binding) if trace else None
             if times is None:
-                seen = sorted({s.get("operationName") for s in (trace or {}).get("spans", [])})
-                raise BenchError(f"item {item_id}: no whole trace in Jaeger (spans {seen}); "
-                                 f"see {run.log}")
-            rows.append([(at - t0) * 1000 for at in (returned, *times)])
+                time.sleep(0.2)
+        if times is None:
+            seen = sorted({s.get("operationName") for s in (trace or {}).get("spans", [])})
+            raise BenchError(f"trace {trace_id}: not whole in Jaeger (spans {seen}); {hint}")
+        rows.append([(at - t0) * 1000 for at in times])
     return rows
 
 

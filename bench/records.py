@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -48,10 +49,10 @@ def key_of(i: int) -> bytes:
 
 
 def _produce(producer: Producer, topic: str, value: bytes, partition: int,
-             key: bytes | None = None) -> None:
+             key: bytes | None = None, headers: list[tuple[str, bytes]] | None = None) -> None:
     while True:
         try:
-            producer.produce(topic, value, key, partition=partition)
+            producer.produce(topic, value, key, partition=partition, headers=headers)
             return
         except BufferError:
             producer.poll(0.05)
@@ -87,8 +88,10 @@ def warm_producer(bootstrap: str, topic: str, n: int, partitions: int = PARTITIO
 
 
 def open_loop(producer: Producer, topic: str, rate: float, seconds: float,
-              partitions: int = PARTITIONS) -> int:
-    """Produce at ``rate`` records/s for ``seconds``; returns how many were produced."""
+              partitions: int = PARTITIONS,
+              headers_of: Callable[[int], list[tuple[str, bytes]]] | None = None) -> int:
+    """Produce at ``rate`` records/s for ``seconds``; returns how many were produced.
+    ``headers_of(n)``: the headers of record ``n`` (called as it is produced)."""
     start = time.time()
     total = int(rate * seconds)
     sent = 0
@@ -96,7 +99,8 @@ def open_loop(producer: Producer, topic: str, rate: float, seconds: float,
         now = time.time()
         due = min(total, int((now - start) * rate) + 1)
         while sent < due:
-            _produce(producer, topic, record(sent, start + sent / rate), sent % partitions)
+            _produce(producer, topic, record(sent, start + sent / rate), sent % partitions,
+                     headers=headers_of(sent) if headers_of else None)
             sent += 1
         producer.poll(0)
         time.sleep(0.001)

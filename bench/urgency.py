@@ -2,7 +2,7 @@
 
     python -m bench.urgency [--cases all|same,tenant,...] [--backlog 300000]
                             [--rate 30] [--seconds 10] [--start-after 8]
-                            [--spread SCHEDULERS,TAILERS] [--out FILE]
+                            [--spread SCHEDULERS,TAILERS] [--stages] [--out FILE]
 
 One ``asynctier run`` per measurement (``--spread``: each component in a process of its
 own, that many schedulers and tailer processes). A *bulk* binding drains a backlog whose function
@@ -12,6 +12,12 @@ and ``--start-after`` seconds more, the probe binding's own topic (4 partitions)
 ``--rate`` records a second for ``--seconds``, each carrying its due time; the probe
 function notes start minus due time. Each case is measured alone (no bulk binding) and
 under the backlog; the ratio is p99 under the backlog over p99 alone.
+
+``--stages``: where each probe record's time went, read from the platform's own traces
+(tracing on, spans to a Jaeger of its own): the probe records alone are traced (each
+carries a sampled ``traceparent``; the sample ratio is 0 for the rest), from their
+produce to the tailer adding them to a call (``read`` span starts), the call sent (it
+ends), the scheduler taking them (``process`` starts) and the function's start (``run``).
 
 The final line is for scripts::
 
@@ -36,7 +42,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.measure import BenchError, python_speed
+from asynctier.dev.jaeger import JaegerNode
+from asynctier.dev.testing import start_test_jaeger
+from bench.measure import BenchError, python_speed, write_section
+from bench.pickup_stages import TRACING_ENV, percentile, read_stages
 from bench.records import GroupProgress, create_topic, open_loop, preload, warm_producer
 from bench.scenarios import Latency, _read_latency, platform
 from bench.stack import Services, services
@@ -87,6 +96,12 @@ class Measured:
     latency: Latency
     bulk_rate: float | None = None  # records/s committed by the bulk group in the window
     bulk_left: int | None = None  # bulk records not committed when the window closed
+    stages: list[list[float]] | None = None  # --stages: ms to each of STAGES, per record
+
+
+#: The probe's stages with ``--stages`` (the steps between them are what the table shows).
+STAGES = ("produce to the tailer's call (read starts)", "the call built and sent (read ends)",
+          "the RPC, to the scheduler (process starts)", "door, queue, worker (run starts)")
 
 
 @dataclass
@@ -114,15 +129,28 @@ def _wait(what: str, done: object, timeout_s: float, check: object) -> None:
 
 
 def measure(svc: Services, folder: Path, case: Case, bulk_topic: str | None,
-            backlog: int, args: argparse.Namespace, probe: bool = True) -> Measured:
+            backlog: int, args: argparse.Namespace, probe: bool = True,
+            jaeger: JaegerNode | None = None) -> Measured:
     """One ``asynctier run``: the probe alone (``bulk_topic`` None), the probe under the
-    bulk backlog, or (``probe`` False) the bulk alone over the same window."""
+    bulk backlog, or (``probe`` False) the bulk alone over the same window. With
+    ``jaeger``, the probe records are traced and their stages read back."""
     boot = svc.kafka_bootstrap
     topic = f"bench-urgent-{uuid.uuid4().hex[:6]}"
     create_topic(boot, topic)
     samples = folder / f"urgency-{case.key}-{uuid.uuid4().hex[:6]}.txt"
     label = f"urgency-{case.key}-{'loaded' if bulk_topic else 'alone'}"
     env = {"BENCH_LATENCY_FILE": str(samples)}
+    traced: dict[str, float] = {}  # the probe records' trace ids, and when each was produced
+    base = uuid.uuid4().int >> 32  # 96 bits: each run's trace ids its own
+
+    def traceparent(n: int) -> list[tuple[str, bytes]]:
+        trace_id = f"{base:024x}{n:08x}"
+        traced[trace_id] = time.time()
+        return [("traceparent", f"00-{trace_id}-{n + 1:016x}-01".encode())]
+
+    if jaeger is not None:
+        env.update({**TRACING_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.endpoint,
+                    "OTEL_TRACES_SAMPLER_ARG": "0"})
     if case.config:
         config = folder / f"{label}.toml"
         config.write_text(case.config)
@@ -147,7 +175,8 @@ def measure(svc: Services, folder: Path, case: Case, bulk_topic: str | None,
             before = bulk_group.committed() if bulk_group is not None else 0
             opened = time.monotonic()
             if probe:
-                produced = open_loop(producer, topic, args.rate, args.seconds)
+                produced = open_loop(producer, topic, args.rate, args.seconds,
+                                     headers_of=traceparent if jaeger is not None else None)
             else:
                 time.sleep(args.seconds)
                 produced = 0
@@ -155,6 +184,8 @@ def measure(svc: Services, folder: Path, case: Case, bulk_topic: str | None,
             after = bulk_group.committed() if bulk_group is not None else 0
             _wait("the probe's records", lambda: probe_group.committed() >= WARM + produced,
                   300, check)
+            stages = (read_stages(jaeger, traced, "probe", f"see {run.log}")
+                      if jaeger is not None and probe else None)
         finally:
             probe_group.close()
             if bulk_group is not None:
@@ -164,12 +195,12 @@ def measure(svc: Services, folder: Path, case: Case, bulk_topic: str | None,
     if probe and len(latency.samples) < produced:
         raise BenchError(f"{label}: {len(latency.samples)} samples of {produced} records")
     if bulk_group is None:
-        return Measured(latency)
-    return Measured(latency, (after - before) / window, backlog - after)
+        return Measured(latency, stages=stages)
+    return Measured(latency, (after - before) / window, backlog - after, stages)
 
 
-def run_cases(svc: Services, folder: Path, cases: Sequence[Case],
-              args: argparse.Namespace) -> tuple[list[Row], float | None]:
+def run_cases(svc: Services, folder: Path, cases: Sequence[Case], args: argparse.Namespace,
+              jaeger: JaegerNode | None = None) -> tuple[list[Row], float | None]:
     """Every case alone and under the backlog; the drain ratio when ``same`` ran."""
     bulk_topic = f"bench-bulk-{uuid.uuid4().hex[:6]}"
     print(f"preloading {args.backlog:,} records into {bulk_topic}", flush=True)
@@ -177,8 +208,8 @@ def run_cases(svc: Services, folder: Path, cases: Sequence[Case],
     rows: list[Row] = []
     drain_ratio: float | None = None
     for case in cases:
-        alone = measure(svc, folder, case, None, args.backlog, args)
-        loaded = measure(svc, folder, case, bulk_topic, args.backlog, args)
+        alone = measure(svc, folder, case, None, args.backlog, args, jaeger=jaeger)
+        loaded = measure(svc, folder, case, bulk_topic, args.backlog, args, jaeger=jaeger)
         row = Row(case, alone, loaded)
         rows.append(row)
         print(_line(row), flush=True)
@@ -243,26 +274,31 @@ def markdown(rows: Sequence[Row], figures: dict[str, float], args: argparse.Name
         bulk = (f"{r.loaded.bulk_rate:,.0f}/s" if r.loaded.bulk_rate is not None else "")
         out.append(f"| {r.case.title} | {_ms(r.alone.latency)} | {_ms(r.loaded.latency)} "
                    f"| {r.ratio:.2f} | {bulk} |")
+    out += stage_lines(rows)
     out += ["", "```", final_line(figures), "```", ""]
     return "\n".join(out)
+
+
+def stage_lines(rows: Sequence[Row]) -> list[str]:
+    """With ``--stages``: each step of the probe's records, p50 / p99 in ms."""
+    traced = [(r.case.title, load, m.stages) for r in rows
+              for load, m in (("alone", r.alone), ("under the backlog", r.loaded)) if m.stages]
+    if not traced:
+        return []
+    out = ["", "Where the probe records' time went (ms, p50 / p99 of each step, from their "
+           "traces):", "", "| case | load | " + " | ".join(STAGES) + " |",
+           "|---|---|" + "--:|" * len(STAGES)]
+    for title, load, stages in traced:
+        steps = [[row[n] - (row[n - 1] if n else 0.0) for row in stages]
+                 for n in range(len(STAGES))]
+        out.append(f"| {title} | {load} | " + " | ".join(
+            f"{percentile(s, 50):,.1f} / {percentile(s, 99):,.1f}" for s in steps) + " |")
+    return out
 
 
 def final_line(figures: dict[str, float]) -> str:
     """``name=value`` pairs."""
     return " ".join(f"{k}={v:.3f}" for k, v in figures.items())
-
-
-def write_section(path: Path, section: str) -> None:
-    """Put ``section`` into ``path`` in place of the one with its heading (or at the end)."""
-    heading = section.splitlines()[0] + "\n"  # whole line: one heading may begin another
-    text = path.read_text() if path.exists() else ""
-    start = text.find(heading)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(heading))
-        text = text[:start] + section + ("" if end < 0 else text[end + 1:])
-    path.write_text(text)
 
 
 def _spread(text: str) -> tuple[int, int]:
@@ -282,6 +318,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--spread", type=_spread, metavar="S,T",
                    help="S schedulers and T tailer processes, each on its own (and one of "
                         "delay tailers), instead of one default `asynctier run`")
+    p.add_argument("--stages", action="store_true",
+                   help="trace the probe records and show where their time went")
     p.add_argument("--out", type=Path, help="write the section into this file "
                    "(e.g. bench/RESULTS.md)")
     args = p.parse_args(argv)
@@ -293,7 +331,12 @@ def main(argv: list[str]) -> int:
     speed = python_speed()
     with tempfile.TemporaryDirectory(prefix="asynctier-urgency-") as tmp, services() as svc:
         print(f"logs in {tmp}", flush=True)
-        rows, drain_ratio = run_cases(svc, Path(tmp), cases, args)
+        jaeger = start_test_jaeger(Path(tmp) / "stack") if args.stages else None
+        try:
+            rows, drain_ratio = run_cases(svc, Path(tmp), cases, args, jaeger)
+        finally:
+            if jaeger is not None:
+                jaeger.stop()
     figures = summary(rows, drain_ratio)
     if args.out is not None:
         write_section(args.out, markdown(rows, figures, args, speed))
