@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,6 +28,16 @@ log = logging.getLogger(__name__)
 
 #: How long a backlog read waits for a shard before it says the shard is down.
 READ_TIMEOUT_S = 3.0
+#: The share of its time the depth collector may spend counting: counting a topic reads
+#: each of its items, so a pass that took longer than this share of its interval (a topic
+#: of millions) stretches the wait after it.
+MAX_COUNTING_SHARE = 0.02
+
+
+def wait_after(took_s: float, interval_s: float) -> float:
+    """The wait after a pass that took ``took_s``: ``interval_s``, or longer so that
+    counting takes at most :data:`MAX_COUNTING_SHARE` of the time."""
+    return max(interval_s, took_s / MAX_COUNTING_SHARE - took_s)
 
 
 @dataclass(frozen=True)
@@ -154,12 +165,22 @@ class QueueDepthCollector:
         self._thread.start()
 
     def _loop(self) -> None:
+        stretched = False
         while not self._stop.is_set():
+            started = time.monotonic()
             try:
                 self.update()
             except Exception:  # a bad shard setting, for one; the next pass tries again
                 log.warning("queue depth could not be read; will retry", exc_info=True)
-            self._stop.wait(self.interval_s)
+            took = time.monotonic() - started
+            wait = wait_after(took, self.interval_s)
+            if (wait > self.interval_s) != stretched:
+                stretched = not stretched
+                log.info("queue depth: counting took %.2fs; the gauges are now read every "
+                         "%.1fs (counting at most %d%% of the time)", took,
+                         wait + took if stretched else self.interval_s,
+                         round(MAX_COUNTING_SHARE * 100))
+            self._stop.wait(wait)
 
     def stop(self) -> None:
         """Stop the thread and close the shards it opened."""

@@ -12,6 +12,8 @@ import time
 from typing import Any
 
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from asynctier.cli import main
@@ -20,7 +22,12 @@ from asynctier.platform.binding import Binding
 from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
 from asynctier.platform.registry import BindingRegistry
-from asynctier.queue.backlog import QueueDepthCollector, read_backlog
+from asynctier.queue.backlog import (
+    MAX_COUNTING_SHARE,
+    QueueDepthCollector,
+    read_backlog,
+    wait_after,
+)
 from asynctier.queue.items import Dead, Nack, NewItem
 from asynctier.queue.shards import ShardedQueue
 from asynctier.queue.store import QueueStore
@@ -156,6 +163,19 @@ def test_the_collector_exports_depth_by_state_and_drops_removed_bindings(
                        "the removed binding's series dropped")
         finally:
             collector.stop()
+
+
+@given(took=st.floats(0, 600), interval=st.floats(0.1, 60))
+def test_the_collector_counts_at_most_its_share_of_the_time(took: float,
+                                                            interval: float) -> None:
+    """A topic of millions takes a fraction of a second to count: the wait after such a
+    pass stretches so that counting is at most MAX_COUNTING_SHARE of the time; a quick
+    pass waits the interval."""
+    wait = wait_after(took, interval)
+    assert wait >= interval
+    assert took <= MAX_COUNTING_SHARE * (took + wait) * (1 + 1e-9)
+    if took <= MAX_COUNTING_SHARE * interval:
+        assert wait == interval
 
 
 def test_backlog_rows_of_a_down_shard_carry_its_error(queue_namespace: str) -> None:
