@@ -137,11 +137,16 @@ def _wait(ready: Callable[[], bool], timeout_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
+def step_times(rows: list[list[float]]) -> list[list[float]]:
+    """Per stage, each item's time from the stage before (the first: from its ``t0``),
+    given each item's times to every stage."""
+    return [[row[n] - (row[n - 1] if n else 0.0) for row in rows]
+            for n in range(len(rows[0]) if rows else 0)]
+
+
 def steps(rows: list[list[float]]) -> list[float]:
-    """The median time each stage took after the one before it (the first: from just
-    before the enqueue), item by item."""
-    return [percentile([row[n] - (row[n - 1] if n else 0.0) for row in rows], 50)
-            for n in range(len(STAGES))]
+    """The median time each stage took after the one before it, item by item."""
+    return [percentile(times, 50) for times in step_times(rows)]
 
 
 def section(rows: list[list[float]], items: int, rate: float) -> str:

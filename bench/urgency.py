@@ -45,7 +45,7 @@ from pathlib import Path
 from asynctier.dev.jaeger import JaegerNode
 from asynctier.dev.testing import start_test_jaeger
 from bench.measure import BenchError, python_speed, write_section
-from bench.pickup_stages import TRACING_ENV, percentile, read_stages
+from bench.pickup_stages import TRACING_ENV, percentile, read_stages, step_times
 from bench.records import GroupProgress, create_topic, open_loop, preload, warm_producer
 from bench.scenarios import Latency, _read_latency, platform
 from bench.stack import Services, services
@@ -289,10 +289,9 @@ def stage_lines(rows: Sequence[Row]) -> list[str]:
            "traces):", "", "| case | load | " + " | ".join(STAGES) + " |",
            "|---|---|" + "--:|" * len(STAGES)]
     for title, load, stages in traced:
-        steps = [[row[n] - (row[n - 1] if n else 0.0) for row in stages]
-                 for n in range(len(STAGES))]
         out.append(f"| {title} | {load} | " + " | ".join(
-            f"{percentile(s, 50):,.1f} / {percentile(s, 99):,.1f}" for s in steps) + " |")
+            f"{percentile(s, 50):,.1f} / {percentile(s, 99):,.1f}"
+            for s in step_times(stages)) + " |")
     return out
 
 
