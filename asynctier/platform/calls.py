@@ -27,8 +27,9 @@ class CallBuilder:
     def add(self, binding: str, payload: bytes | None, key: bytes | None,
             headers: Sequence[tuple[str, bytes | None]] | None, attempt: int,
             source_ref: str, record_time_ms: int, priority: int = 0,
-            deadline_ms: int | None = None) -> bool:
-        """Add one item; False (and nothing added) when the call is full."""
+            deadline_ms: int | None = None, fresh: bool = False) -> bool:
+        """Add one item (``fresh``: no copy of it was sent before); False (and nothing
+        added) when the call is full."""
         size = self.size + (len(payload) if payload else 0) + (len(key) if key else 0)
         if headers:
             size += header_bytes(headers)
@@ -36,7 +37,7 @@ class CallBuilder:
             return False
         self.size = size
         self.columns.add(binding, payload, key, headers, attempt, source_ref, record_time_ms,
-                         priority, deadline_ms)
+                         priority, deadline_ms, fresh)
         if self.reads is not None:
             self.reads.append((binding, headers or (), source_ref, attempt, time.time_ns()))
         return True

@@ -64,6 +64,10 @@ SUBMIT = f"{SUBMIT_PREFIX}V{WIRE_VERSION}"
 #: How long a scheduler that speaks another wire is left alone, and how often it is logged.
 WRONG_WIRE_BACKOFF_S = 10.0
 WRONG_WIRE_LOG_EVERY_S = 30.0
+#: The metadata of a submit call sent again (no answer, a bad one, or another scheduler):
+#: a copy may be running already, so the scheduler claims all its items before they run.
+RESENT_KEY = "asynctier-resent"
+RESENT = ((RESENT_KEY, "1"),)
 MAX_MESSAGE = 64 * 1024 * 1024
 #: The record bytes (values, keys and headers: :func:`header_bytes`) one submit call
 #: carries at most: a batch of large records is cut into several calls, well under
@@ -263,7 +267,8 @@ class PendingCall:
             if self.crashes >= CRASHES_BEFORE_ISOLATING:
                 return self._isolate(stop)
             self.client._wait_for_one(stop)
-            self.address, self.future = self.client._send(self.payload, self.spread)
+            self.address, self.future = self.client._send(self.payload, self.spread,
+                                                          resent=True)
 
     def _too_large(self) -> Future[bytes]:
         """The answer to a call too large to send: every item failed (a dead letter)."""
@@ -390,7 +395,10 @@ class SchedulerClient:
                                                                      itertools.count())
         return live[next(turn) % len(live)]
 
-    def _send(self, payload: bytes, spread: str | None = None) -> tuple[str, Any]:
+    def _send(self, payload: bytes, spread: str | None = None,
+              resent: bool = False) -> tuple[str, Any]:
+        """Send a submit call (``resent``: a copy of it may have reached a scheduler, so
+        none of its items is fresh, see :data:`RESENT`)."""
         address = self._pick(spread)
         if address is None:  # everyone is marked down: try the first known one anyway
             known = list(self._addresses())
@@ -399,8 +407,9 @@ class SchedulerClient:
                     raise SchedulerUnavailable(f"{NO_SCHEDULER}: {NO_SCHEDULER_HINT}")
                 return "", self._no_scheduler()
             address = known[next(self._rr) % len(known)]
-        return address, self._stub(address).future(payload, timeout=self._timeout,
-                                                    wait_for_ready=False)
+        return address, self._stub(address).future(
+            payload, timeout=self._timeout, wait_for_ready=False,
+            metadata=RESENT if resent else None)
 
     def _no_scheduler(self) -> Future[bytes]:
         """A call that failed at once: no scheduler to send it to (the caller waits and

@@ -14,7 +14,7 @@ import io
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 import fastavro
 
@@ -59,6 +59,9 @@ class Item(TypedDict):
     record_time_ms: int
     priority: int  # higher runs first within a binding (a queue item's; 0 for a topic's)
     deadline_ms: int | None  # epoch ms by which it should start, when the source says
+    #: True when its tailer knows no copy of it was sent before: it runs without waiting
+    #: for its run-once claim (docs/design.md, Run once off the path). Absent: False.
+    fresh: NotRequired[bool]
 
 
 class Outcome(TypedDict):
@@ -136,9 +139,9 @@ class Columns:
     items' positions (0, 1, 2 ...) unless given to :meth:`encode`.
     """
 
-    __slots__ = ("attempts", "binding_of", "bindings", "deadlines_ms", "headers", "key_lens",
-                 "keys", "payload_lens", "payloads", "priorities", "record_times_ms",
-                 "source_refs")
+    __slots__ = ("attempts", "binding_of", "bindings", "deadlines_ms", "fresh", "headers",
+                 "key_lens", "keys", "payload_lens", "payloads", "priorities",
+                 "record_times_ms", "source_refs")
 
     def __init__(self) -> None:
         self.bindings: dict[str, int] = {}
@@ -153,6 +156,7 @@ class Columns:
         self.headers: list[dict[str, Any]] = []
         self.priorities: list[int] | None = None  # None while every item has 0
         self.deadlines_ms: list[int] | None = None  # None while no item has one (-1: none)
+        self.fresh: bytearray | None = None  # None while no item is fresh
 
     def __len__(self) -> int:
         return len(self.payload_lens)
@@ -160,7 +164,7 @@ class Columns:
     def add(self, binding: str, payload: bytes | None, key: bytes | None,
             headers: Sequence[tuple[str, bytes | None]] | None, attempt: int,
             source_ref: str, record_time_ms: int, priority: int = 0,
-            deadline_ms: int | None = None) -> None:
+            deadline_ms: int | None = None, fresh: bool = False) -> None:
         """Append one item."""
         i = len(self.payload_lens)
         b = self.bindings.get(binding)
@@ -190,6 +194,10 @@ class Columns:
             if self.deadlines_ms is None:
                 self.deadlines_ms = [-1] * i
             self.deadlines_ms.append(-1 if deadline_ms is None else deadline_ms)
+        if fresh or self.fresh is not None:
+            if self.fresh is None:
+                self.fresh = bytearray(i)
+            self.fresh.append(fresh)
 
     def encode(self, ids: list[int] | None = None) -> bytes:
         """The submit request's bytes (ids default to the positions)."""
@@ -216,6 +224,7 @@ class Columns:
             "headers": self.headers,
             "priorities": b"" if self.priorities is None else _pack("i", self.priorities),
             "deadlines_ms": b"" if self.deadlines_ms is None else _pack("q", self.deadlines_ms),
+            "fresh": b"" if self.fresh is None else bytes(self.fresh),
         }
         buf = io.BytesIO()
         fastavro.schemaless_writer(buf, load_schema("submit"), doc)
@@ -223,7 +232,8 @@ class Columns:
 
 
 def encode_items(items: list[Item]) -> bytes:
-    """One submit request as bytes (column by column, see ``schemas/submit.avsc``)."""
+    """One submit request as bytes (column by column, see ``schemas/submit.avsc``); none
+    of its items fresh (a call made of items again is a copy sent again)."""
     cols = Columns()
     for item in items:
         cols.add(item["binding"], item["payload"], item["key"],
@@ -258,6 +268,9 @@ def decode_items(data: bytes) -> list[Item]:
     priorities = _unpack("i", doc["priorities"]) if doc["priorities"] else [0] * count
     deadlines: list[int | None] = ([None if d < 0 else d for d in _unpack("q", doc["deadlines_ms"])]
                                    if doc["deadlines_ms"] else [None] * count)
+    fresh: bytes = doc["fresh"]
+    if fresh and len(fresh) != count:
+        raise ValueError(f"{len(fresh)} fresh flags for {count} items")
     headers: list[list[Header]] = [_NO_HEADERS] * count
     for h in doc["headers"]:
         i = h["item"]
@@ -271,13 +284,18 @@ def decode_items(data: bytes) -> list[Item]:
     if count and (not names or min(binding_of) < 0 or max(binding_of) >= len(names)):
         raise ValueError(f"an item names binding {min(binding_of)} or {max(binding_of)}, not "
                          f"one of the {len(names)}")
-    return [
+    items: list[Item] = [
         {"id": ident, "binding": names[b], "payload": payload, "key": key, "headers": hs,
          "attempt": attempt, "source_ref": ref, "record_time_ms": at, "priority": priority,
          "deadline_ms": deadline}
         for ident, b, payload, key, hs, attempt, ref, at, priority, deadline in zip(
             ids, binding_of, payloads, keys, headers, attempts, refs, times, priorities,
             deadlines, strict=True)]
+    if fresh:
+        for item, flag in zip(items, fresh, strict=True):
+            if flag:
+                item["fresh"] = True
+    return items
 
 
 def encode_outcomes(outcomes: list[Outcome]) -> bytes:

@@ -2,7 +2,10 @@
 
 Records are claimed per batch before they queue: one that already succeeded is answered
 ``ok`` without running, one still running elsewhere (a copy read again after a crash)
-waits for that run to end, then is answered ``ok`` or runs here. After a chunk ran, how it
+waits for that run to end, then is answered ``ok`` or runs here. A fresh record (its
+tailer knows no copy of it was sent before: docs/design.md, Run once off the path) queues
+at once, its claim made beside it; the write-downs of the binding wait for such claims to
+land, so a claim never lands after the write-down that frees it. After a chunk ran, how it
 ended is written down beside the workers (they take the next chunk): a chunk that all
 succeeded is answered at once (its claims hold until the marks land, so a copy read
 meanwhile waits), any other once the write landed (a failure here may have succeeded in
@@ -48,6 +51,8 @@ class Claims:
         self.retry_s = retry_s
         self.busy_grace_s = busy_grace_s
         self._background: set[asyncio.Future[None]] = set()
+        # claims of fresh records made beside their run, by binding name
+        self._beside: dict[str, set[asyncio.Future[None]]] = {}
         self._writes: set[asyncio.Future[None]] = set()  # chunks being written down
         # successes of chunks that still run, to write down together (binding name ->
         # the binding, its items, their outcomes)
@@ -64,11 +69,46 @@ class Claims:
                         len(late), WRITE_DOWN_WAIT_S)
 
     async def claim_batch(self, binding: Binding, items: list[Item]) -> Claimed:
-        """Claim a batch's records (those busy elsewhere are counted as waited for)."""
-        claimed = await self.claim(binding, items)
-        if claimed[2]:
-            metrics.count_run_once(binding.name, "waited", len(claimed[2]))
-        return claimed
+        """Claim a batch's records (those busy elsewhere are counted as waited for); the
+        fresh ones are to run at once, claimed beside their run."""
+        fresh = [i for i in items if i.get("fresh")]
+        if fresh and binding.limits.redis_policy == "fail_open" and self.guard.healthy():
+            self._claim_beside(binding, fresh)
+            metrics.count_run_once(binding.name, "fresh", len(fresh))
+            items = [i for i in items if not i.get("fresh")]
+        else:
+            fresh = []
+        done, run, busy = await self.claim(binding, items)
+        if busy:
+            metrics.count_run_once(binding.name, "waited", len(busy))
+        return done, fresh + run, busy
+
+    def _claim_beside(self, binding: Binding, fresh: list[Item]) -> None:
+        beside = self._beside.setdefault(binding.name, set())
+        task = watch(asyncio.ensure_future(self._claim_fresh(binding, fresh)),
+                     "a run-once claim of fresh records")
+        beside.add(task)
+        task.add_done_callback(beside.discard)
+
+    async def _claim_fresh(self, binding: Binding, fresh: list[Item]) -> None:
+        """Claim fresh records that run already. One already done or claimed by a live
+        scheduler means a copy was sent before after all (a tailer that lost its partition
+        without knowing, still sending): it runs twice, which is counted and said."""
+        try:
+            codes = await self.guard.claim(binding, fresh)
+            if len(codes) != len(fresh):
+                raise ValueError(f"{len(codes)} claim codes for {len(fresh)} items")
+        except Exception:
+            log.exception("binding %s: could not claim %d fresh record(s) beside their run; "
+                          "they run without the run-once guard", binding.name, len(fresh))
+            return
+        raced = sum(c in (DONE, BUSY) for c in codes)
+        if raced:
+            metrics.count_run_once(binding.name, "raced", raced)
+            log.warning("binding %s: %d record(s) sent as fresh had a copy done or running "
+                        "elsewhere; they ran again here (a tailer that lost its partitions "
+                        "without knowing?)", binding.name, raced,
+                        extra={"binding": binding.name})
 
     async def claim(self, binding: Binding, items: list[Item]) -> Claimed:
         """(``ok`` outcomes of the records already done, records to run, records busy)."""
@@ -141,6 +181,9 @@ class Claims:
         of those that failed here but were done meanwhile by another copy."""
         if not items:
             return set()
+        beside = self._beside.get(binding.name)
+        if beside:  # a fresh record's claim lands before its write-down
+            await asyncio.wait(set(beside))
         try:
             return await self.guard.finish(binding, items, outcomes)
         except Exception:

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from asynctier.platform.binding_source import BindingSource
+from asynctier.platform.rpc import RESENT_KEY
 from asynctier.platform.wire import Item, Outcome, decode_items, encode_outcomes, retry
 from asynctier.scheduler.admission import Admission
 from asynctier.scheduler.bounded import BoundedQueue
@@ -93,6 +94,9 @@ class Scheduler:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     f"the request does not decode: {exc}")
             raise
+        if context is not None and _resent(context):
+            for item in items:  # a copy may be running: every item is claimed first
+                item.pop("fresh", None)
         return encode_outcomes(await self.process(items))
 
     async def process(self, items: list[Item],
@@ -136,3 +140,8 @@ def _by_binding(items: list[Item]) -> dict[str, list[Item]]:
         else:
             group.append(item)
     return groups
+
+
+def _resent(context: Any) -> bool:
+    """Whether the call is a copy sent again (:data:`~asynctier.platform.rpc.RESENT`)."""
+    return any(key == RESENT_KEY for key, _ in context.invocation_metadata() or ())

@@ -38,6 +38,11 @@ class Guard(Protocol):
         (their outcome becomes ``ok``)."""
         ...
 
+    def healthy(self) -> bool:
+        """Whether claims are answered now (not in an outage): fresh records may run
+        before theirs lands."""
+        ...
+
     async def close(self) -> None:
         """Give back what is held (claims, connections)."""
         ...
@@ -54,6 +59,10 @@ class OpenGuard:
                      outcomes: Sequence[Outcome]) -> set[int]:
         """Nothing to remember."""
         return set()
+
+    def healthy(self) -> bool:
+        """Always."""
+        return True
 
     async def close(self) -> None:
         """Nothing to give back."""

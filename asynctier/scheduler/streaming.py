@@ -125,6 +125,7 @@ class RunSession:
         all is queued at once (accepted)."""
         items = decode_items(first.body)
         for item in items:
+            item.pop("fresh", None)  # a stream is sent again as it is: claimed first
             kept = cast(StreamItem, item)
             saved = first.resume.get(item["id"])
             if saved is not None:

@@ -40,6 +40,7 @@ from asynctier.tailers.key_order import by_ordering
 from asynctier.tailers.options import TailerOptions
 from asynctier.tailers.partitions import Partitions, sort_out
 from asynctier.tailers.pipeline import Hook, Pipeline, no_hook
+from asynctier.tailers.sent_marks import SentMarks
 from asynctier.tailers.source import TP, Batch, Offsets, OffsetSource, Prepared, high_marks
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,8 @@ QUEUED_MAX_KBYTES = 2048
 FETCH_MAX_BYTES = 1 << 20
 #: A call is waited for in slices of at most this, polling the consumer between them ...
 WAIT_SLICE_S = 1.0
+#: How long a partition's log end is waited for when it has no sent mark.
+MARK_END_TIMEOUT_S = 5.0
 #: ... and of at most max.poll.interval.ms over this: several polls per interval, so a
 #: late one does not push the consumer out of its group.
 POLLS_PER_INTERVAL = 4
@@ -99,8 +102,9 @@ class KafkaSource:
     """A binding's topic as an :class:`~asynctier.tailers.source.OffsetSource`."""
 
     def __init__(self, settings: Settings, binding: Binding, consumer: Any, handoff: Handoff,
-                 options: TailerOptions) -> None:
+                 options: TailerOptions, marks: SentMarks | None = None) -> None:
         self.settings = settings
+        self.marks = marks  # which records are fresh (None: none is)
         self.binding = binding
         self.consumer = consumer
         self.handoff = handoff
@@ -113,7 +117,7 @@ class KafkaSource:
         self.stats: Counter[str] = Counter()
         self.held: set[TP] = set()  # paused by a strategy (see hold): kept paused
         self.early: list[Any] = []  # polled while waiting for a call: read first
-        self.partitions.listen(gone=self._gone)
+        self.partitions.listen(assigned=self._assigned, gone=self._gone)
 
     # -- reading --------------------------------------------------------------------------
 
@@ -138,10 +142,12 @@ class KafkaSource:
         origins: list[str] = []
         call = CallBuilder()
         add = call.add
+        starts = self._fresh_starts(owned)
         for at, msg in enumerate(owned):
             origin = where(msg)
+            start = starts.get(msg.partition()) if starts else None
             if not add(name, msg.value(), msg.key(), msg.headers(), 1, origin,
-                       msg.timestamp()[1]):
+                       msg.timestamp()[1], fresh=start is not None and msg.offset() >= start):
                 good, rest = owned[:at], owned[at:]  # the call is full: the next one
                 break
             origins.append(origin)
@@ -149,6 +155,31 @@ class KafkaSource:
             good, rest = owned, []
         return Prepared(good, call.encode() if good else None, Sent(origins, call.size),
                         high_marks(good), rest)
+
+    def _fresh_starts(self, records: list[Any]) -> dict[int, int]:
+        """Per partition of ``records`` (all of this topic), the offset from which they
+        are fresh (:class:`SentMarks`), its mark raised past them first."""
+        if self.marks is None or not records:
+            return {}
+        last: dict[int, int] = {}
+        for msg in records:
+            partition, offset = msg.partition(), msg.offset()
+            if offset > last.get(partition, -1):
+                last[partition] = offset
+        starts = {}
+        for partition, offset in last.items():
+            start = self.marks.fresh_start((self.topic, partition), offset)
+            if start is not None:
+                starts[partition] = start
+        return starts
+
+    def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
+        """Partitions assigned: take their sent marks (the log's end for one without)."""
+        if self.marks is not None:
+            self.marks.take([(tp.topic, tp.partition) for tp in partitions],
+                            lambda tp: int(consumer.get_watermark_offsets(
+                                TopicPartition(*tp), timeout=MARK_END_TIMEOUT_S,
+                                cached=False)[1]))
 
     def wait(self, batch: Batch[Any], superseded: Callable[[], bool]) -> bool:
         """Wait for the answer while polling the consumer (its partitions paused).
@@ -275,6 +306,8 @@ class KafkaSource:
         those held are resumed (a partition assigned again is read from its commit)."""
         for tp in gone:
             self.committed.pop(tp, None)
+        if self.marks is not None:
+            self.marks.forget(gone)
         self.early = [m for m in self.early if (m.topic(), m.partition()) not in gone]
         held = [TopicPartition(t, p) for t, p in gone & self.held]
         self.held -= gone
@@ -318,7 +351,8 @@ class KafkaTailer:
 
     def open(self) -> Pipeline[Any]:
         """Make the consumer, the source, its strategy and the pipeline, and subscribe."""
-        source = KafkaSource(self.settings, self.binding, None, self.handoff, self.options)
+        source = KafkaSource(self.settings, self.binding, None, self.handoff, self.options,
+                             SentMarks.for_binding(self.settings, self.binding))
         consumer = self._consumer_factory({
             **consumer_config(self.settings, self.group, self.options),
             "on_commit": source.on_commit})

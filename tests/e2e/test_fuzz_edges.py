@@ -88,6 +88,7 @@ def _hostile_request(draw: st.DrawFn) -> bytes:
             "value": st.one_of(st.none(), st.binary(max_size=12))}), max_size=4)),
         "priorities": draw(_packed("i", INT32)),
         "deadlines_ms": draw(_packed("q", INT64)),
+        "fresh": draw(st.binary(max_size=8)),
     }
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, load_schema("submit"), doc)
@@ -106,7 +107,8 @@ def _sound_request(draw: st.DrawFn) -> bytes:
                                                                  st.binary(max_size=12))),
                                max_size=3)),
                  draw(INT32), draw(st.text(max_size=20).map(lambda t: t.replace("\n", ""))),
-                 draw(INT64), draw(INT32), draw(st.one_of(st.none(), INT64)))
+                 draw(INT64), draw(INT32), draw(st.one_of(st.none(), INT64)),
+                 draw(st.booleans()))
     ids = draw(st.one_of(st.none(), st.lists(st.integers(-2, 6), min_size=len(cols),
                                              max_size=len(cols))))
     return cols.encode(ids)

@@ -38,6 +38,30 @@ def test_items_round_trip(items: list[wire.Item]) -> None:
     assert wire.decode_items(wire.encode_items(items)) == items
 
 
+@given(st.lists(st.booleans(), max_size=30))
+def test_fresh_flags_travel_item_for_item_and_a_call_of_items_has_none(
+        flags: list[bool]) -> None:
+    cols = wire.Columns()
+    for n, fresh in enumerate(flags):
+        cols.add("a", b"x", None, None, 1, f"t/0/{n}", 0, fresh=fresh)
+    items = wire.decode_items(cols.encode())
+    assert [i.get("fresh", False) for i in items] == flags
+    assert not any(i.get("fresh") for i in wire.decode_items(wire.encode_items(items)))
+
+
+def test_fresh_flags_that_are_not_one_per_item_are_refused() -> None:
+    cols = wire.Columns()
+    cols.add("a", b"x", None, None, 1, "t/0/0", 0, fresh=True)
+    cols.add("a", b"y", None, None, 1, "t/0/1", 0)
+    cols.fresh = bytearray(b"\x01")  # one flag for two items
+    try:
+        wire.decode_items(cols.encode())
+    except ValueError as exc:
+        assert "1 fresh flags for 2 items" in str(exc)
+    else:
+        raise AssertionError("a call with one flag for two items was read")
+
+
 _outcome = st.one_of(
     st.builds(wire.ok, st.integers(0, 2**40)),
     st.builds(wire.failed, st.integers(0, 2**40), st.text(_text, max_size=30),

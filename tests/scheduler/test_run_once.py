@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import pytest
 import redis
+from prometheus_client import REGISTRY
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.binding_features import Execution, Source
@@ -804,3 +805,86 @@ def test_a_chunk_that_succeeded_is_answered_before_its_marks_land_and_its_copy_w
     assert waiting, "the copy or the failed chunk was answered before the write landed"
     assert [again[n]["status"] for n in range(6)] == ["ok"] * 6
     assert {runs[r] for r in refs} == {1}, "a copy of a record that succeeded ran again"
+
+
+def _fresh(items: list[Item]) -> list[Item]:
+    for item in items:
+        item["fresh"] = True
+    return items
+
+
+def test_a_fresh_record_runs_before_its_claim_lands_and_is_written_down_after_it(
+        settings: Settings) -> None:
+    """A record its tailer knows was never sent before runs without waiting for Redis;
+    its claim is made beside the run, and the write-down waits for it: the record ends
+    done, no claim of it left behind, and a copy read later is answered ok unrun."""
+    basic.reset()
+    refs = [f"orders/21/{n}" for n in range(4)]
+    claiming, release = asyncio.Event(), asyncio.Event()
+
+    class Slow(RedisGuard):
+        async def claim(self, binding: Binding, items: Sequence[Item]) -> str:
+            claiming.set()
+            await release.wait()
+            return await super().claim(binding, items)
+
+    async def scenario() -> tuple[int, list[Outcome], str]:
+        slow, other = RedisAdmission(settings), RedisAdmission(settings)
+        slow.guard = Slow(slow.guard.link)
+        scheduler = local_scheduler([GUARDED], admission=slow, guard=slow.guard)
+        scheduler.start()
+        try:
+            call = asyncio.create_task(scheduler.process(_fresh(make_items(refs))))
+            await asyncio.wait_for(claiming.wait(), 10)
+            deadline = time.monotonic() + 10
+            while len(basic.SEEN) < len(refs) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            ran_before_the_claim = len(basic.SEEN)
+            release.set()
+            outcomes = await asyncio.wait_for(call, 10)
+            await scheduler.dispatcher.claims.stop()  # the write-downs have landed
+            return ran_before_the_claim, outcomes, await other.guard.claim(
+                GUARDED, make_items(refs))
+        finally:
+            await scheduler.stop()
+            await slow.close()
+            await other.close()
+
+    ran, outcomes, later = asyncio.run(scenario())
+    assert ran == len(refs)  # every one ran while its claim was held back
+    assert sorted(o["status"] for o in outcomes) == ["ok"] * len(refs)
+    assert later == DONE * len(refs)
+
+
+def _raced() -> float:
+    return REGISTRY.get_sample_value("asynctier_run_once_total",
+                                     {"binding": "orders", "outcome": "raced"}) or 0.0
+
+
+def test_a_fresh_record_done_elsewhere_runs_and_is_counted_as_raced(
+        settings: Settings) -> None:
+    """The design's one hole: a record sent as fresh whose copy was done before (a tailer
+    that lost its partition without knowing) runs again; it is counted, not hidden."""
+    basic.reset()
+    refs = [f"orders/22/{n}" for n in range(3)]
+
+    async def scenario() -> float:
+        first, second = RedisAdmission(settings), RedisAdmission(settings)
+        scheduler = local_scheduler([GUARDED], admission=second, guard=second.guard)
+        scheduler.start()
+        try:
+            batch = make_items(refs)
+            assert await first.guard.claim(GUARDED, batch) == RUN * 3
+            await first.guard.finish(GUARDED, batch, [ok(0), ok(1), ok(2)])
+            await scheduler.process(_fresh(make_items(refs)))
+            await scheduler.dispatcher.claims.stop()
+            return _raced()
+        finally:
+            await scheduler.stop()
+            await first.close()
+            await second.close()
+
+    before = _raced()
+    assert asyncio.run(scenario()) - before == 3
+    assert runs_by_ref() == Counter(refs)  # run once more each: fresh means not waited for
+

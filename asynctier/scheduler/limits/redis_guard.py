@@ -59,6 +59,10 @@ class RedisGuard:
         link.outage.recovered()
         return elsewhere
 
+    def healthy(self) -> bool:
+        """Whether Redis answers (no outage under way)."""
+        return not self.link.outage.down
+
     async def close(self) -> None:
         """Drop this holder (its claims are free at once); once only."""
         if not self._closed:

@@ -1,0 +1,141 @@
+"""Which records a Kafka tailer sends as fresh (docs/design.md, Run once off the path), on
+the real Kafka and Redis, seen by a proxy in front of the scheduler: the records in the
+log when the tailer took its partition may have been sent before (claimed first); those
+written after are fresh; a call sent again says so, and none of its records is then
+treated as fresh."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from asynctier.platform.binding import Binding
+from asynctier.platform.binding_features import Source
+from asynctier.platform.config import Settings
+from asynctier.platform.rpc import RESENT_KEY, SchedulerClient
+from asynctier.platform.wire import decode_items, encode_outcomes, ok
+from asynctier.scheduler.core import _resent
+from asynctier.tailers.kafka import KafkaTailer
+from asynctier.tailers.options import TailerOptions
+from tests.faults.harness import produce
+from tests.helpers import wait_until
+from tests.platform_harness import committed_vs_end
+from tests.tailers.test_bad_replies import Proxy
+
+RECORDS = 4
+
+
+class Recorder(Proxy):
+    """Answers every item ok itself, the first ``fail_first`` calls with an error (the
+    tailer sends them again); keeps (id, fresh, resent) per item of each call."""
+
+    def __init__(self, fail_first: int = 0) -> None:
+        super().__init__("127.0.0.1:1", None)
+        self.fail_first = fail_first
+        self.seen: list[tuple[int, bool, bool]] = []
+
+    def _submit(self, request: bytes, context: Any) -> bytes:
+        items = decode_items(request)
+        resent = _resent(context)
+        self.seen += [(int(i["source_ref"].rsplit("/", 1)[1]), bool(i.get("fresh")), resent)
+                      for i in items]
+        if self.fail_first > 0:
+            self.fail_first -= 1
+            context.abort(grpc.StatusCode.UNAVAILABLE, "not now")
+        return encode_outcomes([ok(i["id"]) for i in items])
+
+
+def _run(settings: Settings, binding: Binding, proxy: Recorder, until: Callable[[], bool],
+         what: str) -> None:
+    client = SchedulerClient(lambda: [proxy.address])
+    tailer = KafkaTailer(settings, binding, client, TailerOptions(batch_size=RECORDS))
+    stop = threading.Event()
+    thread = threading.Thread(target=tailer.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_until(until, 60, what)
+    finally:
+        stop.set()
+        thread.join(60)
+        client.close()
+
+
+def test_records_written_after_the_partition_was_taken_are_fresh(
+        settings: Settings, unique_topic: Callable[..., str]) -> None:
+    topic = unique_topic(1)
+    binding = Binding("fresh", Source("kafka", topic), "tests.funcs.basic:record")
+    group = settings.names.group(binding.name)
+    produce(settings, topic, [{"id": i} for i in range(RECORDS)])  # there before the tailer
+    proxy = Recorder()
+    try:
+        client = SchedulerClient(lambda: [proxy.address])
+        tailer = KafkaTailer(settings, binding, client, TailerOptions(batch_size=RECORDS))
+        stop = threading.Event()
+        thread = threading.Thread(target=tailer.run, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            wait_until(lambda: committed_vs_end(settings, group, topic) == (RECORDS, RECORDS),
+                       60, "the records there before the tailer")
+            produce(settings, topic, [{"id": i} for i in range(RECORDS, 2 * RECORDS)])
+            wait_until(lambda: committed_vs_end(settings, group, topic)[0] == 2 * RECORDS,
+                       60, "the records written after")
+        finally:
+            stop.set()
+            thread.join(60)
+            client.close()
+        assert proxy.seen == [(n, n >= RECORDS, False) for n in range(2 * RECORDS)]
+        # the next tailer (a restart) takes the mark, which the first raised a leap past
+        # what it sent: the records below it are claimed first, fresh or not in truth
+        produce(settings, topic, [{"id": i} for i in range(2 * RECORDS, 3 * RECORDS)])
+        proxy.seen.clear()
+        _run(settings, binding, proxy,
+             lambda: committed_vs_end(settings, group, topic)[0] == 3 * RECORDS,
+             "the records of the restart")
+        assert proxy.seen == [(n, False, False) for n in range(2 * RECORDS, 3 * RECORDS)]
+    finally:
+        proxy.close()
+
+
+def test_a_call_sent_again_says_so(settings: Settings,
+                                   unique_topic: Callable[..., str]) -> None:
+    topic = unique_topic(1)
+    binding = Binding("resent", Source("kafka", topic), "tests.funcs.basic:record")
+    group = settings.names.group(binding.name)
+    proxy = Recorder(fail_first=1)
+    try:
+        client = SchedulerClient(lambda: [proxy.address])
+        tailer = KafkaTailer(settings, binding, client, TailerOptions(batch_size=RECORDS))
+        stop = threading.Event()
+        thread = threading.Thread(target=tailer.run, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            wait_until(lambda: bool(tailer.source and tailer.source.owned), 60, "assigned")
+            wait_until(lambda: tailer.source is not None and tailer.source.marks is not None
+                       and bool(tailer.source.marks.fresh_from), 60, "the mark taken")
+            produce(settings, topic, [{"id": i} for i in range(RECORDS)])
+            wait_until(lambda: committed_vs_end(settings, group, topic)[0] == RECORDS, 60,
+                       "the records, after one failed call")
+        finally:
+            stop.set()
+            thread.join(60)
+            client.close()
+        first, again = proxy.seen[:RECORDS], proxy.seen[RECORDS:2 * RECORDS]
+        assert first == [(n, True, False) for n in range(RECORDS)]
+        assert again == [(n, True, True) for n in range(RECORDS)]  # the scheduler claims them
+    finally:
+        proxy.close()
+
+
+def test_the_scheduler_reads_the_resent_mark() -> None:
+    class Context:
+        def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+            self.metadata = metadata
+
+        def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+            return self.metadata
+
+    assert _resent(Context(((RESENT_KEY, "1"),)))
+    assert not _resent(Context((("user-agent", "x"),)))
