@@ -188,11 +188,10 @@ BATCHES = Counter(
 )
 RUN_ONCE = Counter(
     "asynctier_run_once_total",
-    "The run-once guard's records: fresh (never sent before: run without waiting for its "
-    "claim), raced (sent as fresh, yet a copy was done or running elsewhere: it ran again), "
-    "and those read again: skipped (it had succeeded), waited (a copy was running), "
-    "taken_over (its scheduler had died) or done_elsewhere (it failed here after another "
-    "scheduler had taken it over and run it to success: answered ok).",
+    "The run-once guard's records: fresh (never sent before: run at once, in a running "
+    "range instead of a claim), and those claimed: skipped (it had succeeded), waited (a "
+    "copy was running), taken_over (its scheduler had died) or done_elsewhere (it failed "
+    "here after another scheduler had taken it over and run it to success: answered ok).",
     ["binding", "outcome"],
 )
 HANDOFF_FAILURES = Counter(
@@ -572,9 +571,9 @@ def count_batch(component: str, binding: str, n: int = 1) -> None:
 
 
 def count_run_once(binding: str, outcome: str, n: int = 1) -> None:
-    """Count records of ``binding`` the run-once guard ran fresh (without waiting for their
-    claim), found raced, skipped, made wait or took over, or found done elsewhere after
-    they failed here."""
+    """Count records of ``binding`` the run-once guard ran fresh (in a running range, not
+    claimed), skipped, made wait or took over, or found done elsewhere after they failed
+    here."""
     RUN_ONCE.labels(binding, outcome).inc(n)
 
 

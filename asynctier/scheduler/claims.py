@@ -4,12 +4,12 @@ Records are claimed per batch before they queue: one that already succeeded is a
 ``ok`` without running, one still running elsewhere (a copy read again after a crash)
 waits for that run to end, then is answered ``ok`` or runs here. A fresh record (its
 tailer knows no copy of it was sent before: docs/design.md, Run once off the path) queues
-at once, its claim made beside it; the write-downs of the binding wait for such claims to
-land, so a claim never lands after the write-down that frees it. After a chunk ran, how it
-ended is written down beside the workers (they take the next chunk): a chunk that all
-succeeded is answered at once (its claims hold until the marks land, so a copy read
-meanwhile waits), any other once the write landed (a failure here may have succeeded in
-another copy). A guard that fails is logged and its records run unguarded.
+at once, its running range written beside it; the write-downs of the binding wait for
+such writes to land, so a range never lands after the write-down that removes it. After
+a chunk ran, how it ended is written down beside the workers (they take the next chunk):
+a chunk that all succeeded is answered at once (its claims hold until the marks land, so
+a copy read meanwhile waits), any other once the write landed (a failure here may have
+succeeded in another copy). A guard that fails is logged and its records run unguarded.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Claims:
         self.retry_s = retry_s
         self.busy_grace_s = busy_grace_s
         self._background: set[asyncio.Future[None]] = set()
-        # claims of fresh records made beside their run, by binding name
+        # the writes of fresh records' running ranges under way, by binding name
         self._beside: dict[str, set[asyncio.Future[None]]] = {}
         self._writes: set[asyncio.Future[None]] = set()  # chunks being written down
         # successes of chunks that still run, to write down together (binding name ->
@@ -70,45 +70,39 @@ class Claims:
 
     async def claim_batch(self, binding: Binding, items: list[Item]) -> Claimed:
         """Claim a batch's records (those busy elsewhere are counted as waited for); the
-        fresh ones are to run at once, claimed beside their run."""
+        fresh ones run at once, the guard told beside their run."""
         fresh = [i for i in items if i.get("fresh")]
-        if fresh and binding.limits.redis_policy == "fail_open" and self.guard.healthy():
-            self._claim_beside(binding, fresh)
-            metrics.count_run_once(binding.name, "fresh", len(fresh))
-            items = [i for i in items if not i.get("fresh")]
-        else:
-            fresh = []
+        if fresh:
+            claim, write = self.guard.run_fresh(binding, fresh)
+            if write is not None:
+                self._beside_run(binding, write)
+            metrics.count_run_once(binding.name, "fresh", len(fresh) - len(claim))
+            if claim:
+                kept = {id(i) for i in claim}
+                fresh = [i for i in fresh if id(i) not in kept]
+            items = [i for i in items if not i.get("fresh")] + claim
         done, run, busy = await self.claim(binding, items)
         if busy:
             metrics.count_run_once(binding.name, "waited", len(busy))
         return done, fresh + run, busy
 
-    def _claim_beside(self, binding: Binding, fresh: list[Item]) -> None:
+    def _beside_run(self, binding: Binding, write: Coroutine[Any, Any, None]) -> None:
+        """Make a fresh batch's write (its running ranges) beside its run; the binding's
+        write-downs wait for it (:meth:`finish`), so none overtakes it."""
         beside = self._beside.setdefault(binding.name, set())
-        task = watch(asyncio.ensure_future(self._claim_fresh(binding, fresh)),
-                     "a run-once claim of fresh records")
+        task = watch(asyncio.ensure_future(self._write_beside(binding, write)),
+                     "a run-once write of fresh records")
         beside.add(task)
         task.add_done_callback(beside.discard)
 
-    async def _claim_fresh(self, binding: Binding, fresh: list[Item]) -> None:
-        """Claim fresh records that run already. One already done or claimed by a live
-        scheduler means a copy was sent before after all (a tailer that lost its partition
-        without knowing, still sending): it runs twice, which is counted and said."""
+    @staticmethod
+    async def _write_beside(binding: Binding, write: Coroutine[Any, Any, None]) -> None:
         try:
-            codes = await self.guard.claim(binding, fresh)
-            if len(codes) != len(fresh):
-                raise ValueError(f"{len(codes)} claim codes for {len(fresh)} items")
+            await write
         except Exception:
-            log.exception("binding %s: could not claim %d fresh record(s) beside their run; "
-                          "they run without the run-once guard", binding.name, len(fresh))
-            return
-        raced = sum(c in (DONE, BUSY) for c in codes)
-        if raced:
-            metrics.count_run_once(binding.name, "raced", raced)
-            log.warning("binding %s: %d record(s) sent as fresh had a copy done or running "
-                        "elsewhere; they ran again here (a tailer that lost its partitions "
-                        "without knowing?)", binding.name, raced,
-                        extra={"binding": binding.name})
+            log.exception("binding %s: could not say in Redis that fresh records run here; "
+                          "a copy read again meanwhile may run beside them",
+                          binding.name, extra={"binding": binding.name})
 
     async def claim(self, binding: Binding, items: list[Item]) -> Claimed:
         """(``ok`` outcomes of the records already done, records to run, records busy)."""
@@ -182,7 +176,7 @@ class Claims:
         if not items:
             return set()
         beside = self._beside.get(binding.name)
-        if beside:  # a fresh record's claim lands before its write-down
+        if beside:  # a fresh record's range lands before its write-down
             await asyncio.wait(set(beside))
         try:
             return await self.guard.finish(binding, items, outcomes)

@@ -2,7 +2,8 @@
 
 A gate decides whether an item may run now; the guard makes sure a record runs once
 however often it is delivered. The dispatcher claims a batch's records with
-:meth:`Guard.claim` before it queues them, and after a chunk ran (or will not run here)
+:meth:`Guard.claim` before it queues them (a fresh record, :meth:`Guard.run_fresh`, runs
+at once, the guard told beside its run), and after a chunk ran (or will not run here)
 writes down how each ended with :meth:`Guard.finish`. :class:`OpenGuard` claims nothing
 (every record runs); the Redis-backed guard is
 :class:`~asynctier.scheduler.limits.redis_guard.RedisGuard`.
@@ -10,8 +11,8 @@ writes down how each ended with :meth:`Guard.finish`. :class:`OpenGuard` claims 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Coroutine, Sequence
+from typing import Any, Protocol
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.wire import Item, Outcome
@@ -38,9 +39,11 @@ class Guard(Protocol):
         (their outcome becomes ``ok``)."""
         ...
 
-    def healthy(self) -> bool:
-        """Whether claims are answered now (not in an outage): fresh records may run
-        before theirs lands."""
+    def run_fresh(self, binding: Binding, items: Sequence[Item]
+                  ) -> tuple[list[Item], Coroutine[Any, Any, None] | None]:
+        """Take fresh ``items`` (no copy was sent before) as running here without waiting
+        for Redis: the ones to claim all the same (see :meth:`claim`), and a write to make
+        beside the run that :meth:`finish` must not overtake (or None)."""
         ...
 
     async def close(self) -> None:
@@ -60,9 +63,10 @@ class OpenGuard:
         """Nothing to remember."""
         return set()
 
-    def healthy(self) -> bool:
-        """Always."""
-        return True
+    def run_fresh(self, binding: Binding, items: Sequence[Item]
+                  ) -> tuple[list[Item], Coroutine[Any, Any, None] | None]:
+        """Nothing to claim, nothing to write."""
+        return [], None
 
     async def close(self) -> None:
         """Nothing to give back."""

@@ -14,10 +14,10 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import redis
-from prometheus_client import REGISTRY
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.binding_features import Execution, Source
@@ -813,20 +813,25 @@ def _fresh(items: list[Item]) -> list[Item]:
     return items
 
 
-def test_a_fresh_record_runs_before_its_claim_lands_and_is_written_down_after_it(
-        settings: Settings) -> None:
+def test_a_fresh_record_runs_before_its_range_lands_and_is_written_down_after_it(
+        settings: Settings, redis_client: redis.Redis) -> None:
     """A record its tailer knows was never sent before runs without waiting for Redis;
-    its claim is made beside the run, and the write-down waits for it: the record ends
-    done, no claim of it left behind, and a copy read later is answered ok unrun."""
+    its running range is written beside the run, and the write-down waits for it: the
+    record ends done, no range left behind, and a copy read later is answered ok unrun."""
     basic.reset()
     refs = [f"orders/21/{n}" for n in range(4)]
-    claiming, release = asyncio.Event(), asyncio.Event()
+    writing, release = asyncio.Event(), asyncio.Event()
 
     class Slow(RedisGuard):
-        async def claim(self, binding: Binding, items: Sequence[Item]) -> str:
-            claiming.set()
-            await release.wait()
-            return await super().claim(binding, items)
+        def run_fresh(self, binding: Binding, items: Sequence[Item]) -> Any:
+            claim, write = super().run_fresh(binding, items)
+
+            async def held() -> None:
+                writing.set()
+                await release.wait()
+                assert write is not None
+                await write
+            return claim, held()
 
     async def scenario() -> tuple[int, list[Outcome], str]:
         slow, other = RedisAdmission(settings), RedisAdmission(settings)
@@ -835,15 +840,15 @@ def test_a_fresh_record_runs_before_its_claim_lands_and_is_written_down_after_it
         scheduler.start()
         try:
             call = asyncio.create_task(scheduler.process(_fresh(make_items(refs))))
-            await asyncio.wait_for(claiming.wait(), 10)
+            await asyncio.wait_for(writing.wait(), 10)
             deadline = time.monotonic() + 10
             while len(basic.SEEN) < len(refs) and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
-            ran_before_the_claim = len(basic.SEEN)
+            ran_before_the_range = len(basic.SEEN)
             release.set()
             outcomes = await asyncio.wait_for(call, 10)
             await scheduler.dispatcher.claims.stop()  # the write-downs have landed
-            return ran_before_the_claim, outcomes, await other.guard.claim(
+            return ran_before_the_range, outcomes, await other.guard.claim(
                 GUARDED, make_items(refs))
         finally:
             await scheduler.stop()
@@ -851,40 +856,100 @@ def test_a_fresh_record_runs_before_its_claim_lands_and_is_written_down_after_it
             await other.close()
 
     ran, outcomes, later = asyncio.run(scenario())
-    assert ran == len(refs)  # every one ran while its claim was held back
+    assert ran == len(refs)  # every one ran while its range was held back
     assert sorted(o["status"] for o in outcomes) == ["ok"] * len(refs)
     assert later == DONE * len(refs)
+    assert _ranges(redis_client, settings) == []
 
 
-def _raced() -> float:
-    return REGISTRY.get_sample_value("asynctier_run_once_total",
-                                     {"binding": "orders", "outcome": "raced"}) or 0.0
+def _ranges(client: redis.Redis, settings: Settings) -> list[str]:
+    """Every running range of the binding ``orders`` left in Redis."""
+    pattern = settings.names.once_key("orders", "running:*")
+    return [m.decode() for key in client.scan_iter(match=pattern)
+            for m in client.zrange(key, 0, -1)]
 
 
-def test_a_fresh_record_done_elsewhere_runs_and_is_counted_as_raced(
-        settings: Settings) -> None:
-    """The design's one hole: a record sent as fresh whose copy was done before (a tailer
-    that lost its partition without knowing) runs again; it is counted, not hidden."""
-    basic.reset()
-    refs = [f"orders/22/{n}" for n in range(3)]
+def test_a_copy_of_a_fresh_record_waits_while_it_runs_and_is_done_after(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    """R1 of the design: a record that runs fresh in a (its range written, no claim per
+    record) is read again and claimed by b: busy while a runs it; each success is done as
+    its write-down lands; a failure is free once the range's last record ended, and the
+    range is gone with it."""
+    batch = make_items([f"orders/23/{n}" for n in range(10, 14)])
 
-    async def scenario() -> float:
-        first, second = RedisAdmission(settings), RedisAdmission(settings)
-        scheduler = local_scheduler([GUARDED], admission=second, guard=second.guard)
-        scheduler.start()
+    async def scenario() -> list[str]:
+        a, b = RedisAdmission(settings), RedisAdmission(settings)
         try:
-            batch = make_items(refs)
-            assert await first.guard.claim(GUARDED, batch) == RUN * 3
-            await first.guard.finish(GUARDED, batch, [ok(0), ok(1), ok(2)])
-            await scheduler.process(_fresh(make_items(refs)))
-            await scheduler.dispatcher.claims.stop()
-            return _raced()
+            claim, write = a.guard.run_fresh(GUARDED, batch)
+            assert claim == [] and write is not None
+            await write
+            seen = [await b.guard.claim(GUARDED, batch)]
+            await a.guard.finish(GUARDED, batch[:2], [ok(0), ok(1)])
+            seen.append(await b.guard.claim(GUARDED, batch))
+            await a.guard.finish(GUARDED, batch[2:], [ok(2), retry(3, "boom")])
+            seen.append(await b.guard.claim(GUARDED, batch))
+            return seen
         finally:
-            await scheduler.stop()
-            await first.close()
-            await second.close()
+            await a.close()
+            await b.close()
 
-    before = _raced()
-    assert asyncio.run(scenario()) - before == 3
-    assert runs_by_ref() == Counter(refs)  # run once more each: fresh means not waited for
+    seen = asyncio.run(scenario())
+    assert seen == [BUSY * 4, DONE * 2 + BUSY * 2, DONE * 3 + RUN]
+    assert _ranges(redis_client, settings) == []
 
+
+def test_a_fresh_record_of_a_scheduler_judged_dead_is_taken_over(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    """R6: a runs records fresh and is judged dead (its holder gone); b takes them over
+    (the dead range is removed) and succeeds with one; a's failure of that one is then
+    done elsewhere, and the one b still runs stays b's."""
+    batch = make_items(["orders/24/7", "orders/24/8"])
+
+    async def scenario() -> tuple[list[str], set[int]]:
+        a, b, c = RedisAdmission(settings), RedisAdmission(settings), RedisAdmission(settings)
+        try:
+            _, write = a.guard.run_fresh(GUARDED, batch)
+            assert write is not None
+            await write
+            redis_client.zrem(a.guard.once.holders("orders"), a.guard.once.holder)
+            seen = [await b.guard.claim(GUARDED, batch)]
+            assert _ranges(redis_client, settings) == []
+            await b.guard.finish(GUARDED, batch[:1], [ok(0)])
+            by_a = await a.guard.finish(GUARDED, batch, [retry(0, "boom"), retry(1, "boom")])
+            seen.append(await c.guard.claim(GUARDED, batch))
+            return seen, by_a
+        finally:
+            for admission in (a, b, c):
+                await admission.close()
+
+    seen, by_a = asyncio.run(scenario())
+    assert seen == [TAKEN_OVER * 2, DONE + BUSY]
+    assert by_a == {0}  # failed in a, done by b
+
+
+def test_fresh_records_are_claimed_first_when_they_cannot_be_in_a_range(
+        settings: Settings) -> None:
+    """A fresh item that is no Kafka offset, one already running here, or a second copy in
+    the batch is claimed as any record; a fail_closed binding claims all (it must not run
+    before its claim)."""
+    batch = make_items(["orders/25/1", "job-9", "orders/25/1", "orders/25/2"])
+    closed = replace(GUARDED, limits=replace(GUARDED.limits, redis_policy="fail_closed"))
+
+    async def scenario() -> tuple[list[str], list[str], list[str]]:
+        a = RedisAdmission(settings)
+        try:
+            claim, write = a.guard.run_fresh(GUARDED, batch)
+            again, none = a.guard.run_fresh(GUARDED, batch[3:])
+            assert write is not None and none is None
+            await write
+            closed_claim, none = a.guard.run_fresh(closed, batch)
+            assert none is None
+            return ([i["source_ref"] for i in claim], [i["source_ref"] for i in again],
+                    [i["source_ref"] for i in closed_claim])
+        finally:
+            await a.close()
+
+    claim, again, closed_claim = asyncio.run(scenario())
+    assert claim == ["job-9", "orders/25/1"]
+    assert again == ["orders/25/2"]
+    assert closed_claim == [i["source_ref"] for i in batch]

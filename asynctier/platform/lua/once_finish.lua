@@ -13,6 +13,8 @@
 -- ARGV[3]  the successes' references joined by newlines ('' for none)
 -- ARGV[4]  the others' references joined by newlines ('' for none)
 -- ARGV[5]  the holder (this scheduler)
+-- ARGV[6]  the running ranges whose records all ended, to remove once their successes
+--          are marked: one per line, <topic/partition>\t<member> (once_range.lua)
 -- Returns  one code per other record, as one string: 1 done by another copy, 0 otherwise;
 --          or S<span> when Redis' span is not among the ones given (nothing written).
 local span = tonumber(ARGV[1])
@@ -60,10 +62,14 @@ if #gone > 0 then
     end
   end
 end
-local pairs = {}
+local marks = {}
 for _, ref in ipairs(others) do
-  pairs[#pairs + 1] = ref
-  pairs[#pairs + 1] = 'd'
+  marks[#marks + 1] = ref
+  marks[#marks + 1] = 'd'
 end
-write(prefix .. cur, pairs, ttl)
+write(prefix .. cur, marks, ttl)
+for _, line in ipairs(split(ARGV[6] or '')) do
+  local tp, member = string.match(line, '^([^\t]*)\t(.*)$')
+  redis.call('ZREM', key(prefix .. 'running:' .. tp), member)
+end
 return table.concat(codes)

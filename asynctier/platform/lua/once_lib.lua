@@ -81,6 +81,38 @@ local function alive(holder)
   return expiry ~= false and expiry ~= nil and tonumber(expiry) > now
 end
 
+-- Running ranges: the fresh records a holder runs without a claim each (once_range.lua),
+-- one sorted set per partition at <prefix>running:<topic/partition>, a member
+-- "<lo>:<hi>:<holder>" scored by lo per call. ranges_of: a partition's ranges as
+-- {lo, hi, holder, member}, read once per script; a member of another form is refused
+-- and removed (it would hold nothing).
+local range_cache = {}
+local function ranges_of(prefix, tp)
+  local got = range_cache[tp]
+  if got then return got end
+  got = {}
+  local name = key(prefix .. 'running:' .. tp)
+  for _, m in ipairs(redis.call('ZRANGE', name, 0, -1)) do
+    local lo, hi, holder = string.match(m, '^(%d+):(%d+):(.+)$')
+    if lo and #lo <= 15 and #hi <= 15 then
+      got[#got + 1] = {tonumber(lo), tonumber(hi), holder, m}
+    else
+      refuse(name, m, 'range')
+      redis.call('ZREM', name, m)
+    end
+  end
+  range_cache[tp] = got
+  return got
+end
+
+-- The range of partition ``tp`` that holds offset ``off``, or nil.
+local function covering(prefix, tp, off)
+  for _, r in ipairs(ranges_of(prefix, tp)) do
+    if r[1] <= off and off <= r[2] then return r end
+  end
+  return nil
+end
+
 -- Whether ``v``, a record's value in a span hash, is one: d (done) or r<holder> (claimed).
 local function well_formed(v)
   return v == 'd' or (#v > 1 and string.sub(v, 1, 1) == 'r')
@@ -139,17 +171,24 @@ end
 local match, byte, floor, tonumber = string.match, string.byte, math.floor, tonumber
 local band, bor, rshift = bit.band, bit.bor, bit.rshift
 
--- Kafka references grouped by bitmap: a list of {where, list of index, bit, ...}, and
--- the indexes of the other references. once.py's blocks_of follows the same rule (a
+-- A Kafka reference's partition and offset, or nil. Kafka references grouped by bitmap:
+-- a list of {where, list of index, bit, ...}, and the indexes of the other references. once.py's blocks_of follows the same rule (a
 -- property test holds them together): a Kafka reference is <where>/<offset>, the offset
 -- ASCII digits after the last '/', at most 15 of them, no leading zero.
+local function kafka_offset(ref)
+  local tp, off = match(ref, '^(.*)/(%d+)$')
+  if tp and #off <= 15 and (#off == 1 or byte(off, 1) ~= 48) then
+    return tp, tonumber(off)
+  end
+  return nil
+end
+
 local function by_block(refs)
   local tps, order, rest = {}, {}, {}
   local last_tp, blocks
   for i = 1, #refs do
-    local tp, off = match(refs[i], '^(.*)/(%d+)$')
-    if tp and #off <= 15 and (#off == 1 or byte(off, 1) ~= 48) then
-      off = tonumber(off)
+    local tp, off = kafka_offset(refs[i])
+    if tp then
       local block = floor(off / BLOCK)
       if tp ~= last_tp then
         blocks = tps[tp]

@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 from asynctier.platform import metrics
@@ -107,6 +108,8 @@ CLAIM: Final = lua("once_lib", "once_claim", **_CONSTANTS)
 FINISH: Final = lua("once_lib", "once_finish", **_CONSTANTS)
 #: Renew a holder (``lua/once_beat.lua``).
 BEAT: Final = lua("once_lib", "once_beat", **_CONSTANTS)
+#: Say that fresh records run here, one range per partition (``lua/once_range.lua``).
+RANGE: Final = lua("once_lib", "once_range", **_CONSTANTS)
 
 
 #: A reference's bitmap block: ``(topic/partition, block)``, or None (no bit: a ``d``).
@@ -145,12 +148,27 @@ def keys_of(holders: str, prefix: str, span: int,
             blocks: set[tuple[str, int]]) -> list[str]:
     """The KEYS of a claim or finish touching the bitmaps ``blocks`` when this scheduler's
     span is ``span``: the holders, the span hashes of spans ``span - SPANS_KEPT`` to
-    ``span + 1`` (Redis' span may be one off either way) and the bitmaps of the blocks in
-    those spans (the names the scripts build: ``<prefix><span>`` and
-    ``<prefix><span>:<topic/partition>:<block>``)."""
+    ``span + 1`` (Redis' span may be one off either way), the bitmaps of the blocks in
+    those spans and the running keys of their partitions (the names the scripts build:
+    ``<prefix><span>``, ``<prefix><span>:<topic/partition>:<block>`` and
+    ``<prefix>running:<topic/partition>``)."""
     spans = range(span - SPANS_KEPT, span + 2)
     return [holders, *(f"{prefix}{s}" for s in spans),
-            *(f"{prefix}{s}:{where}:{block}" for where, block in blocks for s in spans)]
+            *(f"{prefix}{s}:{where}:{block}" for where, block in blocks for s in spans),
+            *(f"{prefix}running:{where}" for where in {where for where, _ in blocks})]
+
+
+def ranges_of(refs: Sequence[str], holder: str) -> dict[str, str]:
+    """The running range of each partition among Kafka references ``refs`` (each one
+    ``<topic/partition>/<offset>``, see :func:`each_block`): ``{topic/partition:
+    "<lo>:<hi>:<holder>"}``."""
+    spans: dict[str, tuple[int, int]] = {}
+    for ref in refs:
+        where, _, text = ref.rpartition("/")
+        offset = int(text)
+        lo, hi = spans.get(where, (offset, offset))
+        spans[where] = (min(lo, offset), max(hi, offset))
+    return {where: f"{lo}:{hi}:{holder}" for where, (lo, hi) in spans.items()}
 
 
 def _settle(waiters: list[asyncio.Future[set[str]]], result: set[str] | None = None,
@@ -179,6 +197,7 @@ class RunOnce:
         self._claim = client.register_script(CLAIM)
         self._finish = client.register_script(FINISH)
         self._beat_script = client.register_script(BEAT)
+        self._range = client.register_script(RANGE)
         self.holder = uuid.uuid4().hex[:12]
         self._span_ms = max(1, int(done_ttl_s * 1000 / (SPANS_KEPT - 1)))
         self._clock = clock
@@ -187,9 +206,14 @@ class RunOnce:
         # per binding: refs claimed and not finished, with their bitmap block (worked out
         # once, at the claim: the write-down's KEYS need it again)
         self._running: dict[str, dict[str, Block]] = {}
+        # per binding: fresh refs running here in a range (the range's partition and
+        # member), and how many of each range's records have not been finished yet
+        self._fresh: dict[str, dict[str, tuple[str, str]]] = {}
+        self._range_left: dict[str, dict[tuple[str, str], int]] = {}
         self._heartbeat: asyncio.Task[None] | None = None
-        # chunks ended and not yet written: per binding, the done and the free refs
-        self._pending: dict[str, tuple[list[str], list[str]]] = {}
+        # chunks ended and not yet written: per binding, the done and the free refs and
+        # the running ranges to remove
+        self._pending: dict[str, tuple[list[str], list[str], list[str]]] = {}
         # per binding, the finish() calls waiting for the next write to land
         self._waiters: dict[str, list[asyncio.Future[set[str]]]] = {}
         self._writer: asyncio.Task[None] | None = None
@@ -251,6 +275,66 @@ class RunOnce:
         self._ensure_heartbeat()
         return text
 
+    def run_fresh(self, binding: str, items: Sequence[Item]
+                  ) -> tuple[list[Item], Callable[[], Awaitable[None]] | None]:
+        """Take fresh ``items`` as running here without a claim each (docs/design.md, Run
+        once off the path): those that can be (a Kafka offset, not running here already,
+        once in the batch). Returns the others, to be claimed as any record, and the write
+        of the running ranges (one per partition), for the caller to make beside the run;
+        :meth:`finish` removes a range with its last record."""
+        running = self._running.setdefault(binding, {})
+        taken: list[Item] = []
+        others: list[Item] = []
+        blocks: list[tuple[str, int]] = []
+        seen: set[str] = set()
+        refs = [item["source_ref"] for item in items]
+        for item, ref, block in zip(items, refs, each_block(join_refs(refs)), strict=True):
+            if block is None or ref in running or ref in seen:
+                others.append(item)
+            else:
+                taken.append(item)
+                blocks.append(block)
+                seen.add(ref)
+        if not taken:
+            return others, None
+        ranges = ranges_of([item["source_ref"] for item in taken], self.holder)
+        fresh = self._fresh.setdefault(binding, {})
+        left = self._range_left.setdefault(binding, {})
+        for item, block in zip(taken, blocks, strict=True):
+            found = fresh[item["source_ref"]] = (block[0], ranges[block[0]])
+            left[found] = left.get(found, 0) + 1
+            running[item["source_ref"]] = block
+        self._ensure_heartbeat()
+        lines = "\n".join(f"{where}\t{member}" for where, member in ranges.items())
+        keys = [self.holders(binding),
+                *(f"{self.prefix(binding)}running:{where}" for where in ranges)]
+        return others, functools.partial(self._write_ranges, binding, keys, lines)
+
+    async def _write_ranges(self, binding: str, keys: list[str], lines: str) -> None:
+        text = as_text(await self._range(keys=keys, args=[
+            self.holder, self._holder_ms, self._span_ms * (SPANS_KEPT + 1),
+            self.prefix(binding), lines]))
+        _, _, refused = text.partition("\n")
+        if refused:
+            self._refused(binding, refused)
+
+    def _ended(self, binding: str, items: Sequence[Item]) -> list[str]:
+        """Fresh ``items`` no longer run here: the ranges that have no record left."""
+        fresh = self._fresh.get(binding)
+        if not fresh:
+            return []
+        left = self._range_left[binding]
+        ended = []
+        for item in items:
+            found = fresh.pop(item["source_ref"], None)
+            if found is None:
+                continue
+            left[found] -= 1
+            if not left[found]:
+                del left[found]
+                ended.append(f"{found[0]}\t{found[1]}")
+        return ended
+
     def _refused(self, binding: str, refused: str) -> None:
         """Say once each value CLAIM refused: a record's value that is neither ``d`` nor
         ``r<holder>`` (the record ran, and its claim replaced the value) or a holder's
@@ -260,6 +344,8 @@ class RunOnce:
             if key == self.holders(binding):
                 why = ("an expiry no heartbeat sets (its records would wait for ever); the "
                        "holder was dropped and its records taken over")
+            elif field == "range":
+                why = "not a running range (<lo>:<hi>:<holder>); it was removed"
             else:
                 why = ("neither d (done) nor r<holder> (claimed); the record ran, its claim "
                        "replacing the value")
@@ -272,6 +358,7 @@ class RunOnce:
         if running:
             for item in items:
                 running.pop(item["source_ref"], None)
+        self._ended(binding, items)  # their ranges lapse with this holder
 
     async def finish(self, binding: str, items: Sequence[Item],
                      outcomes: Sequence[Outcome]) -> set[int]:
@@ -285,9 +372,10 @@ class RunOnce:
         round trip more than its own.
         """
         ok = {o["id"] for o in outcomes if o["status"] == "ok"}
-        done, free = self._pending.setdefault(binding, ([], []))
+        done, free, ended = self._pending.setdefault(binding, ([], [], []))
         for item in items:
             (done if item["id"] in ok else free).append(item["source_ref"])
+        ended += self._ended(binding, items)
         waiter: asyncio.Future[set[str]] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(binding, []).append(waiter)
         self._idle.clear()
@@ -333,11 +421,11 @@ class RunOnce:
                     _settle(rest, exception=failed)
                 raise
 
-    async def _write_each(self, pending: dict[str, tuple[list[str], list[str]]],
+    async def _write_each(self, pending: dict[str, tuple[list[str], list[str], list[str]]],
                           waiters: dict[str, list[asyncio.Future[set[str]]]]) -> None:
         """One write per binding of ``pending``, each settling its ``waiters``."""
         down: Exception | None = None
-        for binding, (done, free) in pending.items():
+        for binding, (done, free, ended) in pending.items():
             mine = waiters.pop(binding, [])
             if down is not None:
                 _settle(mine, exception=down)
@@ -346,7 +434,7 @@ class RunOnce:
                 done_text = join_refs(done) if done else ""
                 free_text = join_refs(free) if free else ""
                 args: list[str | int] = [self._span_ms, self.prefix(binding), done_text,
-                                         free_text, self.holder]
+                                         free_text, self.holder, "\n".join(ended)]
                 text = await self._call(self._finish, binding,
                                         self._blocks(binding, done, free), args)
                 elsewhere = ({ref for ref, code in zip(free, text, strict=True)

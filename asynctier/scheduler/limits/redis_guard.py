@@ -8,7 +8,8 @@ later.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.redis_client import REDIS_DOWN
@@ -59,9 +60,19 @@ class RedisGuard:
         link.outage.recovered()
         return elsewhere
 
-    def healthy(self) -> bool:
-        """Whether Redis answers (no outage under way)."""
-        return not self.link.outage.down
+    def run_fresh(self, binding: Binding, items: Sequence[Item]
+                  ) -> tuple[list[Item], Coroutine[Any, Any, None] | None]:
+        """Fresh ``items`` run at once, in running ranges written beside their run; all are
+        claimed first for a ``fail_closed`` binding (it must not run before its claim)
+        and while Redis does not answer."""
+        if binding.execution.idempotent:
+            return [], None
+        if binding.limits.redis_policy != "fail_open" or self.link.outage.down:
+            return list(items), None
+        others, write = self.once.run_fresh(binding.name, items)
+        if write is None:
+            return others, None
+        return others, self.link.guarded(binding, write, lambda: None)
 
     async def close(self) -> None:
         """Drop this holder (its claims are free at once); once only."""
