@@ -228,14 +228,26 @@ def read_topic(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[
 
 
 def committed_vs_end(settings: Settings, group: str, topic: str) -> tuple[int, int]:
-    """(sum of committed offsets, sum of end offsets) of ``group`` on ``topic``."""
-    from confluent_kafka import Consumer, TopicPartition
+    """(sum of committed offsets, sum of end offsets) of ``group`` on ``topic``. A group
+    coordinator still loading (a broker just started) is asked again for up to 30 s."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": group,
                          "enable.auto.commit": False})
     meta = consumer.list_topics(topic, timeout=10).topics[topic]
     parts = [TopicPartition(topic, p) for p in meta.partitions]
-    committed = consumer.committed(parts, timeout=10)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            committed = consumer.committed(parts, timeout=10)
+            break
+        except KafkaException as exc:
+            if (exc.args[0].code() not in (KafkaError.NOT_COORDINATOR,
+                                           KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                                           KafkaError.COORDINATOR_NOT_AVAILABLE)
+                    or time.monotonic() > deadline):
+                raise
+            time.sleep(0.2)
     end = sum(consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in parts)
     consumer.close()
     return sum(max(tp.offset, 0) for tp in committed), end

@@ -175,7 +175,8 @@ def bind(ctx: click.Context, name: str, topic: str | None, queue_topic: str | No
         _check_reader(settings, binding)
     if topic is not None:
         _kafka_topic(settings, topic, create_topic)
-    binding = binding.with_changes(created_ms=epoch_ms())
+    binding = binding.with_changes(created_ms=epoch_ms(),
+                                   fresh_from_start=_fresh_from_start(settings, name))
     if topic is not None:
         ensure_binding_topics(settings, [binding])
     BindingRegistry(settings).put(binding)
@@ -226,6 +227,14 @@ def _breaker_flag(text: str | None) -> Breaker:
         return Breaker(*parse_breaker(text))
     except ValueError as exc:
         raise BindingError(f"breaker: {exc}") from exc
+
+
+def _fresh_from_start(settings: Settings, name: str) -> bool:
+    """Whether a partition of the binding without a sent mark was never sent from: true of
+    a new binding, kept from the one it replaces (one bound before the marks stays false:
+    its tailers may have sent records without raising a mark)."""
+    earlier = BindingRegistry(settings).load().get(name)
+    return earlier is None or earlier.fresh_from_start
 
 
 def _check_bindable(settings: Settings, binding: Binding) -> None:

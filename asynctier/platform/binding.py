@@ -58,6 +58,9 @@ class Binding:
     execution: Execution = field(default_factory=Execution)
     deadlines: Deadlines = field(default_factory=Deadlines)
     created_ms: int = 0
+    #: Bound by a release whose tailers raise the sent marks (docs/design.md, Run once off
+    #: the path): a partition of it without a mark was never sent from.
+    fresh_from_start: bool = False
 
     @property
     def module(self) -> str:
@@ -123,7 +126,8 @@ class Binding:
         under their stored names, the source nested."""
         doc: dict[str, Any] = {"name": self.name, "source": _flat(self.source, "source"),
                                "function": self.function, "tenant": self.tenant,
-                               "priority": self.priority, "created_ms": self.created_ms}
+                               "priority": self.priority, "created_ms": self.created_ms,
+                               "fresh_from_start": self.fresh_from_start}
         for group in _FLAT_GROUPS:
             doc.update(_flat(getattr(self, group), group))
         doc["retry_ladder_s"] = list(self.retries.ladder_s)

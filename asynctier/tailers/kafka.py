@@ -174,7 +174,7 @@ class KafkaSource:
         return starts
 
     def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
-        """Partitions assigned: take their sent marks (the log's end for one without)."""
+        """Partitions assigned: take their sent marks (:meth:`SentMarks.take`)."""
         if self.marks is not None:
             self.marks.take([(tp.topic, tp.partition) for tp in partitions],
                             lambda tp: int(consumer.get_watermark_offsets(

@@ -6,8 +6,10 @@ a hash: ``mark``, ``owner``): records below it may have been sent to a scheduler
 given the partition takes the mark (and becomes its owner); before it sends a record at or
 past the mark it raises it, :data:`LEAP` offsets ahead, so one write covers many batches.
 A record below the mark it took is guarded (claimed before it runs, as a copy read again
-must be); one at or past it is fresh. A partition without a mark (a binding of an earlier
-version, Redis' data lost) takes the log's end as it: what was there may have been sent.
+must be); one at or past it is fresh. A partition without a mark was never sent from
+when its binding is fresh from its start (bound by a release with marks): all its records
+are fresh. Else (a binding bound before the marks, or a mark that does not read) it takes
+the log's end as its mark: what was there may have been sent.
 A raise refused (another tailer took the mark since: this one lost the partition without
 knowing) or Redis away leaves the partition's records guarded.
 """
@@ -44,6 +46,7 @@ class SentMarks:
     def __init__(self, settings: Settings, binding: Binding, client: Any = None) -> None:
         self.names = settings.names
         self.binding = binding.name
+        self.fresh_from_start = binding.fresh_from_start
         self.redis = client or sync_client(settings.redis_url, socket_timeout=REDIS_TIMEOUT_S,
                                            socket_connect_timeout=REDIS_CONNECT_S)
         self.owner = uuid.uuid4().hex
@@ -67,12 +70,15 @@ class SentMarks:
 
     def take(self, tps: Iterable[TP], end_of: Callable[[TP], int]) -> None:
         """Partitions assigned: take their marks (``end_of``: a partition's log end, the
-        mark of one that has none)."""
+        mark of one whose mark does not read, or that has none and whose binding is not
+        fresh from its start)."""
         for tp in tps:
             self.forget([tp])
             try:
                 mark = int(self._take(keys=[self.key(tp)], args=[self.owner]))
-                if mark < 0:
+                if mark == -1 and self.fresh_from_start:
+                    mark = 0  # never sent from
+                elif mark < 0:
                     if mark == -2:
                         log.warning("binding %s: the sent mark %s is not an offset; taking the "
                                     "log's end instead (what is there now is claimed before "

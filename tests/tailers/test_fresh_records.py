@@ -11,10 +11,13 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from click.testing import CliRunner
 
+from asynctier.cli import main
 from asynctier.platform.binding import Binding
 from asynctier.platform.binding_features import Source
 from asynctier.platform.config import Settings
+from asynctier.platform.registry import BindingRegistry
 from asynctier.platform.rpc import RESENT_KEY, SchedulerClient
 from asynctier.platform.wire import decode_items, encode_outcomes, ok
 from asynctier.scheduler.core import _resent
@@ -139,3 +142,38 @@ def test_the_scheduler_reads_the_resent_mark() -> None:
 
     assert _resent(Context(((RESENT_KEY, "1"),)))
     assert not _resent(Context((("user-agent", "x"),)))
+
+
+def test_a_binding_fresh_from_its_start_sends_its_backlog_fresh(
+        settings: Settings, unique_topic: Callable[..., str]) -> None:
+    """Bound by a release with marks, a partition without a mark was never sent from: the
+    records there before the first tailer are fresh too."""
+    topic = unique_topic(1)
+    binding = Binding("new", Source("kafka", topic), "tests.funcs.basic:record",
+                      fresh_from_start=True)
+    group = settings.names.group(binding.name)
+    produce(settings, topic, [{"id": i} for i in range(RECORDS)])
+    proxy = Recorder()
+    try:
+        _run(settings, binding, proxy,
+             lambda: committed_vs_end(settings, group, topic) == (RECORDS, RECORDS),
+             "the backlog")
+        assert proxy.seen == [(n, True, False) for n in range(RECORDS)]
+    finally:
+        proxy.close()
+
+
+def test_bind_makes_a_binding_fresh_from_its_start_and_keeps_an_older_ones_value(
+        settings: Settings, unique_topic: Callable[..., str], kafka_bootstrap: str,
+        redis_url: str) -> None:
+    topic = unique_topic(1)
+    env = {"ASYNCTIER_KAFKA_BOOTSTRAP": kafka_bootstrap, "ASYNCTIER_REDIS_URL": redis_url,
+           "ASYNCTIER_PREFIX": settings.prefix, "ASYNCTIER_ALLOW_MODULES": "tests"}
+    registry = BindingRegistry(settings)
+    registry.put(Binding("old", Source("kafka", topic), "tests.funcs.basic:record"))
+    for name in ("old", "new"):
+        result = CliRunner().invoke(main, ["bind", name, "--topic", topic, "--function",
+                                           "tests.funcs.basic:record"], env=env)
+        assert result.exit_code == 0, result.output
+    bound = registry.load()
+    assert (bound["old"].fresh_from_start, bound["new"].fresh_from_start) == (False, True)

@@ -36,6 +36,24 @@ def test_a_partition_without_a_mark_takes_the_logs_end_and_raises_in_leaps(
     assert later.fresh_start(TP, 701 + LEAP) == 701 + LEAP
 
 
+def test_a_binding_fresh_from_its_start_sends_a_partition_without_a_mark_fresh(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    """Bound by a release with marks, no tailer sent from a partition without raising its
+    mark first: one without was never sent from, its backlog is fresh; once raised, the
+    next owner guards what is below, and a mark that does not read is the log's end."""
+    bound = BINDING.with_changes(fresh_from_start=True)
+    marks = SentMarks(settings, bound)
+    marks.take([TP], _end(500))
+    assert marks.fresh_start(TP, 499) == 0
+    later = SentMarks(settings, bound)
+    later.take([TP], _end(0))
+    assert later.fresh_start(TP, 499) is None
+    redis_client.hset(marks.key(TP), "mark", b"abc")
+    broken = SentMarks(settings, bound)
+    broken.take([TP], _end(600))
+    assert broken.fresh_start(TP, 599) is None and broken.fresh_start(TP, 600) == 600
+
+
 def test_a_tailer_whose_mark_was_taken_sends_nothing_fresh(
         settings: Settings, redis_client: redis.Redis,
         caplog: pytest.LogCaptureFixture) -> None:
