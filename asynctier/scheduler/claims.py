@@ -72,19 +72,24 @@ class Claims:
         """Claim a batch's records (those busy elsewhere are counted as waited for); the
         fresh ones run at once, the guard told beside their run."""
         fresh = [i for i in items if i.get("fresh")]
-        if fresh:
-            claim, write = self.guard.run_fresh(binding, fresh)
-            if write is not None:
-                self._beside_run(binding, write)
-            metrics.count_run_once(binding.name, "fresh", len(fresh) - len(claim))
-            if claim:
-                kept = {id(i) for i in claim}
-                fresh = [i for i in fresh if id(i) not in kept]
-            items = [i for i in items if not i.get("fresh")] + claim
+        if not fresh:
+            return await self._claim_counted(binding, items)
+        claim, write = self.guard.run_fresh(binding, fresh)
+        if write is not None:
+            self._beside_run(binding, write)
+        metrics.count_run_once(binding.name, "fresh", len(fresh) - len(claim))
+        kept = {id(i) for i in claim}
+        done, run, busy = await self._claim_counted(
+            binding, [i for i in items if not i.get("fresh") or id(i) in kept])
+        runs = {id(i) for i in run}
+        return done, [i for i in items if id(i) in runs or (
+            i.get("fresh") and id(i) not in kept)], busy  # in the batch's order
+
+    async def _claim_counted(self, binding: Binding, items: list[Item]) -> Claimed:
         done, run, busy = await self.claim(binding, items)
         if busy:
             metrics.count_run_once(binding.name, "waited", len(busy))
-        return done, fresh + run, busy
+        return done, run, busy
 
     def _beside_run(self, binding: Binding, write: Coroutine[Any, Any, None]) -> None:
         """Make a fresh batch's write (its running ranges) beside its run; the binding's
