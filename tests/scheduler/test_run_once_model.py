@@ -110,7 +110,11 @@ class Model:
     def fresh(self, holder: str, refs: list[str]) -> dict[str, str]:
         """The ranges a scheduler writes for ``refs`` sent fresh."""
         self.alive.add(holder)
-        ranges = once.ranges_of(refs, holder)
+        offsets: dict[str, list[int]] = {}
+        for ref in refs:
+            tp, off = kafka(ref)  # type: ignore[misc]
+            offsets.setdefault(tp, []).append(off)
+        ranges = {tp: f"{min(o)}:{max(o)}:{holder}" for tp, o in offsets.items()}
         for tp, member in ranges.items():
             lo, hi, _ = member.split(":", 2)
             self.ranges.setdefault(tp, {})[member] = (int(lo), int(hi), holder)

@@ -158,19 +158,6 @@ def keys_of(holders: str, prefix: str, span: int,
             *(f"{prefix}running:{where}" for where in {where for where, _ in blocks})]
 
 
-def ranges_of(refs: Sequence[str], holder: str) -> dict[str, str]:
-    """The running range of each partition among Kafka references ``refs`` (each one
-    ``<topic/partition>/<offset>``, see :func:`each_block`): ``{topic/partition:
-    "<lo>:<hi>:<holder>"}``."""
-    spans: dict[str, tuple[int, int]] = {}
-    for ref in refs:
-        where, _, text = ref.rpartition("/")
-        offset = int(text)
-        lo, hi = spans.get(where, (offset, offset))
-        spans[where] = (min(lo, offset), max(hi, offset))
-    return {where: f"{lo}:{hi}:{holder}" for where, (lo, hi) in spans.items()}
-
-
 def _settle(waiters: list[asyncio.Future[set[str]]], result: set[str] | None = None,
             exception: Exception | None = None) -> None:
     """Answer the ``finish()`` calls waiting on a write."""
@@ -283,29 +270,36 @@ class RunOnce:
         of the running ranges (one per partition), for the caller to make beside the run;
         :meth:`finish` removes a range with its last record."""
         running = self._running.setdefault(binding, {})
-        taken: list[Item] = []
         others: list[Item] = []
-        blocks: list[tuple[str, int]] = []
-        seen: set[str] = set()
+        taken: list[str] = []
+        spans: dict[str, list[int]] = {}  # partition -> [lowest, highest offset, records]
         refs = [item["source_ref"] for item in items]
         for item, ref, block in zip(items, refs, each_block(join_refs(refs)), strict=True):
-            if block is None or ref in running or ref in seen:
+            if block is None or ref in running:  # no offset, or running here (or twice)
                 others.append(item)
+                continue
+            running[ref] = block
+            taken.append(ref)
+            offset = int(ref[len(block[0]) + 1:])
+            span = spans.get(block[0])
+            if span is None:
+                spans[block[0]] = [offset, offset, 1]
             else:
-                taken.append(item)
-                blocks.append(block)
-                seen.add(ref)
+                span[0] = min(span[0], offset)
+                span[1] = max(span[1], offset)
+                span[2] += 1
         if not taken:
             return others, None
-        ranges = ranges_of([item["source_ref"] for item in taken], self.holder)
-        fresh = self._fresh.setdefault(binding, {})
         left = self._range_left.setdefault(binding, {})
-        for item, block in zip(taken, blocks, strict=True):
-            found = fresh[item["source_ref"]] = (block[0], ranges[block[0]])
-            left[found] = left.get(found, 0) + 1
-            running[item["source_ref"]] = block
+        ranges = {where: (where, f"{lo}:{hi}:{self.holder}")
+                  for where, (lo, hi, _) in spans.items()}
+        for where, (_, _, count) in spans.items():
+            left[ranges[where]] = left.get(ranges[where], 0) + count
+        fresh = self._fresh.setdefault(binding, {})
+        for ref in taken:
+            fresh[ref] = ranges[running[ref][0]]  # type: ignore[index]
         self._ensure_heartbeat()
-        lines = "\n".join(f"{where}\t{member}" for where, member in ranges.items())
+        lines = "\n".join(f"{where}\t{member}" for where, member in ranges.values())
         keys = [self.holders(binding),
                 *(f"{self.prefix(binding)}running:{where}" for where in ranges)]
         return others, functools.partial(self._write_ranges, binding, keys, lines)
