@@ -347,12 +347,16 @@ class RunOnce:
                               binding=binding)
 
     def forget(self, binding: str, items: Sequence[Item]) -> None:
-        """``items`` no longer run here (their claims, if still in Redis, are stale)."""
+        """``items`` no longer run here (their claims, if still in Redis, are stale; their
+        ranges lapse with this holder)."""
+        self._not_running(binding, items)
+        self._ended(binding, items)
+
+    def _not_running(self, binding: str, items: Sequence[Item]) -> None:
         running = self._running.get(binding)
         if running:
             for item in items:
                 running.pop(item["source_ref"], None)
-        self._ended(binding, items)  # their ranges lapse with this holder
 
     async def finish(self, binding: str, items: Sequence[Item],
                      outcomes: Sequence[Outcome]) -> set[int]:
@@ -385,7 +389,7 @@ class RunOnce:
         finally:
             # Only now: until the write lands, a copy read again meanwhile finds this
             # scheduler's claim and must wait for it (not run beside a success unwritten).
-            self.forget(binding, items)
+            self._not_running(binding, items)  # (their ranges ended above)
         if not elsewhere:
             return set()
         return {item["id"] for item in items
