@@ -6,8 +6,9 @@ treated as fresh."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -51,19 +52,26 @@ class Recorder(Proxy):
         return encode_outcomes([ok(i["id"]) for i in items])
 
 
-def _run(settings: Settings, binding: Binding, proxy: Recorder, until: Callable[[], bool],
-         what: str) -> None:
+@contextlib.contextmanager
+def _tailer(settings: Settings, binding: Binding, proxy: Recorder) -> Iterator[KafkaTailer]:
+    """A Kafka tailer of ``binding`` sending to ``proxy``, in a thread, stopped after."""
     client = SchedulerClient(lambda: [proxy.address])
     tailer = KafkaTailer(settings, binding, client, TailerOptions(batch_size=RECORDS))
     stop = threading.Event()
     thread = threading.Thread(target=tailer.run, args=(stop,), daemon=True)
     thread.start()
     try:
-        wait_until(until, 60, what)
+        yield tailer
     finally:
         stop.set()
         thread.join(60)
         client.close()
+
+
+def _run(settings: Settings, binding: Binding, proxy: Recorder, until: Callable[[], bool],
+         what: str) -> None:
+    with _tailer(settings, binding, proxy):
+        wait_until(until, 60, what)
 
 
 def test_records_written_after_the_partition_was_taken_are_fresh(
@@ -74,21 +82,12 @@ def test_records_written_after_the_partition_was_taken_are_fresh(
     produce(settings, topic, [{"id": i} for i in range(RECORDS)])  # there before the tailer
     proxy = Recorder()
     try:
-        client = SchedulerClient(lambda: [proxy.address])
-        tailer = KafkaTailer(settings, binding, client, TailerOptions(batch_size=RECORDS))
-        stop = threading.Event()
-        thread = threading.Thread(target=tailer.run, args=(stop,), daemon=True)
-        thread.start()
-        try:
+        with _tailer(settings, binding, proxy):
             wait_until(lambda: committed_vs_end(settings, group, topic) == (RECORDS, RECORDS),
                        60, "the records there before the tailer")
             produce(settings, topic, [{"id": i} for i in range(RECORDS, 2 * RECORDS)])
             wait_until(lambda: committed_vs_end(settings, group, topic)[0] == 2 * RECORDS,
                        60, "the records written after")
-        finally:
-            stop.set()
-            thread.join(60)
-            client.close()
         assert proxy.seen == [(n, n >= RECORDS, False) for n in range(2 * RECORDS)]
         # the next tailer (a restart) takes the mark, which the first raised a leap past
         # what it sent: the records below it are claimed first, fresh or not in truth
@@ -109,22 +108,13 @@ def test_a_call_sent_again_says_so(settings: Settings,
     group = settings.names.group(binding.name)
     proxy = Recorder(fail_first=1)
     try:
-        client = SchedulerClient(lambda: [proxy.address])
-        tailer = KafkaTailer(settings, binding, client, TailerOptions(batch_size=RECORDS))
-        stop = threading.Event()
-        thread = threading.Thread(target=tailer.run, args=(stop,), daemon=True)
-        thread.start()
-        try:
+        with _tailer(settings, binding, proxy) as tailer:
             wait_until(lambda: bool(tailer.source and tailer.source.owned), 60, "assigned")
             wait_until(lambda: tailer.source is not None and tailer.source.marks is not None
                        and bool(tailer.source.marks.fresh_from), 60, "the mark taken")
             produce(settings, topic, [{"id": i} for i in range(RECORDS)])
             wait_until(lambda: committed_vs_end(settings, group, topic)[0] == RECORDS, 60,
                        "the records, after one failed call")
-        finally:
-            stop.set()
-            thread.join(60)
-            client.close()
         first, again = proxy.seen[:RECORDS], proxy.seen[RECORDS:2 * RECORDS]
         assert first == [(n, True, False) for n in range(RECORDS)]
         assert again == [(n, True, True) for n in range(RECORDS)]  # the scheduler claims them
