@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -953,3 +954,33 @@ def test_fresh_records_are_claimed_first_when_they_cannot_be_in_a_range(
     assert claim == ["job-9", "orders/25/1"]
     assert again == ["orders/25/2"]
     assert closed_claim == [i["source_ref"] for i in batch]
+
+
+def test_a_running_range_that_does_not_read_is_refused_said_and_removed(
+        settings: Settings, redis_client: redis.Redis,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A member of a running key that is no ``<lo>:<hi>:<holder>`` (anything may write to
+    Redis) holds no record: the claim runs them, says so and removes it; a good range of
+    a live holder beside it still holds its records."""
+    batch = make_items(["orders/26/5", "orders/26/50"])
+
+    async def scenario() -> tuple[str, list[str]]:
+        a, b = RedisAdmission(settings), RedisAdmission(settings)
+        try:
+            _, write = a.guard.run_fresh(GUARDED, batch[1:])
+            assert write is not None
+            await write
+            key = a.guard.once.prefix("orders") + "running:orders/26"
+            redis_client.zadd(key, {"0:99:": 0, "junk": 0, "1:x:aaaa": 0})
+            with caplog.at_level(logging.ERROR):
+                codes = await b.guard.claim(GUARDED, batch)
+            return codes, [m.decode() for m in redis_client.zrange(key, 0, -1)]
+        finally:
+            await a.close()
+            await b.close()
+
+    codes, left = asyncio.run(scenario())
+    assert codes == RUN + BUSY
+    assert len(left) == 1 and left[0].startswith("50:50:")
+    assert "not a running range (<lo>:<hi>:<holder>); it was removed" in caplog.text
+    assert "junk" in caplog.text
