@@ -984,3 +984,32 @@ def test_a_running_range_that_does_not_read_is_refused_said_and_removed(
     assert len(left) == 1 and left[0].startswith("50:50:")
     assert "not a running range (<lo>:<hi>:<holder>); it was removed" in caplog.text
     assert "junk" in caplog.text
+
+
+def test_a_copy_of_a_fresh_record_read_by_the_same_scheduler_waits_for_it(
+        settings: Settings) -> None:
+    """A fresh record is kept by its range, not per record: a guarded copy claimed by the
+    scheduler that runs it is busy (not run beside it), done once written down; fresh
+    records whose range would overlap one running here are claimed instead."""
+    batch = make_items(["orders/27/3", "orders/27/4"])
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        a = RedisAdmission(settings)
+        try:
+            _, write = a.guard.run_fresh(GUARDED, batch)
+            assert write is not None
+            await write
+            seen = [await a.guard.claim(GUARDED, make_items(["orders/27/3", "orders/27/4"]))]
+            overlapping, other = a.guard.run_fresh(GUARDED, make_items(["orders/27/4",
+                                                                        "orders/28/1"]))
+            assert other is not None  # orders/28/1 has a range of its own
+            await other
+            await a.guard.finish(GUARDED, batch, [ok(0), ok(1)])
+            seen.append(await a.guard.claim(GUARDED, make_items(["orders/27/3"])))
+            return seen, [i["source_ref"] for i in overlapping]
+        finally:
+            await a.close()
+
+    seen, overlapping = asyncio.run(scenario())
+    assert seen == [BUSY * 2, DONE]
+    assert overlapping == ["orders/27/4"]

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -158,6 +159,31 @@ def keys_of(holders: str, prefix: str, span: int,
             *(f"{prefix}running:{where}" for where in {where for where, _ in blocks})]
 
 
+class RunningRange:
+    """The fresh records of one call and partition running here (``<lo>:<hi>:<holder>``
+    in Redis), and how many of them have not been written down yet."""
+
+    __slots__ = ("hi", "left", "lo", "member", "where")
+
+    def __init__(self, where: str, offset: int) -> None:
+        self.where = where
+        self.lo = self.hi = offset
+        self.left = 0
+        self.member = ""
+
+
+@dataclasses.dataclass
+class Pending:
+    """A binding's write-down to come: the refs done and free, the running ranges to
+    remove, and the bitmap blocks its keys need (known, or to work out from refs)."""
+
+    done: list[str] = dataclasses.field(default_factory=list)
+    free: list[str] = dataclasses.field(default_factory=list)
+    ended: list[str] = dataclasses.field(default_factory=list)
+    blocks: set[tuple[str, int]] = dataclasses.field(default_factory=set)
+    unknown: list[str] = dataclasses.field(default_factory=list)
+
+
 def _settle(waiters: list[asyncio.Future[set[str]]], result: set[str] | None = None,
             exception: Exception | None = None) -> None:
     """Answer the ``finish()`` calls waiting on a write."""
@@ -193,14 +219,13 @@ class RunOnce:
         # per binding: refs claimed and not finished, with their bitmap block (worked out
         # once, at the claim: the write-down's KEYS need it again)
         self._running: dict[str, dict[str, Block]] = {}
-        # per binding: fresh refs running here in a range (the range's partition and
-        # member), and how many of each range's records have not been finished yet
-        self._fresh: dict[str, dict[str, tuple[str, str]]] = {}
-        self._range_left: dict[str, dict[tuple[str, str], int]] = {}
+        # per binding and partition: the running ranges of fresh records here (a fresh
+        # item carries its range: nothing is kept per record)
+        self._ranges: dict[str, dict[str, set[RunningRange]]] = {}  # binding -> where -> live
         self._heartbeat: asyncio.Task[None] | None = None
         # chunks ended and not yet written: per binding, the done and the free refs and
         # the running ranges to remove
-        self._pending: dict[str, tuple[list[str], list[str], list[str]]] = {}
+        self._pending: dict[str, Pending] = {}
         # per binding, the finish() calls waiting for the next write to land
         self._waiters: dict[str, list[asyncio.Future[set[str]]]] = {}
         self._writer: asyncio.Task[None] | None = None
@@ -254,7 +279,7 @@ class RunOnce:
             out = []
             for ref, block, code in zip(refs, blocks, text, strict=True):
                 if code == MINE:  # running here: wait for it; else a claim left behind
-                    code = BUSY if ref in running else RUN
+                    code = BUSY if self._runs_here(binding, ref) else RUN
                 if code in (RUN, TAKEN_OVER):
                     running[ref] = block
                 out.append(code)
@@ -265,43 +290,51 @@ class RunOnce:
     def run_fresh(self, binding: str, items: Sequence[Item]
                   ) -> tuple[list[Item], Callable[[], Awaitable[None]] | None]:
         """Take fresh ``items`` as running here without a claim each (docs/design.md, Run
-        once off the path): those that can be (a Kafka offset, not running here already,
-        once in the batch). Returns the others, to be claimed as any record, and the write
-        of the running ranges (one per partition), for the caller to make beside the run;
-        :meth:`finish` removes a range with its last record."""
-        running = self._running.setdefault(binding, {})
+        once off the path): one running range per partition, which each item carries
+        (``item["fresh"]``); nothing is kept per record. Items that cannot be in a range (no
+        Kafka offset, running here already, twice in the batch, or a partition whose range
+        would overlap one running here) are returned, to be claimed as any record, with
+        the write of the ranges for the caller to make beside the run; :meth:`finish`
+        removes a range with its last record."""
+        running = self._running.get(binding, {})
         others: list[Item] = []
-        taken: list[str] = []
-        spans: dict[str, list[int]] = {}  # partition -> [lowest, highest offset, records]
-        refs = [item["source_ref"] for item in items]
-        for item, ref, block in zip(items, refs, each_block(join_refs(refs)), strict=True):
-            if block is None or ref in running:  # no offset, or running here (or twice)
-                others.append(item)
+        spans: dict[str, RunningRange] = {}
+        seen: set[str] = set()
+        for item in items:
+            ref = item["source_ref"]
+            where, slash, text = ref.rpartition("/")
+            if (not slash or not text.isdigit() or not text.isascii() or len(text) > 15
+                    or (len(text) > 1 and text[0] == "0") or ref in running or ref in seen):
+                others.append(item)  # each_block's rule: no bit, so no range
                 continue
-            running[ref] = block
-            taken.append(ref)
-            offset = int(ref[len(block[0]) + 1:])
-            span = spans.get(block[0])
+            seen.add(ref)
+            offset = int(text)
+            span = spans.get(where)
             if span is None:
-                spans[block[0]] = [offset, offset, 1]
-            else:
-                span[0] = min(span[0], offset)
-                span[1] = max(span[1], offset)
-                span[2] += 1
-        if not taken:
+                span = spans[where] = RunningRange(where, offset)
+            elif offset < span.lo:
+                span.lo = offset
+            elif offset > span.hi:
+                span.hi = offset
+            span.left += 1
+            item["fresh"] = span
+        live = self._ranges.setdefault(binding, {})
+        for where, span in list(spans.items()):
+            if any(span.lo <= other.hi and other.lo <= span.hi for other in live.get(where, ())):
+                del spans[where]  # a copy of one of them may run here: all are claimed
+                for item in items:
+                    if item.get("fresh") is span:
+                        item["fresh"] = True
+                        others.append(item)
+        if not spans:
             return others, None
-        left = self._range_left.setdefault(binding, {})
-        ranges = {where: (where, f"{lo}:{hi}:{self.holder}")
-                  for where, (lo, hi, _) in spans.items()}
-        for where, (_, _, count) in spans.items():
-            left[ranges[where]] = left.get(ranges[where], 0) + count
-        fresh = self._fresh.setdefault(binding, {})
-        for ref in taken:
-            fresh[ref] = ranges[running[ref][0]]  # type: ignore[index]
+        for where, span in spans.items():
+            span.member = f"{span.lo}:{span.hi}:{self.holder}"
+            live.setdefault(where, set()).add(span)
         self._ensure_heartbeat()
-        lines = "\n".join(f"{where}\t{member}" for where, member in ranges.values())
+        lines = "\n".join(f"{where}\t{span.member}" for where, span in spans.items())
         keys = [self.holders(binding),
-                *(f"{self.prefix(binding)}running:{where}" for where in ranges)]
+                *(f"{self.prefix(binding)}running:{where}" for where in spans)]
         return others, functools.partial(self._write_ranges, binding, keys, lines)
 
     async def _write_ranges(self, binding: str, keys: list[str], lines: str) -> None:
@@ -312,22 +345,39 @@ class RunOnce:
         if refused:
             self._refused(binding, refused)
 
-    def _ended(self, binding: str, items: Sequence[Item]) -> list[str]:
-        """Fresh ``items`` no longer run here: the ranges that have no record left."""
-        fresh = self._fresh.get(binding)
-        if not fresh:
-            return []
-        left = self._range_left[binding]
-        ended = []
+    def _ended(self, binding: str, items: Sequence[Item],
+               blocks: set[tuple[str, int]] | None = None) -> tuple[list[Item], list[str]]:
+        """Of ``items``, those that were not in a running range, and the ranges whose last
+        record is among the others (``<where>\t<member>``, to remove); the bitmap blocks
+        of those ranges are added to ``blocks``. An item is ended once: it then carries
+        ``True`` again."""
+        rest: list[Item] = []
+        ended: list[str] = []
+        spans: set[RunningRange] = set()
         for item in items:
-            found = fresh.pop(item["source_ref"], None)
-            if found is None:
+            span = item.get("fresh")
+            if not isinstance(span, RunningRange):
+                rest.append(item)
                 continue
-            left[found] -= 1
-            if not left[found]:
-                del left[found]
-                ended.append(f"{found[0]}\t{found[1]}")
-        return ended
+            item["fresh"] = True
+            spans.add(span)
+            span.left -= 1
+            if not span.left:
+                self._ranges[binding][span.where].discard(span)
+                ended.append(f"{span.where}\t{span.member}")
+        if blocks is not None:
+            for span in spans:
+                blocks.update((span.where, b)
+                              for b in range(span.lo // BLOCK, span.hi // BLOCK + 1))
+        return rest, ended
+
+    def _runs_here(self, binding: str, ref: str) -> bool:
+        """Whether ``ref`` is claimed here, or inside a running range of this scheduler."""
+        if ref in self._running.get(binding, {}):
+            return True
+        where, _, offset = ref.rpartition("/")
+        ranges = self._ranges.get(binding, {}).get(where, ())
+        return bool(ranges) and any(r.lo <= int(offset) <= r.hi for r in ranges)
 
     def _refused(self, binding: str, refused: str) -> None:
         """Say once each value CLAIM refused: a record's value that is neither ``d`` nor
@@ -350,7 +400,7 @@ class RunOnce:
         """``items`` no longer run here (their claims, if still in Redis, are stale; their
         ranges lapse with this holder)."""
         self._not_running(binding, items)
-        self._ended(binding, items)
+        self._ended(binding, items)  # the ranges lapse with this holder
 
     def _not_running(self, binding: str, items: Sequence[Item]) -> None:
         running = self._running.get(binding)
@@ -370,10 +420,15 @@ class RunOnce:
         round trip more than its own.
         """
         ok = {o["id"] for o in outcomes if o["status"] == "ok"}
-        done, free, ended = self._pending.setdefault(binding, ([], [], []))
+        pending = self._pending.get(binding)
+        if pending is None:
+            pending = self._pending[binding] = Pending()
+        claimed, ended = self._ended(binding, items, pending.blocks)
+        pending.ended += ended
+        self._blocks(binding, claimed, pending)
+        done, free = pending.done, pending.free
         for item in items:
             (done if item["id"] in ok else free).append(item["source_ref"])
-        ended += self._ended(binding, items)
         waiter: asyncio.Future[set[str]] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(binding, []).append(waiter)
         self._idle.clear()
@@ -419,11 +474,12 @@ class RunOnce:
                     _settle(rest, exception=failed)
                 raise
 
-    async def _write_each(self, pending: dict[str, tuple[list[str], list[str], list[str]]],
+    async def _write_each(self, pending: dict[str, Pending],
                           waiters: dict[str, list[asyncio.Future[set[str]]]]) -> None:
         """One write per binding of ``pending``, each settling its ``waiters``."""
         down: Exception | None = None
-        for binding, (done, free, ended) in pending.items():
+        for binding, each in pending.items():
+            done, free = each.done, each.free
             mine = waiters.pop(binding, [])
             if down is not None:
                 _settle(mine, exception=down)
@@ -432,9 +488,11 @@ class RunOnce:
                 done_text = join_refs(done) if done else ""
                 free_text = join_refs(free) if free else ""
                 args: list[str | int] = [self._span_ms, self.prefix(binding), done_text,
-                                         free_text, self.holder, "\n".join(ended)]
-                text = await self._call(self._finish, binding,
-                                        self._blocks(binding, done, free), args)
+                                         free_text, self.holder, "\n".join(each.ended)]
+                blocks = each.blocks
+                if each.unknown:
+                    blocks |= blocks_of(join_refs(each.unknown))
+                text = await self._call(self._finish, binding, blocks, args)
                 elsewhere = ({ref for ref, code in zip(free, text, strict=True)
                               if code == "1"} if "1" in text else set())
             except Exception as exc:
@@ -449,21 +507,16 @@ class RunOnce:
                 raise
             _settle(mine, result=elsewhere)
 
-    def _blocks(self, binding: str, *refs: list[str]) -> set[tuple[str, int]]:
-        """The bitmap blocks of ``refs``: from their claims, or worked out for those not
-        claimed here (run unguarded while Redis was away)."""
+    def _blocks(self, binding: str, items: list[Item], pending: Pending) -> None:
+        """Add the bitmap blocks of claimed ``items`` to ``pending``: from their claims, or
+        left to work out for those not claimed here (run unguarded while Redis was away)."""
         running = self._running.get(binding, {})
-        blocks: set[tuple[str, int]] = set()
-        unknown: list[str] = []
-        for group in refs:
-            for ref in group:
-                if ref not in running:
-                    unknown.append(ref)
-                elif (block := running[ref]) is not None:
-                    blocks.add(block)
-        if unknown:
-            blocks |= blocks_of(join_refs(unknown))
-        return blocks
+        for item in items:
+            ref = item["source_ref"]
+            if ref not in running:
+                pending.unknown.append(ref)
+            elif (block := running[ref]) is not None:
+                pending.blocks.add(block)
 
     async def close(self) -> None:
         """Stop the heartbeat and the writer (once the writes under way landed, for at
@@ -477,7 +530,7 @@ class RunOnce:
                     await self._idle.wait()
             await cancel_and_wait(self._writer)
             self._writer = None
-        for binding in self._running:  # one key at a time: each has its own slot
+        for binding in {*self._running, *self._ranges}:  # one key at a time: own slots
             try:
                 await self._client.zrem(self.holders(binding), self.holder)
             except REDIS_DOWN:
@@ -496,7 +549,8 @@ class RunOnce:
         claims of, every third of the holder's life."""
         while True:
             await asyncio.sleep(self._holder_ms / 3000)
-            for binding in [b for b, refs in self._running.items() if refs]:
+            for binding in {*(b for b, refs in self._running.items() if refs),
+                            *(b for b, live in self._ranges.items() if any(live.values()))}:
                 await self._beat(binding)
 
     async def _beat(self, binding: str) -> None:
