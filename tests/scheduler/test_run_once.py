@@ -1013,3 +1013,20 @@ def test_a_copy_of_a_fresh_record_read_by_the_same_scheduler_waits_for_it(
     seen, overlapping = asyncio.run(scenario())
     assert seen == [BUSY * 2, DONE]
     assert overlapping == ["orders/27/4"]
+
+
+def test_a_reference_beside_a_range_that_is_no_offset_is_not_in_it(
+        settings: Settings) -> None:
+    async def scenario() -> list[bool]:
+        a = RedisAdmission(settings)
+        try:
+            _, write = a.guard.run_fresh(GUARDED, make_items(["orders/30/1", "orders/30/9"]))
+            assert write is not None
+            await write
+            once = a.guard.once
+            return [once._runs_here("orders", ref)
+                    for ref in ("orders/30/5", "orders/30/10", "orders/30/x", "orders/30/\u0663")]
+        finally:
+            await a.close()
+
+    assert asyncio.run(scenario()) == [True, False, False, False]

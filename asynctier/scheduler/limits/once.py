@@ -377,7 +377,9 @@ class RunOnce:
             return True
         where, _, offset = ref.rpartition("/")
         ranges = self._ranges.get(binding, {}).get(where, ())
-        return bool(ranges) and any(r.lo <= int(offset) <= r.hi for r in ranges)
+        if not ranges or not (offset.isdigit() and offset.isascii()):
+            return False
+        return any(r.lo <= int(offset) <= r.hi for r in ranges)
 
     def _refused(self, binding: str, refused: str) -> None:
         """Say once each value CLAIM refused: a record's value that is neither ``d`` nor
