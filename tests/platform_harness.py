@@ -15,9 +15,11 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from asynctier.dev.process import free_port
 from asynctier.platform.config import Settings
+from tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -236,18 +238,18 @@ def committed_vs_end(settings: Settings, group: str, topic: str) -> tuple[int, i
                          "enable.auto.commit": False})
     meta = consumer.list_topics(topic, timeout=10).topics[topic]
     parts = [TopicPartition(topic, p) for p in meta.partitions]
-    deadline = time.monotonic() + 30
-    while True:
+    busy = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+            KafkaError.COORDINATOR_NOT_AVAILABLE)
+
+    def answered() -> list[Any] | None:
         try:
-            committed = consumer.committed(parts, timeout=10)
-            break
+            return list(consumer.committed(parts, timeout=10))
         except KafkaException as exc:
-            if (exc.args[0].code() not in (KafkaError.NOT_COORDINATOR,
-                                           KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                                           KafkaError.COORDINATOR_NOT_AVAILABLE)
-                    or time.monotonic() > deadline):
+            if exc.args[0].code() not in busy:
                 raise
-            time.sleep(0.2)
+            return None
+
+    committed = wait_until(answered, 30, f"the committed offsets of group {group}")
     end = sum(consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in parts)
     consumer.close()
     return sum(max(tp.offset, 0) for tp in committed), end
