@@ -61,7 +61,7 @@ class Item(TypedDict):
     deadline_ms: int | None  # epoch ms by which it should start, when the source says
     #: True when its tailer knows no copy of it was sent before: it runs without waiting
     #: for its run-once claim (docs/design.md, Run once off the path). Absent: False.
-    #: Once the scheduler's run-once guard took it, its running range (an object).
+    #: Once the scheduler's run-once guard took it, its running range and its offset.
     fresh: NotRequired[Any]
 
 

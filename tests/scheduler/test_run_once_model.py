@@ -159,10 +159,19 @@ def test_the_scripts_do_what_the_model_says(redis_client: redis.Redis, prefix: s
                            args=[holder, HOLDER_MS, SPAN_MS, keys, join_refs(refs)])
         return str(got.decode())
 
-    def finish(holder: str, done: list[str], free: list[str], ended: list[str]) -> str:
+    def finish(holder: str, done: list[str], free: list[str], ended: list[str],
+               own: set[str]) -> str:
+        # the successes of its own fresh records go as runs of offsets, as RunOnce sends them
+        runs: dict[str, list[int]] = {}
+        for ref in done:
+            if ref in own:
+                tp, off = kafka(ref)  # type: ignore[misc]
+                runs.setdefault(tp, []).append(off)
+        done = [ref for ref in done if ref not in own]
         texts = [join_refs(done) if done else "", join_refs(free) if free else ""]
-        got = finish_script(keys=once.run_once_keys(holders, keys, span, *texts),
-                            args=[SPAN_MS, keys, *texts, holder, "\n".join(ended)])
+        got = finish_script(keys=once.run_once_keys(holders, keys, span, *texts, *own),
+                            args=[SPAN_MS, keys, *texts, holder, "\n".join(ended),
+                                  once.runs_of(runs)])
         return str(got.decode())
 
     def fresh(holder: str, ranges: dict[str, str]) -> None:
@@ -189,8 +198,9 @@ def test_the_scripts_do_what_the_model_says(redis_client: redis.Redis, prefix: s
             unique = list(dict.fromkeys(refs))
             done = [ref for ref, ok in zip(unique, oks, strict=False) if ok]
             free = [ref for ref in unique if ref not in done]
+            own = set().union(*model.left[holder].values())  # before the model ends them
             codes, ended = model.finish(holder, done, free)
-            assert finish(holder, done, free, ended) == codes, (kind, holder, done, free)
+            assert finish(holder, done, free, ended, own) == codes, (kind, holder, done, free)
     # every reference, looked at by a third scheduler, is where the model has it
     final = claim("zzzz", REFS)
     assert final == model.claim("zzzz", REFS)
@@ -272,3 +282,26 @@ def test_a_span_not_given_is_answered_with_redis_span_and_nothing_is_written(
         got = finish(keys=keys, args=[SPAN_MS, tag, "t/0/1", "", "aaaa"]).decode()
         assert got.startswith(once.SKEW)
     assert not list(redis_client.scan_iter(match=tag + "*"))
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(offsets=st.lists(st.one_of(st.integers(0, 40), st.integers(8180, 8200),
+                                  st.integers(0, 30_000)), min_size=1, max_size=60))
+def test_successes_as_runs_set_the_bits_their_references_set(
+        redis_client: redis.Redis, prefix: str, offsets: list[int]) -> None:
+    """A fresh chunk's successes go to once_finish.lua as runs of offsets: they must set
+    exactly the bits the same successes set as references, across bytes and blocks."""
+    finish = redis_client.register_script(once.FINISH)
+    span = _span_now(redis_client)
+    bitmaps = []
+    for way in ("refs", "runs"):
+        tag = f"{prefix}:{{once:{way}{uuid.uuid4().hex[:6]}}}:"
+        refs = [f"t/0/{off}" for off in dict.fromkeys(offsets)]
+        done, runs = (join_refs(refs), "") if way == "refs" else ("", once.runs_of(
+            {"t/0": list(dict.fromkeys(offsets))}))
+        keys = once.run_once_keys(tag + "holders", tag, span, join_refs(refs))
+        assert finish(keys=keys, args=[SPAN_MS, tag, done, "", "aaaa", "", runs]) == b""
+        bitmaps.append({block: redis_client.get(f"{tag}{span}:t/0:{block}")
+                        for block in range(4)})
+    assert bitmaps[0] == bitmaps[1]

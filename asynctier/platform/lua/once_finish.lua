@@ -15,6 +15,8 @@
 -- ARGV[5]  the holder (this scheduler)
 -- ARGV[6]  the running ranges whose records all ended, to remove once their successes
 --          are marked: one per line, <topic/partition>\t<member> (once_range.lua)
+-- ARGV[7]  more successes, as runs of Kafka offsets (fresh records, which have no claim
+--          and always a bit): one per line, <topic/partition>\t<lo>\t<hi> ('' for none)
 -- Returns  one code per other record, as one string: 1 done by another copy, 0 otherwise;
 --          or S<span> when Redis' span is not among the ones given (nothing written).
 local span = tonumber(ARGV[1])
@@ -45,16 +47,25 @@ for i = 1, n do
 end
 local ttl = span * (SPANS_KEPT + 1)
 local placed, others = set_done(prefix, cur, split(ARGV[3]), ttl)
+local runs = set_runs(prefix, cur, ARGV[7] or '', ttl)
 -- A freed record is forgotten (no field: free to CLAIM), in every span kept: a failure
 -- leaves nothing behind in Redis, however many attempts a record takes. So is the claim of
 -- a success held by its bit.
 for _, ref in ipairs(placed) do
   gone[#gone + 1] = ref
 end
-if #gone > 0 then
+if #gone > 0 or #runs > 0 then
   for b = cur, cur - (SPANS_KEPT - 1), -1 do
     local hash = key(prefix .. b)
     if redis.call('EXISTS', hash) == 1 then
+      if #runs > 0 then  -- a fresh success may hold a claim only if it was taken over
+        for _, run in ipairs(runs) do
+          for off = run[2], run[3] do
+            gone[#gone + 1] = run[1] .. '/' .. string.format('%.0f', off)
+          end
+        end
+        runs = {}
+      end
       for s = 1, #gone, 1000 do
         redis.call('HDEL', hash, unpack(gone, s, math.min(s + 999, #gone)))
       end

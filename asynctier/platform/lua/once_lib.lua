@@ -267,3 +267,35 @@ local function set_done(prefix, cur, refs, ttl)
   for _, i in ipairs(rest) do others[#others + 1] = refs[i] end
   return placed, others
 end
+
+-- Set the bits of runs of offsets in the current span: ``runs`` one per line,
+-- <topic/partition>\t<lo>\t<hi> (hi included), each run cut at its blocks' edges and
+-- written a byte at a time (eight records a byte, none parsed one by one). Returns each
+-- run as {tp, lo, hi} for the caller's further use.
+local lshift = bit.lshift
+local function set_runs(prefix, cur, runs, ttl)
+  local got = {}
+  for _, line in ipairs(split(runs)) do
+    local tp, lo, hi = match(line, '^([^\t]*)\t(%d+)\t(%d+)$')
+    lo, hi = tonumber(lo), tonumber(hi)
+    got[#got + 1] = {tp, lo, hi}
+    for block = floor(lo / BLOCK), floor(hi / BLOCK) do
+      local base = block * BLOCK
+      local a = math.max(lo, base) - base
+      local z = math.min(hi, base + BLOCK - 1) - base
+      local first, last = floor(a / 8), floor(z / 8)
+      local bitmap = key(prefix .. cur .. ':' .. tp .. ':' .. block)
+      local old = redis.call('GETRANGE', bitmap, first, last)
+      local out = {}
+      for k = first, last do
+        local mask = 255
+        if k == first then mask = band(mask, rshift(255, a % 8)) end
+        if k == last then mask = band(mask, band(lshift(255, 7 - z % 8), 255)) end
+        out[#out + 1] = bor(byte(old, k - first + 1) or 0, mask)
+      end
+      redis.call('SETRANGE', bitmap, first, string.char(unpack(out)))  -- <= BLOCK / 8
+      redis.call('PEXPIRE', bitmap, ttl)
+    end
+  end
+  return got
+end

@@ -139,6 +139,22 @@ def blocks_of(*joined: str) -> set[tuple[str, int]]:
     return {b for text in joined for b in each_block(text) if b is not None}
 
 
+def runs_of(offsets: dict[str, list[int]]) -> str:
+    """Offsets by partition as once_finish.lua's runs: ``<where>\t<lo>\t<hi>`` per line,
+    one line per run of consecutive offsets (a chunk of a partition is usually one)."""
+    lines = []
+    for where, each in offsets.items():
+        each.sort()
+        lo = prev = each[0]
+        for offset in each:
+            if offset > prev + 1:
+                lines.append(f"{where}\t{lo}\t{prev}")
+                lo = offset
+            prev = offset
+        lines.append(f"{where}\t{lo}\t{prev}")
+    return "\n".join(lines)
+
+
 def run_once_keys(holders: str, prefix: str, span: int, *joined: str) -> list[str]:
     """The KEYS of a claim or finish of the references ``joined`` (as in its ARGV) when
     this scheduler's span is ``span`` (see :func:`keys_of`)."""
@@ -174,10 +190,12 @@ class RunningRange:
 
 @dataclasses.dataclass
 class Pending:
-    """A binding's write-down to come: the refs done and free, the running ranges to
-    remove, and the bitmap blocks its keys need (known, or to work out from refs)."""
+    """A binding's write-down to come: the refs done and free, the offsets of fresh
+    successes by partition, the running ranges to remove, and the bitmap blocks its keys
+    need (known, or to work out from refs)."""
 
     done: list[str] = dataclasses.field(default_factory=list)
+    fresh_done: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     free: list[str] = dataclasses.field(default_factory=list)
     ended: list[str] = dataclasses.field(default_factory=list)
     blocks: set[tuple[str, int]] = dataclasses.field(default_factory=set)
@@ -291,7 +309,8 @@ class RunOnce:
                   ) -> tuple[list[Item], Callable[[], Awaitable[None]] | None]:
         """Take fresh ``items`` as running here without a claim each (docs/design.md, Run
         once off the path): one running range per partition, which each item carries
-        (``item["fresh"]``); nothing is kept per record. Items that cannot be in a range (no
+        (``item["fresh"]``, with its offset: ``(range, offset)``); nothing is kept per
+        record. Items that cannot be in a range (no
         Kafka offset, running here already, twice in the batch, or a partition whose range
         would overlap one running here) are returned, to be claimed as any record, with
         the write of the ranges for the caller to make beside the run; :meth:`finish`
@@ -317,13 +336,14 @@ class RunOnce:
             elif offset > span.hi:
                 span.hi = offset
             span.left += 1
-            item["fresh"] = span
+            item["fresh"] = (span, offset)
         live = self._ranges.setdefault(binding, {})
         for where, span in list(spans.items()):
             if any(span.lo <= other.hi and other.lo <= span.hi for other in live.get(where, ())):
                 del spans[where]  # a copy of one of them may run here: all are claimed
                 for item in items:
-                    if item.get("fresh") is span:
+                    mark = item.get("fresh")
+                    if mark.__class__ is tuple and mark[0] is span:
                         item["fresh"] = True
                         others.append(item)
         if not spans:
@@ -345,31 +365,41 @@ class RunOnce:
         if refused:
             self._refused(binding, refused)
 
-    def _ended(self, binding: str, items: Sequence[Item],
-               blocks: set[tuple[str, int]] | None = None) -> tuple[list[Item], list[str]]:
-        """Of ``items``, those that were not in a running range, and the ranges whose last
-        record is among the others (``<where>\t<member>``, to remove); the bitmap blocks
-        of those ranges are added to ``blocks``. An item is ended once: it then carries
-        ``True`` again."""
+    def _ended(self, binding: str, items: Sequence[Item], ok: set[int] | None = None,
+               pending: Pending | None = None) -> list[Item]:
+        """Of ``items``, those that were not in a running range. With ``pending``, the
+        others' successes (their ids in ``ok``) go to its offsets, their failures to its
+        free refs, the ranges whose last record is among them to its ranges to remove and
+        the bitmap blocks of their ranges to its blocks. An item is ended once: it then
+        carries ``True`` again."""
         rest: list[Item] = []
-        ended: list[str] = []
         spans: set[RunningRange] = set()
+        done = pending.fresh_done if pending is not None else {}
         for item in items:
-            span = item.get("fresh")
-            if not isinstance(span, RunningRange):
+            mark = item.get("fresh")
+            if mark.__class__ is not tuple:
                 rest.append(item)
                 continue
             item["fresh"] = True
+            span, offset = mark
             spans.add(span)
             span.left -= 1
+            if pending is not None:
+                if ok is not None and item["id"] in ok:
+                    if (offsets := done.get(span.where)) is None:
+                        offsets = done[span.where] = []
+                    offsets.append(offset)
+                else:
+                    pending.free.append(item["source_ref"])
             if not span.left:
                 self._ranges[binding][span.where].discard(span)
-                ended.append(f"{span.where}\t{span.member}")
-        if blocks is not None:
+                if pending is not None:
+                    pending.ended.append(f"{span.where}\t{span.member}")
+        if pending is not None:
             for span in spans:
-                blocks.update((span.where, b)
-                              for b in range(span.lo // BLOCK, span.hi // BLOCK + 1))
-        return rest, ended
+                pending.blocks.update((span.where, b)
+                                      for b in range(span.lo // BLOCK, span.hi // BLOCK + 1))
+        return rest
 
     def _runs_here(self, binding: str, ref: str) -> bool:
         """Whether ``ref`` is claimed here, or inside a running range of this scheduler."""
@@ -425,11 +455,10 @@ class RunOnce:
         pending = self._pending.get(binding)
         if pending is None:
             pending = self._pending[binding] = Pending()
-        claimed, ended = self._ended(binding, items, pending.blocks)
-        pending.ended += ended
+        claimed = self._ended(binding, items, ok, pending)
         self._blocks(binding, claimed, pending)
         done, free = pending.done, pending.free
-        for item in items:
+        for item in claimed:
             (done if item["id"] in ok else free).append(item["source_ref"])
         waiter: asyncio.Future[set[str]] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(binding, []).append(waiter)
@@ -490,7 +519,8 @@ class RunOnce:
                 done_text = join_refs(done) if done else ""
                 free_text = join_refs(free) if free else ""
                 args: list[str | int] = [self._span_ms, self.prefix(binding), done_text,
-                                         free_text, self.holder, "\n".join(each.ended)]
+                                         free_text, self.holder, "\n".join(each.ended),
+                                         runs_of(each.fresh_done)]
                 blocks = each.blocks
                 if each.unknown:
                     blocks |= blocks_of(join_refs(each.unknown))
