@@ -905,6 +905,7 @@ def test_a_fresh_record_of_a_scheduler_judged_dead_is_taken_over(
     (the dead range is removed) and succeeds with one; a's failure of that one is then
     done elsewhere, and the one b still runs stays b's."""
     batch = make_items(["orders/24/7", "orders/24/8"])
+    copy = make_items(["orders/24/7", "orders/24/8"])  # the copies b and c read
 
     async def scenario() -> tuple[list[str], set[int]]:
         a, b, c = RedisAdmission(settings), RedisAdmission(settings), RedisAdmission(settings)
@@ -913,11 +914,11 @@ def test_a_fresh_record_of_a_scheduler_judged_dead_is_taken_over(
             assert write is not None
             await write
             redis_client.zrem(a.guard.once.holders("orders"), a.guard.once.holder)
-            seen = [await b.guard.claim(GUARDED, batch)]
+            seen = [await b.guard.claim(GUARDED, copy)]
             assert _ranges(redis_client, settings) == []
-            await b.guard.finish(GUARDED, batch[:1], [ok(0)])
+            await b.guard.finish(GUARDED, copy[:1], [ok(0)])
             by_a = await a.guard.finish(GUARDED, batch, [retry(0, "boom"), retry(1, "boom")])
-            seen.append(await c.guard.claim(GUARDED, batch))
+            seen.append(await c.guard.claim(GUARDED, copy))
             return seen, by_a
         finally:
             for admission in (a, b, c):

@@ -160,18 +160,28 @@ def test_the_scripts_do_what_the_model_says(redis_client: redis.Redis, prefix: s
         return str(got.decode())
 
     def finish(holder: str, done: list[str], free: list[str], ended: list[str],
-               own: set[str]) -> str:
-        # the successes of its own fresh records go as runs of offsets, as RunOnce sends them
+               own: dict[str, str]) -> str:
+        # its own fresh records (ref -> their range) go as RunOnce sends them: successes as
+        # runs of offsets, failures by range; free must list those failures last, by range
         runs: dict[str, list[int]] = {}
         for ref in done:
             if ref in own:
                 tp, off = kafka(ref)  # type: ignore[misc]
                 runs.setdefault(tp, []).append(off)
+        by_range: dict[str, list[str]] = {}
+        for ref in free:
+            if ref in own:
+                by_range.setdefault(own[ref], []).append(ref)
+        assert [r for r in free if r in own] == [r for refs in by_range.values() for r in refs]
         done = [ref for ref in done if ref not in own]
+        fresh_free = [ref for ref in free if ref in own]
+        free = [ref for ref in free if ref not in own]
         texts = [join_refs(done) if done else "", join_refs(free) if free else ""]
-        got = finish_script(keys=once.run_once_keys(holders, keys, span, *texts, *own),
-                            args=[SPAN_MS, keys, *texts, holder, "\n".join(ended),
-                                  once.runs_of(runs)])
+        got = finish_script(
+            keys=once.run_once_keys(holders, keys, span, *texts, *own),
+            args=[SPAN_MS, keys, *texts, holder, "\n".join(ended), once.runs_of(runs),
+                  "\n".join(f"{name}\t{len(refs)}" for name, refs in by_range.items()),
+                  join_refs(fresh_free) if fresh_free else ""])
         return str(got.decode())
 
     def fresh(holder: str, ranges: dict[str, str]) -> None:
@@ -198,7 +208,11 @@ def test_the_scripts_do_what_the_model_says(redis_client: redis.Redis, prefix: s
             unique = list(dict.fromkeys(refs))
             done = [ref for ref, ok in zip(unique, oks, strict=False) if ok]
             free = [ref for ref in unique if ref not in done]
-            own = set().union(*model.left[holder].values())  # before the model ends them
+            own = {ref: f"{tp}\t{member}"  # before the model ends them
+                   for (tp, member), refs in model.left[holder].items() for ref in refs}
+            ranges = list(dict.fromkeys(own[r] for r in free if r in own))
+            free = [r for r in free if r not in own] + [
+                r for name in ranges for r in free if own.get(r) == name]
             codes, ended = model.finish(holder, done, free)
             assert finish(holder, done, free, ended, own) == codes, (kind, holder, done, free)
     # every reference, looked at by a third scheduler, is where the model has it

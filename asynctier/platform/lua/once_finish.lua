@@ -17,7 +17,11 @@
 --          are marked: one per line, <topic/partition>\t<member> (once_range.lua)
 -- ARGV[7]  more successes, as runs of Kafka offsets (fresh records, which have no claim
 --          and always a bit): one per line, <topic/partition>\t<lo>\t<hi> ('' for none)
+-- ARGV[8]  more failures (fresh records), by running range: one line per range,
+--          <topic/partition>\t<member>\t<count> ('' for none)
+-- ARGV[9]  their references joined by newlines, range after range
 -- Returns  one code per other record, as one string: 1 done by another copy, 0 otherwise;
+--          those of ARGV[4] first, then those of ARGV[9];
 --          or S<span> when Redis' span is not among the ones given (nothing written).
 local span = tonumber(ARGV[1])
 local prefix = ARGV[2]
@@ -44,6 +48,25 @@ for i = 1, n do
     gone[#gone + 1] = free[i]
   end
   codes[i] = (v == 'd') and '1' or '0'
+end
+-- A fresh failure whose range is still in Redis was run by no other copy (a copy waits
+-- while the range's holder lives, and takes a dead holder's range over by removing it):
+-- it is nobody else's success, and costs no lookup. Only a range gone is looked into.
+local fresh_refs
+local at = 0
+for _, line in ipairs(split(ARGV[8] or '')) do
+  local tp, member, count = string.match(line, '^([^\t]*)\t(.*)\t(%d+)$')
+  count = tonumber(count)
+  if redis.call('ZSCORE', key(prefix .. 'running:' .. tp), member) then
+    codes[#codes + 1] = string.rep('0', count)
+  else
+    fresh_refs = fresh_refs or split(ARGV[9])
+    local refs = {}
+    for i = 1, count do refs[i] = fresh_refs[at + i] end
+    local done_here = done_bits(prefix, cur, refs)
+    for i = 1, count do codes[#codes + 1] = done_here[i] and '1' or '0' end
+  end
+  at = at + count
 end
 local ttl = span * (SPANS_KEPT + 1)
 local placed, others = set_done(prefix, cur, split(ARGV[3]), ttl)

@@ -191,11 +191,13 @@ class RunningRange:
 @dataclasses.dataclass
 class Pending:
     """A binding's write-down to come: the refs done and free, the offsets of fresh
-    successes by partition, the running ranges to remove, and the bitmap blocks its keys
-    need (known, or to work out from refs)."""
+    successes by partition and the refs of fresh failures by range, the running ranges to
+    remove, and the bitmap blocks its keys need (known, or to work out from refs)."""
 
     done: list[str] = dataclasses.field(default_factory=list)
     fresh_done: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    #: fresh failures by running range (``<where>\t<member>``): their refs
+    fresh_free: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     free: list[str] = dataclasses.field(default_factory=list)
     ended: list[str] = dataclasses.field(default_factory=list)
     blocks: set[tuple[str, int]] = dataclasses.field(default_factory=set)
@@ -369,7 +371,7 @@ class RunOnce:
                pending: Pending | None = None) -> list[Item]:
         """Of ``items``, those that were not in a running range. With ``pending``, the
         others' successes (their ids in ``ok``) go to its offsets, their failures to its
-        free refs, the ranges whose last record is among them to its ranges to remove and
+        fresh failures, the ranges whose last record is among them to its ranges to remove and
         the bitmap blocks of their ranges to its blocks. An item is ended once: it then
         carries ``True`` again."""
         rest: list[Item] = []
@@ -390,7 +392,10 @@ class RunOnce:
                         offsets = done[span.where] = []
                     offsets.append(offset)
                 else:
-                    pending.free.append(item["source_ref"])
+                    name = f"{span.where}\t{span.member}"
+                    if (refs := pending.fresh_free.get(name)) is None:
+                        refs = pending.fresh_free[name] = []
+                    refs.append(item["source_ref"])
             if not span.left:
                 self._ranges[binding][span.where].discard(span)
                 if pending is not None:
@@ -518,14 +523,17 @@ class RunOnce:
             try:
                 done_text = join_refs(done) if done else ""
                 free_text = join_refs(free) if free else ""
-                args: list[str | int] = [self._span_ms, self.prefix(binding), done_text,
-                                         free_text, self.holder, "\n".join(each.ended),
-                                         runs_of(each.fresh_done)]
+                fresh_free = [ref for refs in each.fresh_free.values() for ref in refs]
+                args: list[str | int] = [
+                    self._span_ms, self.prefix(binding), done_text, free_text, self.holder,
+                    "\n".join(each.ended), runs_of(each.fresh_done),
+                    "\n".join(f"{name}\t{len(refs)}" for name, refs in each.fresh_free.items()),
+                    join_refs(fresh_free) if fresh_free else ""]
                 blocks = each.blocks
                 if each.unknown:
                     blocks |= blocks_of(join_refs(each.unknown))
                 text = await self._call(self._finish, binding, blocks, args)
-                elsewhere = ({ref for ref, code in zip(free, text, strict=True)
+                elsewhere = ({ref for ref, code in zip([*free, *fresh_free], text, strict=True)
                               if code == "1"} if "1" in text else set())
             except Exception as exc:
                 if isinstance(exc, REDIS_DOWN):
