@@ -8,8 +8,9 @@ at once, its running range written beside it; the write-downs of the binding wai
 such writes to land, so a range never lands after the write-down that removes it. After
 a chunk ran, how it ended is written down beside the workers (they take the next chunk):
 a chunk that all succeeded is answered at once (its claims hold until the marks land, so
-a copy read meanwhile waits), any other once the write landed (a failure here may have
-succeeded in another copy). A guard that fails is logged and its records run unguarded.
+a copy read meanwhile waits), any other too while the guard surely holds its records
+(:meth:`Guard.holds`), else once the write landed (a failure here may have succeeded in
+another copy). A guard that fails is logged and its records run unguarded.
 """
 
 from __future__ import annotations
@@ -214,11 +215,12 @@ class Claims:
 
     def write_down(self, chunk: Chunk, outcomes: list[Outcome] | None) -> None:
         """Write down how ``chunk`` ended (successes done, the rest freed) without holding
-        the worker for the round trip, and answer it: at once when every item succeeded,
-        else once the write landed (see :meth:`_done_elsewhere`)."""
+        the worker for the round trip, and answer it: at once when every item succeeded or
+        no other scheduler can have taken its records over (:meth:`Guard.holds`), else
+        once the write landed (see :meth:`_done_elsewhere`)."""
         answered = False
-        if outcomes is not None and not chunk.future.done() and all(
-                o["status"] == "ok" for o in outcomes):
+        if outcomes is not None and not chunk.future.done() and (
+                all(o["status"] == "ok" for o in outcomes) or self.guard.holds(chunk.binding)):
             chunk.future.set_result(outcomes)
             answered = True
         self._track_write(self._finish_chunk(chunk, outcomes, answered))

@@ -39,6 +39,12 @@ class Guard(Protocol):
         (their outcome becomes ``ok``)."""
         ...
 
+    def holds(self, binding: Binding) -> bool:
+        """Whether no other scheduler can have taken this one's records of ``binding``
+        over now: a failure here then stands as it is (no copy can have succeeded
+        meanwhile), and may be answered before its write-down."""
+        ...
+
     def run_fresh(self, binding: Binding, items: Sequence[Item]
                   ) -> tuple[list[Item], Coroutine[Any, Any, None] | None]:
         """Take fresh ``items`` (no copy was sent before) as running here without waiting
@@ -62,6 +68,10 @@ class OpenGuard:
                      outcomes: Sequence[Outcome]) -> set[int]:
         """Nothing to remember."""
         return set()
+
+    def holds(self, binding: Binding) -> bool:
+        """Nothing is taken over."""
+        return True
 
     def run_fresh(self, binding: Binding, items: Sequence[Item]
                   ) -> tuple[list[Item], Coroutine[Any, Any, None] | None]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as redis_asyncio
 
 from asynctier.platform.binding import Binding
 from asynctier.platform.binding_features import Execution, Source
@@ -27,6 +28,7 @@ from asynctier.platform.errors import ConfigError
 from asynctier.platform.wire import Item, Outcome, ok, retry
 from asynctier.scheduler.guard import BUSY, DONE, RUN, TAKEN_OVER
 from asynctier.scheduler.limits import AdmissionConfig, RedisAdmission, RedisGuard, once
+from asynctier.scheduler.limits.once import RunOnce
 from asynctier.scheduler.options import SchedulerOptions
 from tests.funcs import basic
 from tests.scheduler_harness import by_id, local_scheduler
@@ -439,7 +441,9 @@ def test_a_failure_after_another_scheduler_succeeded_with_the_record_is_answered
         async def taken_over_meanwhile(payload: object, ctx: object) -> None:
             if getattr(ctx, "source", None) != "orders/3/1":
                 return
+            # judged dead: its holder lapsed in Redis, its last renewal a holder's life ago
             redis_client.zrem(a.guard.once.holders("orders"), a.guard.once.holder)
+            a.guard.once._monotonic = lambda: time.monotonic() + 60
             assert await b.guard.claim(binding, items[:1]) == TAKEN_OVER
             assert await b.guard.finish(binding, items[:1], [ok(0)]) == set()
 
@@ -770,11 +774,12 @@ def test_a_chunk_that_succeeded_is_answered_before_its_marks_land_and_its_copy_w
     """The write-down of a chunk does not hold its answer when every item succeeded: the
     batch is answered while the marks are still on their way. A copy of it sent meanwhile
     is refused a second run: it waits, and is answered ok once the marks land. A chunk
-    with a failure is answered only after its write landed."""
+    with a failure is answered as early while this scheduler surely holds its records
+    (no copy can have succeeded elsewhere), and only after its write landed when not."""
     basic.reset()
     refs = [f"orders/12/{n}" for n in range(6)]
 
-    async def scenario() -> tuple[bool, dict[int, Outcome], bool, Counter[str]]:
+    async def scenario() -> tuple[bool, dict[int, Outcome], bool, bool, Counter[str]]:
         admission = RedisAdmission(settings)
         landed = _hold_finish(admission)
         scheduler = local_scheduler([GUARDED], admission=admission, guard=admission.guard)
@@ -788,24 +793,62 @@ def test_a_chunk_that_succeeded_is_answered_before_its_marks_land_and_its_copy_w
             first = await call
             answered_early = answered_early and all(o["status"] == "ok" for o in first)
             copy = asyncio.create_task(scheduler.process(make_items(refs)))
-            failing = make_items(["orders/12/100"], {"fail": True})
-            failed = asyncio.create_task(scheduler.process(failing))
+            held = asyncio.create_task(scheduler.process(
+                make_items(["orders/12/100"], {"fail": True})))
+            await asyncio.wait({held}, timeout=5)
+            failed_early = held.done() and (await held)[0]["status"] == "retry"
+            admission.guard.once.holds = lambda binding: False  # type: ignore[method-assign]
+            failed = asyncio.create_task(scheduler.process(
+                make_items(["orders/12/101"], {"fail": True})))
             await asyncio.sleep(0.3)  # a copy that ran again would have ended by now
             waiting = not copy.done() and not failed.done()
             landed.set()
             again = by_id(await asyncio.wait_for(copy, 10))
             await asyncio.wait_for(failed, 10)
-            return answered_early and len(first) == 6, again, waiting, runs_by_ref()
+            return answered_early and len(first) == 6, again, failed_early, waiting, runs_by_ref()
         finally:
             landed.set()
             await scheduler.stop()
             await admission.close()
 
-    answered_early, again, waiting, runs = asyncio.run(scenario())
+    answered_early, again, failed_early, waiting, runs = asyncio.run(scenario())
     assert answered_early, "an all-ok chunk waited for its marks to land"
+    assert failed_early, "a failed chunk of records surely held here waited for its write"
     assert waiting, "the copy or the failed chunk was answered before the write landed"
     assert [again[n]["status"] for n in range(6)] == ["ok"] * 6
     assert {runs[r] for r in refs} == {1}, "a copy of a record that succeeded ran again"
+
+
+def test_a_holder_is_surely_alive_for_two_thirds_of_its_life_after_a_renewal(
+        settings: Settings) -> None:
+    """holds(): a claim, a range write or a beat renews it (from when it was sent); two
+    thirds of the holder's life later it is no longer sure."""
+    now = [1000.0]
+
+    async def scenario() -> list[bool]:
+        client = redis_asyncio.Redis.from_url(settings.redis_url)
+        once = RunOnce(client, settings.names, holder_ttl_s=6.0, monotonic=lambda: now[0])
+        try:
+            seen = [once.holds("orders")]
+            await once.claim("orders", make_items(["orders/40/1"]))
+            seen.append(once.holds("orders"))
+            now[0] += 3.9
+            seen.append(once.holds("orders"))
+            now[0] += 0.2
+            seen.append(once.holds("orders"))
+            await once._beat("orders")
+            seen.append(once.holds("orders"))
+            now[0] += 5
+            _, write = once.run_fresh("orders", make_items(["orders/41/1"]))
+            assert write is not None
+            await write()
+            seen.append(once.holds("orders") and not once.holds("other"))
+            return seen
+        finally:
+            await once.close()
+            await client.aclose()
+
+    assert asyncio.run(scenario()) == [False, True, True, False, True, True]
 
 
 def _fresh(items: list[Item]) -> list[Item]:

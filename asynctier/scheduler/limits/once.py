@@ -223,7 +223,8 @@ class RunOnce:
                  done_ttl_s: float = DEFAULT_DONE_TTL_S,
                  holder_ttl_s: float = DEFAULT_HOLDER_TTL_S,
                  clock: Callable[[], float] = time.time,
-                 policy: RestartPolicy | None = None) -> None:
+                 policy: RestartPolicy | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self._client = client
         self._policy = policy  # how its loops restart after a failure (tests shorten it)
         self._names = names
@@ -236,6 +237,10 @@ class RunOnce:
         self._clock = clock
         self._skew = 0  # Redis' span minus this clock's, as last learned
         self._holder_ms = int(holder_ttl_s * 1000)
+        self._monotonic = monotonic
+        # per binding: until when (monotonic) this holder is surely alive in Redis: its
+        # last renewal's send time plus two thirds of its life (see holds())
+        self._held_until: dict[str, float] = {}
         # per binding: refs claimed and not finished, with their bitmap block (worked out
         # once, at the claim: the write-down's KEYS need it again)
         self._running: dict[str, dict[str, Block]] = {}
@@ -280,6 +285,18 @@ class RunOnce:
             f"run-once of binding {binding}: Redis' clock (TIME) moved to another span twice "
             "within one call; check the clocks of the Redis server and of this scheduler")
 
+    def holds(self, binding: str) -> bool:
+        """Whether this scheduler's holder of ``binding`` is surely alive in Redis now: a
+        renewal (a claim, a range write or a beat) was sent less than two thirds of its
+        life ago, so no other scheduler can have taken its records over, and no failure
+        here can have succeeded in another copy meanwhile."""
+        return self._monotonic() < self._held_until.get(binding, float("-inf"))
+
+    def _renewed(self, binding: str, sent: float) -> None:
+        until = sent + self._holder_ms / 1000 * 2 / 3
+        if until > self._held_until.get(binding, float("-inf")):
+            self._held_until[binding] = until
+
     async def claim(self, binding: str, items: Sequence[Item]) -> str:
         """One code per item (see :data:`RUN` and the others)."""
         if not items:
@@ -287,8 +304,10 @@ class RunOnce:
         refs = [item["source_ref"] for item in items]
         joined = join_refs(refs)
         blocks = each_block(joined)
+        sent = self._monotonic()
         text = await self._call(self._claim, binding, {b for b in blocks if b is not None}, [
             self.holder, self._holder_ms, self._span_ms, self.prefix(binding), joined])
+        self._renewed(binding, sent)
         text, _, refused = text.partition("\n")
         if refused:
             self._refused(binding, refused)
@@ -360,9 +379,11 @@ class RunOnce:
         return others, functools.partial(self._write_ranges, binding, keys, lines)
 
     async def _write_ranges(self, binding: str, keys: list[str], lines: str) -> None:
+        sent = self._monotonic()
         text = as_text(await self._range(keys=keys, args=[
             self.holder, self._holder_ms, self._span_ms * (SPANS_KEPT + 1),
             self.prefix(binding), lines]))
+        self._renewed(binding, sent)
         _, _, refused = text.partition("\n")
         if refused:
             self._refused(binding, refused)
@@ -594,12 +615,14 @@ class RunOnce:
                 await self._beat(binding)
 
     async def _beat(self, binding: str) -> None:
+        sent = self._monotonic()
         try:
             text = as_text(await self._beat_script(keys=[self.holders(binding)],
                                                    args=[self.holder, self._holder_ms]))
         except REDIS_DOWN as exc:
             log.debug("could not renew the run-once holder of %s: %s", binding, exc)
             return
+        self._renewed(binding, sent)
         _, _, refused = text.partition("\n")
         if refused:
             self._refused(binding, refused)

@@ -60,6 +60,11 @@ class RedisGuard:
         link.outage.recovered()
         return elsewhere
 
+    def holds(self, binding: Binding) -> bool:
+        """Whether this scheduler's records of ``binding`` are surely its own (nothing of an
+        idempotent binding is held; see :meth:`.once.RunOnce.holds`)."""
+        return binding.execution.idempotent or self.once.holds(binding.name)
+
     def run_fresh(self, binding: Binding, items: Sequence[Item]
                   ) -> tuple[list[Item], Coroutine[Any, Any, None] | None]:
         """Fresh ``items`` run at once, in running ranges written beside their run; all are
