@@ -179,13 +179,13 @@ class RunningRange:
     """The fresh records of one call and partition running here (``<lo>:<hi>:<holder>``
     in Redis), and how many of them have not been written down yet."""
 
-    __slots__ = ("hi", "left", "lo", "member", "where")
+    __slots__ = ("hi", "left", "line", "lo", "where")
 
     def __init__(self, where: str, offset: int) -> None:
         self.where = where
         self.lo = self.hi = offset
         self.left = 0
-        self.member = ""
+        self.line = ""  # as the scripts name it: <where>\t<lo>:<hi>:<holder>
 
 
 @dataclasses.dataclass
@@ -331,33 +331,34 @@ class RunOnce:
         """Take fresh ``items`` as running here without a claim each (docs/design.md, Run
         once off the path): one running range per partition, which each item carries
         (``item["fresh"]``, with its offset: ``(range, offset)``); nothing is kept per
-        record. Items that cannot be in a range (no
-        Kafka offset, running here already, twice in the batch, or a partition whose range
-        would overlap one running here) are returned, to be claimed as any record, with
-        the write of the ranges for the caller to make beside the run; :meth:`finish`
-        removes a range with its last record."""
-        running = self._running.get(binding, {})
+        record. Items that cannot be in a range (no Kafka offset, running here already,
+        not after the last offset of its partition in the batch - a second copy, or out
+        of order - or in a partition whose range would overlap one running here) are
+        returned, to be claimed as any record, with the write of the ranges for the
+        caller to make beside the run; :meth:`finish` removes a range with its last
+        record."""
+        running = self._running.get(binding)
         others: list[Item] = []
         spans: dict[str, RunningRange] = {}
-        seen: set[str] = set()
         for item in items:
             ref = item["source_ref"]
             where, slash, text = ref.rpartition("/")
-            if (not slash or not text.isdigit() or not text.isascii() or len(text) > 15
-                    or (len(text) > 1 and text[0] == "0") or ref in running or ref in seen):
-                others.append(item)  # each_block's rule: no bit, so no range
+            if (slash and text.isdigit() and text.isascii() and len(text) <= 15
+                    and (len(text) == 1 or text[0] != "0")  # each_block's rule: a bit
+                    and not (running and ref in running)):
+                offset = int(text)
+                span = spans.get(where)
+                if span is None:
+                    span = spans[where] = RunningRange(where, offset)
+                elif offset > span.hi:
+                    span.hi = offset
+                else:
+                    others.append(item)
+                    continue
+                span.left += 1
+                item["fresh"] = (span, offset)
                 continue
-            seen.add(ref)
-            offset = int(text)
-            span = spans.get(where)
-            if span is None:
-                span = spans[where] = RunningRange(where, offset)
-            elif offset < span.lo:
-                span.lo = offset
-            elif offset > span.hi:
-                span.hi = offset
-            span.left += 1
-            item["fresh"] = (span, offset)
+            others.append(item)
         live = self._ranges.setdefault(binding, {})
         for where, span in list(spans.items()):
             if any(span.lo <= other.hi and other.lo <= span.hi for other in live.get(where, ())):
@@ -370,10 +371,10 @@ class RunOnce:
         if not spans:
             return others, None
         for where, span in spans.items():
-            span.member = f"{span.lo}:{span.hi}:{self.holder}"
+            span.line = f"{where}\t{span.lo}:{span.hi}:{self.holder}"
             live.setdefault(where, set()).add(span)
         self._ensure_heartbeat()
-        lines = "\n".join(f"{where}\t{span.member}" for where, span in spans.items())
+        lines = "\n".join(span.line for span in spans.values())
         keys = [self.holders(binding),
                 *(f"{self.prefix(binding)}running:{where}" for where in spans)]
         return others, functools.partial(self._write_ranges, binding, keys, lines)
@@ -413,14 +414,13 @@ class RunOnce:
                         offsets = done[span.where] = []
                     offsets.append(offset)
                 else:
-                    name = f"{span.where}\t{span.member}"
-                    if (refs := pending.fresh_free.get(name)) is None:
-                        refs = pending.fresh_free[name] = []
+                    if (refs := pending.fresh_free.get(span.line)) is None:
+                        refs = pending.fresh_free[span.line] = []
                     refs.append(item["source_ref"])
             if not span.left:
                 self._ranges[binding][span.where].discard(span)
                 if pending is not None:
-                    pending.ended.append(f"{span.where}\t{span.member}")
+                    pending.ended.append(span.line)
         if pending is not None:
             for span in spans:
                 pending.blocks.update((span.where, b)
