@@ -167,5 +167,6 @@ def write_section(path: Path, section: str) -> None:
         text = text.rstrip("\n") + "\n\n" + section
     else:
         end = text.find("\n## ", start + len(heading))
-        text = text[:start] + section + ("" if end < 0 else text[end + 1:])
+        rest = "" if end < 0 else "\n" + text[end + 1:]  # a blank line before the next
+        text = text[:start] + section.rstrip("\n") + "\n" + rest
     path.write_text(text)

@@ -1,9 +1,10 @@
 """The bench's machine-speed figure: the best of its tries, in millions of loops a second
-(pure logic: a fake clock, no services)."""
+(pure logic: a fake clock, no services); and a section written into RESULTS.md."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,3 +23,14 @@ def test_python_speed_makes_at_least_one_try(monkeypatch: pytest.MonkeyPatch) ->
     ticks: Iterator[float] = iter([0.0, 2.0])
     monkeypatch.setattr(measure.time, "perf_counter", lambda: next(ticks))
     assert measure.python_speed(loops=1_000_000, tries=0) == pytest.approx(0.5)
+
+
+def test_a_section_written_in_place_keeps_a_blank_line_before_the_next(tmp_path: Path) -> None:
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Results\n\n## A\n\nold\n\n## B\n\nb\n")
+    measure.write_section(results, "## A\n\nnew\n```\nx=1\n```")
+    assert results.read_text() == "# Results\n\n## A\n\nnew\n```\nx=1\n```\n\n## B\n\nb\n"
+    measure.write_section(results, "## B\n\nnew b\n")
+    assert results.read_text().endswith("```\n\n## B\n\nnew b\n")
+    measure.write_section(results, "## C\n\nc")
+    assert results.read_text().endswith("## B\n\nnew b\n\n## C\n\nc")
