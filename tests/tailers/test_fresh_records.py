@@ -2,7 +2,7 @@
 the real Kafka and Redis, seen by a proxy in front of the scheduler: the records in the
 log when the tailer took its partition may have been sent before (claimed first); those
 written after are fresh; a call sent again says so, and none of its records is then
-treated as fresh."""
+treated as fresh; a retry back from a delay topic is never fresh."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import grpc
 from click.testing import CliRunner
 
 from asynctier.cli import main
+from asynctier.delay_streams.topics import ensure_binding_topics
 from asynctier.platform.binding import Binding
-from asynctier.platform.binding_features import Source
+from asynctier.platform.binding_features import Retries, Source
 from asynctier.platform.config import Settings
 from asynctier.platform.registry import BindingRegistry
 from asynctier.platform.rpc import RESENT_KEY, SchedulerClient
@@ -28,6 +29,7 @@ from tests.faults.harness import produce
 from tests.helpers import wait_until
 from tests.platform_harness import committed_vs_end
 from tests.tailers.test_bad_replies import Proxy
+from tests.tailers.test_delay_tailer import LADDER, DelayProcess, fail_first_attempts
 
 RECORDS = 4
 
@@ -167,3 +169,24 @@ def test_bind_makes_a_binding_fresh_from_its_start_and_keeps_an_older_ones_value
         assert result.exit_code == 0, result.output
     bound = registry.load()
     assert (bound["old"].fresh_from_start, bound["new"].fresh_from_start) == (False, True)
+
+
+def test_a_retry_back_from_a_delay_topic_is_never_fresh(settings: Settings) -> None:
+    """R5 of the design: a record read from a delay topic ran before (its attempt failed),
+    and another copy of it may run: the delay tailers send it to be claimed, never fresh,
+    even for a binding whose main tailer sends its backlog fresh."""
+    binding = Binding("retried", Source("kafka", f"{settings.prefix}.src"),
+                      "tests.funcs.basic:record", retries=Retries(5, LADDER),
+                      fresh_from_start=True)
+    BindingRegistry(settings).put(binding)
+    ensure_binding_topics(settings, [binding])
+    proxy = Recorder()
+    delay = DelayProcess(settings, proxy.address).start()
+    try:
+        fail_first_attempts(settings, binding, [{"id": i} for i in range(RECORDS)])
+        wait_until(lambda: len(proxy.seen) >= RECORDS, 60,
+                   "the retries back from the delay topic")
+    finally:
+        delay.close()
+        proxy.close()
+    assert sorted(proxy.seen) == [(n, False, False) for n in range(RECORDS)]

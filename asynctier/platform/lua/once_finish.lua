@@ -17,11 +17,11 @@
 --          are marked: one per line, <topic/partition>\t<member> (once_range.lua)
 -- ARGV[7]  more successes, as runs of Kafka offsets (fresh records, which have no claim
 --          and always a bit): one per line, <topic/partition>\t<lo>\t<hi> ('' for none)
--- ARGV[8]  more failures (fresh records), by running range: one line per range,
---          <topic/partition>\t<member>\t<count> ('' for none)
--- ARGV[9]  their references joined by newlines, range after range
+-- ARGV[8]  more failures (fresh records, which have no claim), as Kafka offsets by
+--          partition: one line per partition, <topic/partition>\t<offset>,<offset>...
+--          ('' for none)
 -- Returns  one code per other record, as one string: 1 done by another copy, 0 otherwise;
---          those of ARGV[4] first, then those of ARGV[9];
+--          those of ARGV[4] first, then those of ARGV[8] in their order;
 --          or S<span> when Redis' span is not among the ones given (nothing written).
 local span = tonumber(ARGV[1])
 local prefix = ARGV[2]
@@ -49,24 +49,35 @@ for i = 1, n do
   end
   codes[i] = (v == 'd') and '1' or '0'
 end
--- A fresh failure whose range is still in Redis was run by no other copy (a copy waits
--- while the range's holder lives, and takes a dead holder's range over by removing it):
--- it is nobody else's success, and costs no lookup. Only a range gone is looked into.
-local fresh_refs
-local at = 0
+-- A fresh failure has no claim: it is done elsewhere only when a kept span has its bit (a
+-- copy taken over, or run unguarded while Redis was away, succeeded). Its offset is read
+-- as a number and its bit looked up in the bitmaps of its block, each read once.
 for _, line in ipairs(split(ARGV[8] or '')) do
-  local tp, member, count = string.match(line, '^([^\t]*)\t(.*)\t(%d+)$')
-  count = tonumber(count)
-  if redis.call('ZSCORE', key(prefix .. 'running:' .. tp), member) then
-    codes[#codes + 1] = string.rep('0', count)
-  else
-    fresh_refs = fresh_refs or split(ARGV[9])
-    local refs = {}
-    for i = 1, count do refs[i] = fresh_refs[at + i] end
-    local done_here = done_bits(prefix, cur, refs)
-    for i = 1, count do codes[#codes + 1] = done_here[i] and '1' or '0' end
+  local tp, list = match(line, '^([^\t]*)\t(.*)$')
+  local maps_of = {}
+  for off in string.gmatch(list, '%d+') do
+    off = tonumber(off)
+    local block = floor(off / BLOCK)
+    local maps = maps_of[block]
+    if not maps then
+      maps = {}
+      for s = cur, cur - (SPANS_KEPT - 1), -1 do
+        maps[#maps + 1] = redis.call('GET', key(prefix .. s .. ':' .. tp .. ':' .. block)) or ''
+      end
+      maps_of[block] = maps
+    end
+    local b = off - block * BLOCK
+    local at, mask = floor(b / 8) + 1, rshift(128, b % 8)
+    local code = '0'
+    for _, bits in ipairs(maps) do
+      local got = byte(bits, at)
+      if got and band(got, mask) ~= 0 then
+        code = '1'
+        break
+      end
+    end
+    codes[#codes + 1] = code
   end
-  at = at + count
 end
 local ttl = span * (SPANS_KEPT + 1)
 local placed, others = set_done(prefix, cur, split(ARGV[3]), ttl)

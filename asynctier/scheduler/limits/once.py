@@ -191,13 +191,14 @@ class RunningRange:
 @dataclasses.dataclass
 class Pending:
     """A binding's write-down to come: the refs done and free, the offsets of fresh
-    successes by partition and the refs of fresh failures by range, the running ranges to
+    successes by partition and fresh failures by partition, the running ranges to
     remove, and the bitmap blocks its keys need (known, or to work out from refs)."""
 
     done: list[str] = dataclasses.field(default_factory=list)
     fresh_done: dict[str, list[int]] = dataclasses.field(default_factory=dict)
-    #: fresh failures by running range (``<where>\t<member>``): their refs
-    fresh_free: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    #: fresh failures by partition: their offsets, and their refs in the same order
+    fresh_free: dict[str, tuple[list[int], list[str]]] = dataclasses.field(
+        default_factory=dict)
     free: list[str] = dataclasses.field(default_factory=list)
     ended: list[str] = dataclasses.field(default_factory=list)
     blocks: set[tuple[str, int]] = dataclasses.field(default_factory=set)
@@ -414,9 +415,10 @@ class RunOnce:
                         offsets = done[span.where] = []
                     offsets.append(offset)
                 else:
-                    if (refs := pending.fresh_free.get(span.line)) is None:
-                        refs = pending.fresh_free[span.line] = []
-                    refs.append(item["source_ref"])
+                    if (failed := pending.fresh_free.get(span.where)) is None:
+                        failed = pending.fresh_free[span.where] = ([], [])
+                    failed[0].append(offset)
+                    failed[1].append(item["source_ref"])
             if not span.left:
                 self._ranges[binding][span.where].discard(span)
                 if pending is not None:
@@ -544,12 +546,12 @@ class RunOnce:
             try:
                 done_text = join_refs(done) if done else ""
                 free_text = join_refs(free) if free else ""
-                fresh_free = [ref for refs in each.fresh_free.values() for ref in refs]
+                fresh_free = [ref for _, refs in each.fresh_free.values() for ref in refs]
                 args: list[str | int] = [
                     self._span_ms, self.prefix(binding), done_text, free_text, self.holder,
                     "\n".join(each.ended), runs_of(each.fresh_done),
-                    "\n".join(f"{name}\t{len(refs)}" for name, refs in each.fresh_free.items()),
-                    join_refs(fresh_free) if fresh_free else ""]
+                    "\n".join(f"{where}\t{','.join(map(str, offsets))}"
+                              for where, (offsets, _) in each.fresh_free.items())]
                 blocks = each.blocks
                 if each.unknown:
                     blocks |= blocks_of(join_refs(each.unknown))
