@@ -165,8 +165,8 @@ def test_the_scripts_do_what_the_model_says(redis_client: redis.Redis, prefix: s
 
     def finish(holder: str, done: list[str], free: list[str], ended: list[str],
                own: set[str]) -> str:
-        # its own fresh records go as RunOnce sends them: successes as runs of offsets,
-        # failures as offsets by partition; free must list those failures last, by partition
+        # its own fresh records go as RunOnce sends them: successes and failures as runs of
+        # offsets; free must list those failures last, by partition and offset
         runs: dict[str, list[int]] = {}
         for ref in done:
             if ref in own:
@@ -183,8 +183,7 @@ def test_the_scripts_do_what_the_model_says(redis_client: redis.Redis, prefix: s
         got = finish_script(
             keys=once.run_once_keys(holders, keys, span, *texts, *own),
             args=[SPAN_MS, keys, *texts, holder, "\n".join(ended), once.runs_of(runs),
-                  "\n".join(f"{tp}\t{','.join(map(str, offs))}"
-                            for tp, offs in failed.items())])
+                  once.runs_of(failed)])
         return str(got.decode())
 
     def fresh(holder: str, ranges: dict[str, str]) -> None:
@@ -214,7 +213,9 @@ def test_the_scripts_do_what_the_model_says(redis_client: redis.Redis, prefix: s
             own = set().union(*model.left[holder].values())  # before the model ends them
             parts = list(dict.fromkeys(kafka(r)[0] for r in free if r in own))  # type: ignore[index]
             free = [r for r in free if r not in own] + [
-                r for tp in parts for r in free if r in own and kafka(r)[0] == tp]  # type: ignore[index]
+                r for tp in parts for r in sorted(
+                    (r for r in free if r in own and kafka(r)[0] == tp),
+                    key=lambda r: kafka(r)[1])]  # type: ignore[index]
             codes, ended = model.finish(holder, done, free)
             assert finish(holder, done, free, ended, own) == codes, (kind, holder, done, free)
     # every reference, looked at by a third scheduler, is where the model has it

@@ -17,11 +17,10 @@
 --          are marked: one per line, <topic/partition>\t<member> (once_range.lua)
 -- ARGV[7]  more successes, as runs of Kafka offsets (fresh records, which have no claim
 --          and always a bit): one per line, <topic/partition>\t<lo>\t<hi> ('' for none)
--- ARGV[8]  more failures (fresh records, which have no claim), as Kafka offsets by
---          partition: one line per partition, <topic/partition>\t<offset>,<offset>...
---          ('' for none)
+-- ARGV[8]  more failures (fresh records, which have no claim), as runs of Kafka offsets
+--          as in ARGV[7] ('' for none)
 -- Returns  one code per other record, as one string: 1 done by another copy, 0 otherwise;
---          those of ARGV[4] first, then those of ARGV[8] in their order;
+--          those of ARGV[4] first, then those of ARGV[8], offset after offset;
 --          or S<span> when Redis' span is not among the ones given (nothing written).
 local span = tonumber(ARGV[1])
 local prefix = ARGV[2]
@@ -50,33 +49,42 @@ for i = 1, n do
   codes[i] = (v == 'd') and '1' or '0'
 end
 -- A fresh failure has no claim: it is done elsewhere only when a kept span has its bit (a
--- copy taken over, or run unguarded while Redis was away, succeeded). Its offset is read
--- as a number and its bit looked up in the bitmaps of its block, each read once.
+-- copy taken over, or run unguarded while Redis was away, succeeded). Failures come as
+-- runs of offsets; each block's bitmaps are read once, and a block without any answers
+-- its whole run 0 at once.
+local maps_of = {}
 for _, line in ipairs(split(ARGV[8] or '')) do
-  local tp, list = match(line, '^([^\t]*)\t(.*)$')
-  local maps_of = {}
-  for off in string.gmatch(list, '%d+') do
-    off = tonumber(off)
-    local block = floor(off / BLOCK)
-    local maps = maps_of[block]
+  local tp, lo, hi = match(line, '^([^\t]*)\t(%d+)\t(%d+)$')
+  lo, hi = tonumber(lo), tonumber(hi)
+  for block = floor(lo / BLOCK), floor(hi / BLOCK) do
+    local base = block * BLOCK
+    local name = tp .. ':' .. block
+    local maps = maps_of[name]
     if not maps then
       maps = {}
       for s = cur, cur - (SPANS_KEPT - 1), -1 do
-        maps[#maps + 1] = redis.call('GET', key(prefix .. s .. ':' .. tp .. ':' .. block)) or ''
+        local bits = redis.call('GET', key(prefix .. s .. ':' .. name))
+        if bits then maps[#maps + 1] = bits end
       end
-      maps_of[block] = maps
+      maps_of[name] = maps
     end
-    local b = off - block * BLOCK
-    local at, mask = floor(b / 8) + 1, rshift(128, b % 8)
-    local code = '0'
-    for _, bits in ipairs(maps) do
-      local got = byte(bits, at)
-      if got and band(got, mask) ~= 0 then
-        code = '1'
-        break
+    local a, z = math.max(lo, base) - base, math.min(hi, base + BLOCK - 1) - base
+    if #maps == 0 then
+      codes[#codes + 1] = string.rep('0', z - a + 1)
+    else
+      for b = a, z do
+        local at, mask = floor(b / 8) + 1, rshift(128, b % 8)
+        local code = '0'
+        for _, bits in ipairs(maps) do
+          local got = byte(bits, at)
+          if got and band(got, mask) ~= 0 then
+            code = '1'
+            break
+          end
+        end
+        codes[#codes + 1] = code
       end
     end
-    codes[#codes + 1] = code
   end
 end
 local ttl = span * (SPANS_KEPT + 1)

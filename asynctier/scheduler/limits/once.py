@@ -155,6 +155,18 @@ def runs_of(offsets: dict[str, list[int]]) -> str:
     return "\n".join(lines)
 
 
+def failure_runs(failed: dict[str, tuple[list[int], list[str]]]) -> tuple[str, list[str]]:
+    """Fresh failures (per partition, their offsets and refs) as once_finish.lua's runs
+    (:func:`runs_of`), and their refs in the order of the codes it answers."""
+    offsets: dict[str, list[int]] = {}
+    refs: list[str] = []
+    for where, (each, names) in failed.items():
+        pairs = sorted(zip(each, names, strict=True))
+        offsets[where] = [offset for offset, _ in pairs]
+        refs += [ref for _, ref in pairs]
+    return runs_of(offsets), refs
+
+
 def run_once_keys(holders: str, prefix: str, span: int, *joined: str) -> list[str]:
     """The KEYS of a claim or finish of the references ``joined`` (as in its ARGV) when
     this scheduler's span is ``span`` (see :func:`keys_of`)."""
@@ -546,12 +558,10 @@ class RunOnce:
             try:
                 done_text = join_refs(done) if done else ""
                 free_text = join_refs(free) if free else ""
-                fresh_free = [ref for _, refs in each.fresh_free.values() for ref in refs]
+                failed, fresh_free = failure_runs(each.fresh_free)
                 args: list[str | int] = [
                     self._span_ms, self.prefix(binding), done_text, free_text, self.holder,
-                    "\n".join(each.ended), runs_of(each.fresh_done),
-                    "\n".join(f"{where}\t{','.join(map(str, offsets))}"
-                              for where, (offsets, _) in each.fresh_free.items())]
+                    "\n".join(each.ended), runs_of(each.fresh_done), failed]
                 blocks = each.blocks
                 if each.unknown:
                     blocks |= blocks_of(join_refs(each.unknown))
