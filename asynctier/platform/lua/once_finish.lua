@@ -49,47 +49,12 @@ for i = 1, n do
   codes[i] = (v == 'd') and '1' or '0'
 end
 -- A fresh failure has no claim: it is done elsewhere only when a kept span has its bit (a
--- copy taken over, or run unguarded while Redis was away, succeeded). Failures come as
--- runs of offsets; each block's bitmaps are read once, and a block without any answers
--- its whole run 0 at once.
-local maps_of = {}
-for _, line in ipairs(split(ARGV[8] or '')) do
-  local tp, lo, hi = match(line, '^([^\t]*)\t(%d+)\t(%d+)$')
-  lo, hi = tonumber(lo), tonumber(hi)
-  for block = floor(lo / BLOCK), floor(hi / BLOCK) do
-    local base = block * BLOCK
-    local name = tp .. ':' .. block
-    local maps = maps_of[name]
-    if not maps then
-      maps = {}
-      for s = cur, cur - (SPANS_KEPT - 1), -1 do
-        local bits = redis.call('GET', key(prefix .. s .. ':' .. name))
-        if bits then maps[#maps + 1] = bits end
-      end
-      maps_of[name] = maps
-    end
-    local a, z = math.max(lo, base) - base, math.min(hi, base + BLOCK - 1) - base
-    if #maps == 0 then
-      codes[#codes + 1] = string.rep('0', z - a + 1)
-    else
-      for b = a, z do
-        local at, mask = floor(b / 8) + 1, rshift(128, b % 8)
-        local code = '0'
-        for _, bits in ipairs(maps) do
-          local got = byte(bits, at)
-          if got and band(got, mask) ~= 0 then
-            code = '1'
-            break
-          end
-        end
-        codes[#codes + 1] = code
-      end
-    end
-  end
-end
+-- copy taken over, or run unguarded while Redis was away, succeeded).
+done_runs(prefix, cur, parse_runs(ARGV[8] or ''), codes)
 local ttl = span * (SPANS_KEPT + 1)
 local placed, others = set_done(prefix, cur, split(ARGV[3]), ttl)
-local runs = set_runs(prefix, cur, ARGV[7] or '', ttl)
+local runs = parse_runs(ARGV[7] or '')
+set_runs(prefix, cur, runs, ttl)
 -- A freed record is forgotten (no field: free to CLAIM), in every span kept: a failure
 -- leaves nothing behind in Redis, however many attempts a record takes. So is the claim of
 -- a success held by its bit.

@@ -268,23 +268,35 @@ local function set_done(prefix, cur, refs, ttl)
   return placed, others
 end
 
--- Set the bits of runs of offsets in the current span: ``runs`` one per line,
--- <topic/partition>\t<lo>\t<hi> (hi included), each run cut at its blocks' edges and
--- written a byte at a time (eight records a byte, none parsed one by one). Returns each
--- run as {tp, lo, hi} for the caller's further use.
+-- Runs of Kafka offsets (fresh records: once.py's runs_of), one per line,
+-- <topic/partition>\t<lo>\t<hi> (hi included): parse_runs reads them as {tp, lo, hi};
+-- pieces cuts one at its bitmaps' edges, as {block, first bit, last bit} in the block.
+local function parse_runs(text)
+  local runs = {}
+  for _, line in ipairs(split(text)) do
+    local tp, lo, hi = match(line, '^([^\t]*)\t(%d+)\t(%d+)$')
+    runs[#runs + 1] = {tp, tonumber(lo), tonumber(hi)}
+  end
+  return runs
+end
+
+local function pieces(lo, hi)
+  local out = {}
+  for block = floor(lo / BLOCK), floor(hi / BLOCK) do
+    local base = block * BLOCK
+    out[#out + 1] = {block, math.max(lo, base) - base, math.min(hi, base + BLOCK - 1) - base}
+  end
+  return out
+end
+
+-- Set the bits of ``runs`` in the current span, a byte (eight records) at a time.
 local lshift = bit.lshift
 local function set_runs(prefix, cur, runs, ttl)
-  local got = {}
-  for _, line in ipairs(split(runs)) do
-    local tp, lo, hi = match(line, '^([^\t]*)\t(%d+)\t(%d+)$')
-    lo, hi = tonumber(lo), tonumber(hi)
-    got[#got + 1] = {tp, lo, hi}
-    for block = floor(lo / BLOCK), floor(hi / BLOCK) do
-      local base = block * BLOCK
-      local a = math.max(lo, base) - base
-      local z = math.min(hi, base + BLOCK - 1) - base
+  for _, run in ipairs(runs) do
+    for _, piece in ipairs(pieces(run[2], run[3])) do
+      local block, a, z = piece[1], piece[2], piece[3]
       local first, last = floor(a / 8), floor(z / 8)
-      local bitmap = key(prefix .. cur .. ':' .. tp .. ':' .. block)
+      local bitmap = key(prefix .. cur .. ':' .. run[1] .. ':' .. block)
       local old = redis.call('GETRANGE', bitmap, first, last)
       local out = {}
       for k = first, last do
@@ -297,5 +309,41 @@ local function set_runs(prefix, cur, runs, ttl)
       redis.call('PEXPIRE', bitmap, ttl)
     end
   end
-  return got
+end
+
+-- One code per offset of ``runs``, in order, appended to ``codes``: 1 when a kept span
+-- has its bit, 0 otherwise. Each block's bitmaps are read once; a block with none answers
+-- its whole piece 0 at once.
+local function done_runs(prefix, cur, runs, codes)
+  local maps_of = {}
+  for _, run in ipairs(runs) do
+    for _, piece in ipairs(pieces(run[2], run[3])) do
+      local name = run[1] .. ':' .. piece[1]
+      local maps = maps_of[name]
+      if not maps then
+        maps = {}
+        for s = cur, cur - (SPANS_KEPT - 1), -1 do
+          local bits = redis.call('GET', key(prefix .. s .. ':' .. name))
+          if bits then maps[#maps + 1] = bits end
+        end
+        maps_of[name] = maps
+      end
+      if #maps == 0 then
+        codes[#codes + 1] = string.rep('0', piece[3] - piece[2] + 1)
+      else
+        for b = piece[2], piece[3] do
+          local at, mask = floor(b / 8) + 1, rshift(128, b % 8)
+          local code = '0'
+          for _, bits in ipairs(maps) do
+            local got = byte(bits, at)
+            if got and band(got, mask) ~= 0 then
+              code = '1'
+              break
+            end
+          end
+          codes[#codes + 1] = code
+        end
+      end
+    end
+  end
 end

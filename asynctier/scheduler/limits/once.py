@@ -117,20 +117,25 @@ RANGE: Final = lua("once_lib", "once_range", **_CONSTANTS)
 Block = tuple[str, int] | None
 
 
+def kafka_offset(ref: str) -> tuple[str, int] | None:
+    """A Kafka reference's partition (``<topic>/<partition>``) and offset, or None: the
+    rule of ``kafka_offset`` in ``lua/once_lib.lua`` (``^(.*)/(%d+)$``, at most 15 ASCII
+    digits, no leading zero; a property test holds the two together). Only such a
+    reference has a done bit, and only such a record can be in a running range."""
+    where, slash, offset = ref.rpartition("/")
+    if (slash and offset.isdigit() and offset.isascii() and len(offset) <= 15
+            and (len(offset) == 1 or offset[0] != "0")):
+        return where, int(offset)
+    return None
+
+
 def each_block(joined: str) -> list[Block]:
     """The bitmap block of each reference in references joined as a script gets them
-    (:func:`~.quota.join_refs`): the rule of ``by_block`` in ``lua/once_lib.lua``
-    (``^(.*)/(%d+)$``, at most 15 ASCII digits, no leading zero; a property test holds the
-    two together)."""
+    (:func:`~.quota.join_refs`; see :func:`kafka_offset`)."""
     blocks: list[Block] = []
-    add = blocks.append
-    for ref in joined.split("\n"):  # inline, no call per reference: this is per record
-        where, slash, offset = ref.rpartition("/")
-        if (slash and offset.isdigit() and offset.isascii() and len(offset) <= 15
-                and (len(offset) == 1 or offset[0] != "0")):
-            add((where, int(offset) // BLOCK))
-        else:
-            add(None)
+    for ref in joined.split("\n"):
+        found = kafka_offset(ref)
+        blocks.append(None if found is None else (found[0], found[1] // BLOCK))
     return blocks
 
 
@@ -355,11 +360,9 @@ class RunOnce:
         spans: dict[str, RunningRange] = {}
         for item in items:
             ref = item["source_ref"]
-            where, slash, text = ref.rpartition("/")
-            if (slash and text.isdigit() and text.isascii() and len(text) <= 15
-                    and (len(text) == 1 or text[0] != "0")  # each_block's rule: a bit
-                    and not (running and ref in running)):
-                offset = int(text)
+            found = kafka_offset(ref)
+            if found is not None and not (running and ref in running):
+                where, offset = found
                 span = spans.get(where)
                 if span is None:
                     span = spans[where] = RunningRange(where, offset)
@@ -445,11 +448,11 @@ class RunOnce:
         """Whether ``ref`` is claimed here, or inside a running range of this scheduler."""
         if ref in self._running.get(binding, {}):
             return True
-        where, _, offset = ref.rpartition("/")
-        ranges = self._ranges.get(binding, {}).get(where, ())
-        if not ranges or not (offset.isdigit() and offset.isascii()):
+        found = kafka_offset(ref)
+        if found is None:
             return False
-        return any(r.lo <= int(offset) <= r.hi for r in ranges)
+        where, offset = found
+        return any(r.lo <= offset <= r.hi for r in self._ranges.get(binding, {}).get(where, ()))
 
     def _refused(self, binding: str, refused: str) -> None:
         """Say once each value CLAIM refused: a record's value that is neither ``d`` nor
