@@ -2,24 +2,29 @@
 processes (``console``: the operator console, configured by ``ASYNCTIER_CONSOLE_*``; see
 ``asynctier console``).
 
-With no component named, the four run as child processes of this one (the scheduler
-first, then the tailers, the delay tailers and the Submitter); SIGTERM or Ctrl-C stops the
-Submitter (it finishes the calls under way), the tailers (they finish and commit their
-in-flight batches), then the scheduler, and exits 0. A child that dies is reported (how it
+With no component named, they run as child processes of this one (the scheduler first,
+then a tailers process per priority tier, the delay tailers and the Submitter); SIGTERM or
+Ctrl-C stops the Submitter (it finishes the calls under way), the tailers (they finish and
+commit their in-flight batches), then the scheduler, and exits 0. A tier's tailers process
+(``run tailers --tier T``) runs the tailers of that tier's bindings only, at the tier's
+CPU niceness (:data:`~asynctier.platform.binding.NICENESS`), as its worker processes do: a
+flood of batch records, read and sent beside urgent ones in one process, took the urgent
+ones' share of its GIL and of the CPU. A child that dies is reported (how it
 ended) and the others are stopped: it exits 1, for its own supervisor to restart (see
 docs/operations.md, Running). Inside each child, a tailer or loop that fails is restarted
 by :mod:`asynctier.platform.supervise`.
 
 Metrics and health: each process serves its own ``/metrics``, ``/healthz`` and
 ``/readyz`` (:mod:`asynctier.platform.health`). With ``--metrics-port P`` the scheduler
-uses P, the tailers P+1, the delay tailers P+2 and the Submitter P+3; a single component
-uses P.
+uses P, the urgent tailers P+1, the delay tailers P+2, the Submitter P+3, the normal
+tailers P+4 and the batch tailers P+5 (:data:`CHILDREN`); a single component uses P.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -32,6 +37,7 @@ import click
 from asynctier.cli import settings_of
 from asynctier.cli.gcpolicy import quiet_gc
 from asynctier.platform import tracing
+from asynctier.platform.binding import NICENESS, PRIORITIES, Binding
 from asynctier.platform.config import Settings
 from asynctier.platform.health import Health, beat_forever, redis_check
 from asynctier.platform.health import serve as serve_health
@@ -45,6 +51,16 @@ from asynctier.tailers.options import TailerOptions
 log = logging.getLogger("asynctier.run")
 
 COMPONENTS = ("scheduler", "tailers", "delay", "submitter")
+#: The child processes of a bare ``asynctier run``, in the order they start: (name,
+#: component, tier, offset of its metrics port from ``--metrics-port``).
+CHILDREN: tuple[tuple[str, str, str | None, int], ...] = (
+    ("scheduler", "scheduler", None, 0),
+    ("tailers urgent", "tailers", "urgent", 1),
+    ("tailers normal", "tailers", "normal", 4),
+    ("tailers batch", "tailers", "batch", 5),
+    ("delay", "delay", None, 2),
+    ("submitter", "submitter", None, 3),
+)
 
 
 def scheduler_addresses(settings: Settings) -> Callable[[], Sequence[str]]:
@@ -63,8 +79,10 @@ def scheduler_client(settings: Settings) -> SchedulerClient:
 
 
 def run_tailers(settings: Settings, stop: threading.Event, options: TailerOptions,
-                export_lag: bool = False, health: Health | None = None) -> None:
-    """Run one tailer per binding until ``stop``; then finish, commit and return.
+                export_lag: bool = False, health: Health | None = None,
+                tier: str | None = None) -> None:
+    """Run one tailer per binding (of priority ``tier`` only, when given) until ``stop``;
+    then finish, commit and return.
 
     With ``export_lag`` the process also exports its bindings' consumer lag, and its queue
     bindings' depth. ``health`` gets the process's liveness and readiness checks."""
@@ -79,17 +97,25 @@ def run_tailers(settings: Settings, stop: threading.Event, options: TailerOption
     started = threading.Event()
     health.ready_check("bindings", lambda: None if started.is_set()
                        else "starting: reading the bindings registry")
-    board = StatusBoard(settings, "tailers")
+    board = StatusBoard(settings, "tailers" if tier is None else f"tailers {tier}")
     client = scheduler_client(settings)
-    manager = TailerManager(settings, client, options, hook=FaultHook.from_env().reached)
+    only = None if tier is None else _of_tier(tier)
+    manager = TailerManager(settings, client, options, only=only,
+                            hook=FaultHook.from_env().reached)
     manager.start()
     started.set()
     board.start()
-    log.info("tailers running for %d binding(s): %s", len(manager.bindings),
+    log.info("tailers%s running for %d binding(s): %s", "" if tier is None else f" ({tier})",
+             len(manager.bindings),
              ", ".join(manager.bindings) or "none yet (waiting for `asynctier bind`)")
     schedules = _start_schedules(settings, stop)
-    lag = LagCollector(settings, lambda: manager.follower.bindings, interval_s=5.0)
-    depth = QueueDepthCollector(settings, lambda: manager.follower.bindings, interval_s=5.0)
+
+    def mine() -> dict[str, Binding]:
+        bindings = manager.follower.bindings
+        return bindings if only is None else {k: b for k, b in bindings.items() if only(b)}
+
+    lag = LagCollector(settings, mine, interval_s=5.0)
+    depth = QueueDepthCollector(settings, mine, interval_s=5.0)
     if export_lag:
         lag.start()
         depth.start()
@@ -101,6 +127,11 @@ def run_tailers(settings: Settings, stop: threading.Event, options: TailerOption
     if export_lag:
         lag.stop()
         depth.stop()
+
+
+def _of_tier(tier: str) -> Callable[[Binding], bool]:
+    """Whether a binding is of priority ``tier``."""
+    return lambda binding: binding.priority == tier
 
 
 #: How long a stopping process waits for its schedule loop's round under way.
@@ -150,7 +181,8 @@ def _on_serving(health: Health, settings: Settings) -> Callable[[str], None]:
 def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen: str | None,
              metrics_port: int | None, options: TailerOptions,
              submitter_listen: str | None = None,
-             submitter_options: SubmitterOptions | None = None) -> None:
+             submitter_options: SubmitterOptions | None = None,
+             tier: str | None = None) -> None:
     stop = threading.Event()
     stop_on_signals(stop)
     health = Health()
@@ -187,7 +219,7 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
             board.stop()
     elif component == "tailers":
         run_tailers(settings, stop, options, export_lag=metrics_port is not None,
-                    health=health)
+                    health=health, tier=tier)
     else:
         run_delay(settings, stop, export_lag=metrics_port is not None, health=health)
 
@@ -221,10 +253,12 @@ def run_delay(settings: Settings, stop: threading.Event, export_lag: bool = Fals
 
 def _child_args(component: str, allow: tuple[str, ...], listen: str | None,
                 port: int | None, options: TailerOptions,
-                submitter_listen: str | None = None) -> list[str]:
+                submitter_listen: str | None = None, tier: str | None = None) -> list[str]:
     args = [sys.executable, "-m", "asynctier", "run", component,
             "--batch-size", str(options.batch_size),
             "--max-in-flight", str(options.max_in_flight)]
+    if tier is not None:
+        args += ["--tier", tier]
     for module in allow:
         args += ["--allow-module", module]
     if listen and component == "scheduler":
@@ -241,13 +275,12 @@ def _run_all(allow: tuple[str, ...], listen: str | None, metrics_port: int | Non
     stop = threading.Event()
     stop_on_signals(stop)
     children: dict[str, subprocess.Popen[bytes]] = {}
-    for offset, component in enumerate(COMPONENTS):
+    for name, component, tier, offset in CHILDREN:
         port = None if metrics_port is None else (metrics_port + offset if metrics_port else 0)
-        children[component] = subprocess.Popen(
-            _child_args(component, allow, listen, port, options, submitter_listen))
-    log.info("asynctier running: scheduler (pid %d), tailers (pid %d), delay (pid %d), "
-             "submitter (pid %d)",
-             *(c.pid for c in children.values()))
+        children[name] = subprocess.Popen(
+            _child_args(component, allow, listen, port, options, submitter_listen, tier))
+    log.info("asynctier running: %s",
+             ", ".join(f"{name} (pid {child.pid})" for name, child in children.items()))
     code = 0
     while not stop.is_set():
         for component, child in children.items():
@@ -260,12 +293,20 @@ def _run_all(allow: tuple[str, ...], listen: str | None, metrics_port: int | Non
                 code = 1
                 stop.set()
         stop.wait(0.5)
-    for component in ("submitter", "tailers", "delay", "scheduler"):
-        child = children[component]
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-            _wait(child, 60.0, component)
+    for stage in STOP_ORDER:
+        running = [name for name in stage if children[name].poll() is None]
+        for name in running:
+            children[name].send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60.0
+        for name in running:
+            _wait(children[name], max(0.0, deadline - time.monotonic()), name)
     sys.exit(code)
+
+
+#: Who is stopped first: the Submitter, the tailers (together), the delay tailers, then
+#: the scheduler they hand their last outcomes to; each stage waits for the one before.
+STOP_ORDER = (("submitter",), ("tailers urgent", "tailers normal", "tailers batch"),
+              ("delay",), ("scheduler",))
 
 
 def _how_it_ended(code: int) -> str:
@@ -321,12 +362,23 @@ DEFAULTS = TailerOptions()
                    "written down (lower latency under load), and a killed tailer's "
                    "uncommitted window grows by one batch each (what a binding bound "
                    "--idempotent may run twice).")
+@click.option("--tier", type=click.Choice(PRIORITIES),
+              help="tailers: run only the tailers of bindings of this priority, at its CPU "
+                   "niceness (" + ", ".join(f"{t} {n}" for t, n in NICENESS.items()) + "); "
+                   "a bare `asynctier run` starts one tailers process per tier [default: "
+                   "every binding, the niceness it was started at].")
 @click.pass_context
 def run(ctx: click.Context, component: str | None, allow: tuple[str, ...], listen: str | None,
         metrics_port: int | None, batch_size: int, max_in_flight: int,
-        submitter_listen: str | None, max_backlog: int, max_pending: int) -> None:
-    """Run the scheduler, the tailers, the delay tailers and the Submitter (all four when
-    none is named)."""
+        submitter_listen: str | None, max_backlog: int, max_pending: int,
+        tier: str | None) -> None:
+    """Run the scheduler, the tailers (one process per priority tier), the delay tailers
+    and the Submitter (all of them when none is named)."""
+    if tier is not None and component != "tailers":
+        raise click.UsageError("--tier is for `asynctier run tailers` (a bare `asynctier "
+                               "run` already starts one tailers process per tier)")
+    if tier is not None:
+        os.nice(NICENESS[tier])  # first, so that every thread of the process inherits it
     settings = settings_of(ctx)
     if component == "console":  # not part of a bare `run`: it has its own login to set
         from asynctier.cli.console import options_from_env
@@ -343,7 +395,8 @@ def run(ctx: click.Context, component: str | None, allow: tuple[str, ...], liste
         with tracing.running(settings.tracing, component):  # [tracing]: spans of this process
             _run_one(settings, component, allow, listen, metrics_port, options,
                      submitter_listen,
-                     SubmitterOptions(max_backlog=max_backlog, max_pending=max_pending))
+                     SubmitterOptions(max_backlog=max_backlog, max_pending=max_pending),
+                     tier)
 
 
 COMMANDS = [run]

@@ -28,6 +28,10 @@ from asynctier.platform.schemas import decode_stored, encode_stored, load_schema
 
 Priority = Literal["urgent", "normal", "batch"]
 PRIORITIES: tuple[Priority, ...] = ("urgent", "normal", "batch")
+#: The CPU niceness of a tier's work, above the platform's own: its worker processes and
+#: its tailers process under ``asynctier run``. The kernel weighs nice 0, 3 and 9 as 1024,
+#: 526 and 137, about the 8:4:1 the tiers share the workers in.
+NICENESS: dict[str, int] = {"urgent": 0, "normal": 3, "batch": 9}
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 

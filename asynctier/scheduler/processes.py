@@ -7,7 +7,8 @@ first use and kept for the next items). Past the binding's timeout the worker is
 fresh worker. A worker that dies on its own (``os._exit``, a crash, the OOM killer) costs
 its item one attempt and nothing else: the scheduler goes on.
 
-A worker runs at the niceness of its binding's tier (:data:`NICENESS`): the kernel shares
+A worker runs at the niceness of its binding's tier
+(:data:`~asynctier.platform.binding.NICENESS`): the kernel shares
 the CPU between runnable processes by their niceness' weights, so CPU-bound work of a
 lower tier yields the cores to the scheduler's own loop and to urgent work, in about the
 tiers' 8:4:1. Workers are kept per niceness (one cannot lower its own).
@@ -27,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from asynctier.platform import metrics, tracing
+from asynctier.platform.binding import NICENESS
 from asynctier.platform.context import encode_checkpoint
 from asynctier.platform.errors import CheckpointError
 from asynctier.platform.wire import Item, Outcome, retry
@@ -43,9 +45,6 @@ MAX_ANSWER_BYTES = 1 << 20
 #: How long a worker may take to start an item's function (a new worker imports Python,
 #: asynctier and the function's module first); the binding's timeout runs from then.
 START_TIMEOUT_S = 60.0
-#: A worker's niceness by its binding's tier: the kernel weighs nice 0, 3 and 9 as 1024,
-#: 526 and 137, about the 8:4:1 the tiers share the workers in.
-NICENESS = {"urgent": 0, "normal": 3, "batch": 9}
 
 
 class WorkerDied(Exception):

@@ -11,10 +11,9 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY
 
-from asynctier.platform.binding import Binding
+from asynctier.platform.binding import NICENESS, Binding
 from asynctier.platform.binding_features import Source
 from asynctier.scheduler import SchedulerOptions
-from asynctier.scheduler.processes import NICENESS
 from tests.scheduler_harness import item, local_scheduler
 
 FUNCTION = "tests.funcs.basic:spin"
