@@ -2,14 +2,16 @@
 processes (``console``: the operator console, configured by ``ASYNCTIER_CONSOLE_*``; see
 ``asynctier console``).
 
-With no component named, they run as child processes of this one (the scheduler first,
-then a tailers process per priority tier, the delay tailers and the Submitter); SIGTERM or
-Ctrl-C stops the Submitter (it finishes the calls under way), the tailers (they finish and
-commit their in-flight batches), then the scheduler, and exits 0. A tier's tailers process
-(``run tailers --tier T``) runs the tailers of that tier's bindings only, at the tier's
-CPU niceness (:data:`~asynctier.platform.binding.NICENESS`), as its worker processes do: a
-flood of batch records, read and sent beside urgent ones in one process, took the urgent
-ones' share of its GIL and of the CPU. A child that dies is reported (how it
+With no component named, they run as child processes of this one (:data:`CHILDREN`: the
+scheduler and one kept for the urgent tier, a tailers process per priority tier, the delay
+tailers and the Submitter); SIGTERM or Ctrl-C stops the Submitter (it finishes the calls
+under way), the tailers (they finish and commit their in-flight batches), then the
+schedulers, and exits 0. A tier's tailers process (``run tailers --tier T``) runs the
+tailers of that tier's bindings only, at the tier's CPU niceness
+(:data:`~asynctier.platform.binding.NICENESS`), as its worker processes do, and sends to
+the schedulers kept for its tier first (``run scheduler --tier T``): a flood of batch
+records, read, sent and run beside urgent ones in one process, took the urgent ones' share
+of its GIL, its event loop and the CPU. A child that dies is reported (how it
 ended) and the others are stopped: it exits 1, for its own supervisor to restart (see
 docs/operations.md, Running). Inside each child, a tailer or loop that fails is restarted
 by :mod:`asynctier.platform.supervise`.
@@ -17,7 +19,8 @@ by :mod:`asynctier.platform.supervise`.
 Metrics and health: each process serves its own ``/metrics``, ``/healthz`` and
 ``/readyz`` (:mod:`asynctier.platform.health`). With ``--metrics-port P`` the scheduler
 uses P, the urgent tailers P+1, the delay tailers P+2, the Submitter P+3, the normal
-tailers P+4 and the batch tailers P+5 (:data:`CHILDREN`); a single component uses P.
+tailers P+4, the batch tailers P+5 and the urgent scheduler P+6 (:data:`CHILDREN`); a
+single component uses P.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import click
 
@@ -52,9 +56,12 @@ log = logging.getLogger("asynctier.run")
 
 COMPONENTS = ("scheduler", "tailers", "delay", "submitter")
 #: The child processes of a bare ``asynctier run``, in the order they start: (name,
-#: component, tier, offset of its metrics port from ``--metrics-port``).
+#: component, tier, offset of its metrics port from ``--metrics-port``). The urgent
+#: tier has a scheduler kept for it (on a free port of the scheduler's host), so that its
+#: calls do not wait behind the other tiers' on one event loop and GIL.
 CHILDREN: tuple[tuple[str, str, str | None, int], ...] = (
     ("scheduler", "scheduler", None, 0),
+    ("scheduler urgent", "scheduler", "urgent", 6),
     ("tailers urgent", "tailers", "urgent", 1),
     ("tailers normal", "tailers", "normal", 4),
     ("tailers batch", "tailers", "batch", 5),
@@ -70,12 +77,12 @@ def scheduler_addresses(settings: Settings) -> Callable[[], Sequence[str]]:
     return SchedulerDirectory(settings).addresses
 
 
-def scheduler_client(settings: Settings) -> SchedulerClient:
-    """A client on the live schedulers that keeps calls in this process's region while it
-    can (:mod:`asynctier.platform.placement`)."""
+def scheduler_client(settings: Settings, tier: str | None = None) -> SchedulerClient:
+    """A client on the live schedulers (those kept for ``tier`` first) that keeps calls in
+    this process's region while it can (:mod:`asynctier.platform.placement`)."""
     from asynctier.platform.membership import default_client
 
-    return default_client(settings)
+    return default_client(settings, tier=tier)
 
 
 def run_tailers(settings: Settings, stop: threading.Event, options: TailerOptions,
@@ -98,7 +105,7 @@ def run_tailers(settings: Settings, stop: threading.Event, options: TailerOption
     health.ready_check("bindings", lambda: None if started.is_set()
                        else "starting: reading the bindings registry")
     board = StatusBoard(settings, "tailers" if tier is None else f"tailers {tier}")
-    client = scheduler_client(settings)
+    client = scheduler_client(settings, tier)
     only = None if tier is None else _of_tier(tier)
     manager = TailerManager(settings, client, options, only=only,
                             hook=FaultHook.from_env().reached)
@@ -196,12 +203,13 @@ def _run_one(settings: Settings, component: str, allow: tuple[str, ...], listen:
         from asynctier.scheduler.options import options_from_settings
 
         quiet_gc()
+        scheduler_options = replace(options_from_settings(settings), tier=tier)
         admission = RedisAdmission(settings,
                                    AdmissionConfig(done_ttl_s=settings.run_once_window_s))
         run_scheduler(settings, listen=listen or settings.scheduler_listen,
                       allow_modules=allow or settings.allow_modules, stop=stop,
                       admission=admission, guard=admission.guard,
-                      options=options_from_settings(settings),
+                      options=scheduler_options,
                       breakers=Breakers.from_settings(settings),
                       tenants=TenantStore.from_settings(settings),
                       ready_callback=_on_serving(health, settings))
@@ -271,14 +279,16 @@ def _child_args(component: str, allow: tuple[str, ...], listen: str | None,
 
 
 def _run_all(allow: tuple[str, ...], listen: str | None, metrics_port: int | None,
-             options: TailerOptions, submitter_listen: str | None = None) -> None:
+             options: TailerOptions, submitter_listen: str | None = None,
+             scheduler_host: str = "127.0.0.1") -> None:
     stop = threading.Event()
     stop_on_signals(stop)
     children: dict[str, subprocess.Popen[bytes]] = {}
     for name, component, tier, offset in CHILDREN:
         port = None if metrics_port is None else (metrics_port + offset if metrics_port else 0)
+        where = f"{scheduler_host}:0" if component == "scheduler" and tier else listen
         children[name] = subprocess.Popen(
-            _child_args(component, allow, listen, port, options, submitter_listen, tier))
+            _child_args(component, allow, where, port, options, submitter_listen, tier))
     log.info("asynctier running: %s",
              ", ".join(f"{name} (pid {child.pid})" for name, child in children.items()))
     code = 0
@@ -306,7 +316,7 @@ def _run_all(allow: tuple[str, ...], listen: str | None, metrics_port: int | Non
 #: Who is stopped first: the Submitter, the tailers (together), the delay tailers, then
 #: the scheduler they hand their last outcomes to; each stage waits for the one before.
 STOP_ORDER = (("submitter",), ("tailers urgent", "tailers normal", "tailers batch"),
-              ("delay",), ("scheduler",))
+              ("delay",), ("scheduler", "scheduler urgent"))
 
 
 def _how_it_ended(code: int) -> str:
@@ -363,10 +373,12 @@ DEFAULTS = TailerOptions()
                    "uncommitted window grows by one batch each (what a binding bound "
                    "--idempotent may run twice).")
 @click.option("--tier", type=click.Choice(PRIORITIES),
-              help="tailers: run only the tailers of bindings of this priority, at its CPU "
-                   "niceness (" + ", ".join(f"{t} {n}" for t, n in NICENESS.items()) + "); "
-                   "a bare `asynctier run` starts one tailers process per tier [default: "
-                   "every binding, the niceness it was started at].")
+              help="tailers: run only the tailers of bindings of this priority, and send "
+                   "their calls to the schedulers kept for it first; scheduler: be kept "
+                   "for it (tailers of that tier send to it first). Either runs at the "
+                   "tier's CPU niceness (" + ", ".join(f"{t} {n}" for t, n in NICENESS.items())
+                   + "). A bare `asynctier run` starts a tailers process per tier and an "
+                   "urgent scheduler [default: every tier, the niceness it was started at].")
 @click.pass_context
 def run(ctx: click.Context, component: str | None, allow: tuple[str, ...], listen: str | None,
         metrics_port: int | None, batch_size: int, max_in_flight: int,
@@ -374,9 +386,10 @@ def run(ctx: click.Context, component: str | None, allow: tuple[str, ...], liste
         tier: str | None) -> None:
     """Run the scheduler, the tailers (one process per priority tier), the delay tailers
     and the Submitter (all of them when none is named)."""
-    if tier is not None and component != "tailers":
-        raise click.UsageError("--tier is for `asynctier run tailers` (a bare `asynctier "
-                               "run` already starts one tailers process per tier)")
+    if tier is not None and component not in ("tailers", "scheduler"):
+        raise click.UsageError("--tier is for `asynctier run tailers` and `asynctier run "
+                               "scheduler` (a bare `asynctier run` already starts a "
+                               "tailers process per tier and an urgent scheduler)")
     if tier is not None:
         os.nice(NICENESS[tier])  # first, so that every thread of the process inherits it
     settings = settings_of(ctx)
@@ -390,7 +403,8 @@ def run(ctx: click.Context, component: str | None, allow: tuple[str, ...], liste
         metrics_port = settings.metrics_port
     options = TailerOptions(batch_size=batch_size, max_in_flight=max_in_flight)
     if component is None:
-        _run_all(allow, listen, metrics_port, options, submitter_listen)
+        host = (listen or settings.scheduler_listen).rsplit(":", 1)[0]
+        _run_all(allow, listen, metrics_port, options, submitter_listen, host)
     else:
         with tracing.running(settings.tracing, component):  # [tracing]: spans of this process
             _run_one(settings, component, allow, listen, metrics_port, options,

@@ -19,8 +19,9 @@ def member_rows(members: list[Member]) -> list[dict[str, Any]]:
     rows = []
     for m in sorted(members, key=lambda m: (m.region, m.address)):
         free = max(0, m.capacity - m.load) if m.capacity else None
-        rows.append({"region": m.region, "address": m.address, "load": m.load,
-                     "capacity": m.capacity, "free": free, "full": m.spot.full})
+        rows.append({"region": m.region, "address": m.address, "tier": m.tier or "all",
+                     "load": m.load, "capacity": m.capacity, "free": free,
+                     "full": m.spot.full})
     return rows
 
 
@@ -50,9 +51,9 @@ def schedulers(ctx: click.Context, as_json: bool) -> None:
         click.echo("no live scheduler is registered (start `asynctier run scheduler`)")
         return
     totals = region_totals(rows)
-    table = Table("region", "address", "load", "capacity", "free", "state")
+    table = Table("region", "address", "tier", "load", "capacity", "free", "state")
     for row in rows:
-        table.add_row(row["region"], row["address"], str(row["load"]),
+        table.add_row(row["region"], row["address"], row["tier"], str(row["load"]),
                       str(row["capacity"] or "-"),
                       "-" if row["free"] is None else str(row["free"]),
                       "full" if row["full"] else "ok")

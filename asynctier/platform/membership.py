@@ -3,12 +3,14 @@
 Each scheduler beats every ``interval_s``, about 1 s (:mod:`asynctier.scheduler.heartbeat`):
 its address goes into the sorted set ``<prefix>:{schedulers}`` scored by its expiry (Redis
 ``TIME`` + ``ttl_s``, about 5 s), its load (items queued or running) into the hash
-``<prefix>:{schedulers}:load``, and its region and capacity (JSON ``{"region": ...,
-"capacity": ...}``) into the hash ``<prefix>:{schedulers}:place``; the three share one hash
+``<prefix>:{schedulers}:load``, and its region, capacity and tier (JSON ``{"region": ...,
+"capacity": ..., "tier": ...}``, the tier only for a scheduler kept for one: ``run
+scheduler --tier``) into the hash ``<prefix>:{schedulers}:place``; the three share one hash
 tag (one Redis Cluster slot). A scheduler that stops beating (killed, hung, cut off) drops
-out within the TTL. Tailers read the live ones with :class:`SchedulerDirectory`, which places
-each call in a region (:mod:`asynctier.platform.placement`) and falls back to
-``settings.schedulers`` when Redis cannot be reached or no scheduler is registered.
+out within the TTL. Tailers read the live ones with :class:`SchedulerDirectory`, which picks
+the schedulers of the tailers' tier (:func:`for_tier`), places each call in a region among
+them (:mod:`asynctier.platform.placement`) and falls back to ``settings.schedulers`` when
+Redis cannot be reached or no scheduler is registered.
 
 This module is the membership's shared half: its keys and the directory every caller of a
 scheduler reads.
@@ -28,6 +30,7 @@ from typing import Any, Final
 import redis
 
 from asynctier.platform import metrics
+from asynctier.platform.binding import PRIORITIES
 from asynctier.platform.config import DEFAULT_REGION, Settings
 from asynctier.platform.errors import ServiceError
 from asynctier.platform.placement import NO_HOME, SPILL, Choice, Placement, Spot
@@ -55,13 +58,15 @@ def member_keys(settings: Settings) -> tuple[str, str, str]:
 
 @dataclass(frozen=True)
 class Member:
-    """A live scheduler: its load (items queued or running), region and capacity (the
-    items it holds; 0 when it registered none, as an older scheduler does)."""
+    """A live scheduler: its load (items queued or running), region, capacity (the items
+    it holds; 0 when it registered none, as an older scheduler does) and the tier it is
+    kept for (None: every tier)."""
 
     address: str
     load: int
     region: str = DEFAULT_REGION
     capacity: int = 0
+    tier: str | None = None
 
     @property
     def spot(self) -> Spot:
@@ -69,9 +74,21 @@ class Member:
         return Spot(self.address, self.region, self.load, self.capacity)
 
 
-def place_json(region: str, capacity: int) -> str:
+def place_json(region: str, capacity: int, tier: str | None = None) -> str:
     """What a scheduler registers as its place."""
-    return json.dumps({"region": region, "capacity": capacity}, separators=(",", ":"))
+    doc: dict[str, Any] = {"region": region, "capacity": capacity}
+    if tier is not None:
+        doc["tier"] = tier
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def for_tier(members: list[Member], tier: str | None) -> list[Member]:
+    """The schedulers a tailer of ``tier`` sends to: those kept for its tier, else those
+    that take every tier, else any (a call is never left without a scheduler because of
+    its tier). A tailer of every tier (``tier`` None) sends to those that take every tier
+    while one lives."""
+    return ([m for m in members if tier is not None and m.tier == tier]
+            or [m for m in members if m.tier is None] or members)
 
 
 #: What a registered address must look like: ``host:port`` (an IPv6 host in brackets).
@@ -80,18 +97,21 @@ ADDRESS_RE: Final = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5
 _said_bad: set[str] = set()  # the bad entries already logged, so each is said once
 
 
-def _place(raw: Any) -> tuple[str, int]:
-    """(region, capacity) of a registered place; the defaults when absent or unreadable."""
+def _place(raw: Any) -> tuple[str, int, str | None]:
+    """(region, capacity, tier) of a registered place; the defaults (every tier) when
+    absent or unreadable: a tier this version does not know is read as every tier."""
     if not raw:
-        return DEFAULT_REGION, 0
+        return DEFAULT_REGION, 0, None
     try:
         doc = json.loads(_text(raw))
         region = doc.get("region") or DEFAULT_REGION
         if not isinstance(region, str):
             raise TypeError(f"region {region!r} is not a string")
-        return region, max(0, int(doc.get("capacity", 0)))
+        tier = doc.get("tier")
+        return (region, max(0, int(doc.get("capacity", 0))),
+                tier if tier in PRIORITIES else None)
     except (ValueError, TypeError, AttributeError):
-        return DEFAULT_REGION, 0
+        return DEFAULT_REGION, 0, None
 
 
 def _member(address: Any, load: Any, place: Any) -> Member | None:
@@ -156,12 +176,16 @@ def live_schedulers(settings: Settings) -> list[str]:
 class SchedulerDirectory:
     """Live schedulers for tailers, cached ``cache_s``; ``settings.schedulers`` when Redis
     fails or none is registered. Pass :meth:`addresses` and :meth:`place` to
-    SchedulerClient: :meth:`place` keeps each call in the tailer's region while it can
-    (``settings.region``, ``spill_share``, ``spill_window``, ``spill_order``)."""
+    SchedulerClient: :meth:`place` sends each call to the schedulers of ``tier`` (those
+    of the tailers' tier: :func:`for_tier`), and among them keeps it in the tailer's
+    region while it can (``settings.region``, ``spill_share``, ``spill_window``,
+    ``spill_order``)."""
 
-    def __init__(self, settings: Settings, cache_s: float = 1.0) -> None:
+    def __init__(self, settings: Settings, cache_s: float = 1.0,
+                 tier: str | None = None) -> None:
         self.settings = settings
         self.cache_s = cache_s
+        self.tier = tier
         self._client = sync_client(settings.redis_url, socket_timeout=0.5,
                                    socket_connect_timeout=0.5)
         self._live = self._client.register_script(LIVE)
@@ -188,12 +212,13 @@ class SchedulerDirectory:
 
     def place(self, down: Collection[str] = ()) -> list[str]:
         """The schedulers the next call goes to (``down``: addresses the caller leaves
-        alone for now): its own region's while they have room, else per
-        :class:`Placement`. The configured schedulers when none is registered."""
+        alone for now): of the tailers' tier, its own region's while they have room, else
+        per :class:`Placement`. The configured schedulers when none is registered."""
         members = self.members()
         if not members:
             return [a for a in self.settings.schedulers if a not in down]
-        choice = self.placement.choose(m.spot for m in members if m.address not in down)
+        up = for_tier([m for m in members if m.address not in down], self.tier)
+        choice = self.placement.choose(m.spot for m in up)
         if choice is None:
             return []
         metrics.count_region_call(choice.region, choice.reason)
@@ -242,10 +267,12 @@ class SchedulerDirectory:
         self._client.close()
 
 
-def default_client(settings: Settings, wait_for_scheduler: bool = True) -> SchedulerClient:
-    """A SchedulerClient on the live schedulers (Redis membership), falling back to the
-    configured list: the delay path keeps working when Redis is down. Without
-    ``wait_for_scheduler`` a call raises SchedulerUnavailable when none is known at all."""
-    directory = SchedulerDirectory(settings)
+def default_client(settings: Settings, wait_for_scheduler: bool = True,
+                   tier: str | None = None) -> SchedulerClient:
+    """A SchedulerClient on the live schedulers (Redis membership; those of ``tier`` first,
+    :func:`for_tier`), falling back to the configured list: the delay path keeps working
+    when Redis is down. Without ``wait_for_scheduler`` a call raises SchedulerUnavailable
+    when none is known at all."""
+    directory = SchedulerDirectory(settings, tier=tier)
     return SchedulerClient(directory.addresses, wait_for_scheduler=wait_for_scheduler,
                            security=settings.rpc, place=directory.place)

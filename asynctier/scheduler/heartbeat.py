@@ -32,11 +32,12 @@ class Heartbeat:
     """Keeps one scheduler's address registered while it runs (an asyncio task)."""
 
     def __init__(self, settings: Settings, address: str, load: Callable[[], int],
-                 interval_s: float = 1.0, ttl_s: float = 5.0, capacity: int = 0) -> None:
+                 interval_s: float = 1.0, ttl_s: float = 5.0, capacity: int = 0,
+                 tier: str | None = None) -> None:
         self.settings = settings
         self.address = address
         self.load = load
-        self.place = place_json(settings.region, capacity)
+        self.place = place_json(settings.region, capacity, tier)
         self.interval_s = interval_s
         self.ttl_ms = int(ttl_s * 1000)
         self.keys = member_keys(settings)

@@ -44,6 +44,9 @@ class SchedulerOptions:
     #: A sync function measured CPU-bound that takes at least this much CPU an item runs
     #: in worker processes (:mod:`.runtime`); None keeps every binding in its threads.
     cpu_bound_item_s: float | None = CPU_BOUND_ITEM_S
+    #: The tier this scheduler is kept for (``run scheduler --tier``), registered in the
+    #: membership so that tailers of that tier send to it first; None: every tier.
+    tier: str | None = None
 
 
 def options_from_settings(settings: Settings,

@@ -135,7 +135,7 @@ async def _serve(settings: Settings, scheduler: Scheduler, listen: str, stop: St
     opts = scheduler.options
     heartbeat = Heartbeat(settings, address, lambda: scheduler.load,
                           opts.heartbeat_interval_s, opts.membership_ttl_s,
-                          capacity=opts.max_queued_items)
+                          capacity=opts.max_queued_items, tier=opts.tier)
     await heartbeat.beat()
     heartbeat.start()
     _log_start(address, listen, port, scheduler, settings.rpc.describe(), settings.region)
@@ -176,10 +176,12 @@ def _log_start(address: str, listen: str, port: int, scheduler: Scheduler,
                security: str, region: str) -> None:
     allowed = scheduler.runtime.resolver.allow_modules
     opts = scheduler.options
-    log.info("scheduler listening on %s (port %d, %s), registered as %s in region %s; "
-             "allowed modules: %s; %d workers, queue of at most %d items; event loop %s",
-             listen, port, security, address, region, ", ".join(allowed) or "none",
-             opts.workers, opts.max_queued_items, eventloop.name())
+    log.info("scheduler listening on %s (port %d, %s), registered as %s in region %s for "
+             "%s; allowed modules: %s; %d workers, queue of at most %d items; event loop %s",
+             listen, port, security, address, region,
+             "every tier" if opts.tier is None else f"the {opts.tier} tier first",
+             ", ".join(allowed) or "none", opts.workers, opts.max_queued_items,
+             eventloop.name())
     if not allowed:
         log.warning("no module is allowed: every item will fail with 'module not allowed' "
                     "(start the scheduler with --allow-module PREFIX)")

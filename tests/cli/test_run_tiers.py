@@ -1,6 +1,7 @@
 """A plain ``asynctier run`` tails each priority tier's bindings in a process of its own, at
-the tier's CPU niceness (docs/operations.md, Running): real Kafka and Redis, the real
-``asynctier run`` and its children."""
+the tier's CPU niceness, and runs the urgent tier's records in a scheduler kept for it
+(docs/operations.md, Running): real Kafka and Redis, the real ``asynctier run`` and its
+children."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from asynctier.dev.process import free_port
 from asynctier.platform.binding import NICENESS
 from asynctier.platform.config import Settings
 from asynctier.platform.status import status_key
-from tests.funcs.deadline import starts
+from tests.funcs.whereabouts import ran_in
 from tests.helpers import wait_until
 from tests.platform_harness import REPO, Platform, produce_json
 
@@ -29,7 +30,7 @@ RECORDS = 5
 
 @pytest.fixture
 def platform(settings: Settings, tmp_path: Path) -> Iterator[Platform]:
-    plat = Platform(settings, tmp_path, allow=("tests.funcs.deadline",))
+    plat = Platform(settings, tmp_path, allow=("tests.funcs.whereabouts",))
     yield plat
     plat.stop_all()
 
@@ -55,6 +56,20 @@ def tier_of(proc: psutil.Process) -> str | None:
     return argv[argv.index("--tier") + 1] if "--tier" in argv else None
 
 
+def child(children: dict[int, psutil.Process], component: str, tier: str | None) -> int:
+    """The pid of the one child running ``component`` for ``tier``."""
+    [pid] = [pid for pid, proc in children.items()
+             if component in proc.cmdline() and tier_of(proc) == tier]
+    return pid
+
+
+def pids_of(platform: Platform, binding: str, ids: range) -> set[int]:
+    """The pids that ran ``binding``'s records of ``ids``, once each of them ran."""
+    ran = [(i, pid) for name, i, pid in ran_in(platform.ledger)
+           if name == binding and i in ids]
+    return {pid for _, pid in ran} if {i for i, _ in ran} == set(ids) else set()
+
+
 def thread_niceness(pid: int) -> set[int]:
     """The niceness of every thread of process ``pid``."""
     found = set()
@@ -67,7 +82,7 @@ def thread_niceness(pid: int) -> set[int]:
 @pytest.mark.timeout(240)
 def test_a_plain_run_tails_each_tier_in_a_process_of_its_own_at_its_niceness(
         platform: Platform, unique_topic: Callable[..., str], settings: Settings) -> None:
-    fn = "tests.funcs.deadline:note"
+    fn = "tests.funcs.whereabouts:note_pid"
     topics = {"now": unique_topic(), "later": unique_topic()}
     platform.cli("bind", "now", "--topic", topics["now"], "--function", fn,
                  "--priority", "urgent")
@@ -84,8 +99,8 @@ def test_a_plain_run_tails_each_tier_in_a_process_of_its_own_at_its_niceness(
     try:
         for topic in topics.values():
             produce_json(settings, topic, [{"id": i} for i in range(RECORDS)])
-        wait_until(lambda: all(len([s for s in starts(platform.ledger) if s.binding == b])
-                               == RECORDS for b in topics),
+        first = range(RECORDS)
+        wait_until(lambda: all(pids_of(platform, b, first) for b in topics),
                    120, "both bindings' records ran")
         wait_until(lambda: {"now", "later"} <= set(tailers_of(settings)), 30,
                    "both tailers on a status board")
@@ -99,16 +114,22 @@ def test_a_plain_run_tails_each_tier_in_a_process_of_its_own_at_its_niceness(
             assert tier_of(children[pid]) == tier
             assert thread_niceness(pid) == {ours + NICENESS[tier]}, binding
         assert tailing["now"] != tailing["later"]
-        normal = [c for c in children.values() if tier_of(c) == "normal"]
-        assert len(normal) == 1 and normal[0].nice() == ours + NICENESS["normal"]
+        normal = children[child(children, "tailers", "normal")]
+        assert normal.nice() == ours + NICENESS["normal"]
+        # the urgent records ran in the scheduler kept for them, the others in the other
+        urgent_scheduler = child(children, "scheduler", "urgent")
+        assert pids_of(platform, "now", first) == {urgent_scheduler}
+        assert pids_of(platform, "later", first) == {child(children, "scheduler", None)}
         # re-bound to another tier, its tailer moves to that tier's process
         platform.cli("bind", "later", "--topic", topics["later"], "--function", fn,
                      "--priority", "urgent")
         wait_until(lambda: tailers_of(settings).get("later") == tailing["now"], 60,
                    "the re-bound binding's tailer in the urgent process alone")
-        produce_json(settings, topics["later"], [{"id": i} for i in range(RECORDS, 2 * RECORDS)])
-        wait_until(lambda: len([s for s in starts(platform.ledger) if s.binding == "later"])
-                   >= 2 * RECORDS, 60, "the re-bound binding's new records ran")
+        then = range(RECORDS, 2 * RECORDS)
+        produce_json(settings, topics["later"], [{"id": i} for i in then])
+        wait_until(lambda: pids_of(platform, "later", then), 60,
+                   "the re-bound binding's new records ran")
+        assert pids_of(platform, "later", then) == {urgent_scheduler}
     finally:
         run.send_signal(signal.SIGTERM)
         code = run.wait(120)

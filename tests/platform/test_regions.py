@@ -22,12 +22,14 @@ def settings(redis_url: str, prefix: str) -> Settings:
     return Settings(redis_url=redis_url, prefix=prefix)
 
 
-def register(settings: Settings, members: list[tuple[str, str, int, int]]) -> None:
-    """Beat once for each (address, region, load, capacity); the beats stay for 5 s."""
+def register(settings: Settings, members: list[tuple[str, str, int, int]],
+             tier: str | None = None) -> None:
+    """Beat once for each (address, region, load, capacity), kept for ``tier``; the beats
+    stay for 5 s."""
     async def beat() -> None:
         for address, region, load, capacity in members:
             heartbeat = Heartbeat(settings.with_overrides(region=region), address,
-                                  lambda n=load: n, capacity=capacity)
+                                  lambda n=load: n, capacity=capacity, tier=tier)
             await heartbeat.beat()
             await heartbeat.stop(leave=False)
 
@@ -94,10 +96,39 @@ def test_schedulers_command_lists_by_region(settings: Settings) -> None:
     done = runner.invoke(main, ["schedulers", "--json"], env=env)
     assert done.exit_code == 0, done.output
     assert json.loads(done.output) == [
-        {"region": "a", "address": "10.0.0.1:1", "load": 3, "capacity": 10, "free": 7,
-         "full": False},
-        {"region": "b", "address": "10.0.0.2:1", "load": 10, "capacity": 10, "free": 0,
-         "full": True}]
+        {"region": "a", "address": "10.0.0.1:1", "tier": "all", "load": 3, "capacity": 10,
+         "free": 7, "full": False},
+        {"region": "b", "address": "10.0.0.2:1", "tier": "all", "load": 10, "capacity": 10,
+         "free": 0, "full": True}]
     table = runner.invoke(main, ["schedulers"], env=env)
     assert table.exit_code == 0, table.output
     assert "full" in table.output and "region a: 1 scheduler(s), load 3 of 10" in table.output
+
+
+def test_tailers_of_a_tier_send_to_its_schedulers_first_then_to_any(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    """A scheduler kept for a tier (``run scheduler --tier``) gets that tier's calls while
+    it lives; the other tiers' calls (and a tailer of every tier) go to the schedulers of
+    every tier; a tier without a live scheduler of its own falls back to them, and with
+    none of those either, to any. A tier this version does not know reads as every tier."""
+    register(settings, [("10.0.0.1:1", "a", 0, 10)])
+    register(settings, [("10.0.0.2:1", "a", 0, 10)], tier="urgent")
+    urgent = SchedulerDirectory(settings.with_overrides(region="a"), cache_s=0.0,
+                                tier="urgent")
+    batch = SchedulerDirectory(settings.with_overrides(region="a"), cache_s=0.0,
+                               tier="batch")
+    every = SchedulerDirectory(settings.with_overrides(region="a"), cache_s=0.0)
+    try:
+        assert {(m.address, m.tier) for m in live_members(settings)} == {
+            ("10.0.0.1:1", None), ("10.0.0.2:1", "urgent")}
+        assert urgent.place() == ["10.0.0.2:1"]
+        assert batch.place() == every.place() == ["10.0.0.1:1"]
+        assert urgent.place(down={"10.0.0.2:1"}) == ["10.0.0.1:1"]  # its own is down
+        assert batch.place(down={"10.0.0.1:1"}) == ["10.0.0.2:1"]  # none other is up
+        places = member_keys(settings)[2]
+        redis_client.hset(places, "10.0.0.2:1", '{"region": "a", "capacity": 10, '
+                                                '"tier": "someday"}')
+        assert sorted(urgent.place()) == ["10.0.0.1:1", "10.0.0.2:1"]
+    finally:
+        for directory in (urgent, batch, every):
+            directory.close()
