@@ -83,12 +83,15 @@ def place_json(region: str, capacity: int, tier: str | None = None) -> str:
 
 
 def for_tier(members: list[Member], tier: str | None) -> list[Member]:
-    """The schedulers a tailer of ``tier`` sends to: those kept for its tier, else those
-    that take every tier, else any (a call is never left without a scheduler because of
-    its tier). A tailer of every tier (``tier`` None) sends to those that take every tier
-    while one lives."""
-    return ([m for m in members if tier is not None and m.tier == tier]
-            or [m for m in members if m.tier is None] or members)
+    """The schedulers a tailer of ``tier`` sends to: those kept for its tier while one has
+    room; when every one of them is full, those too that take every tier (where the tier
+    is still ordered by its weight); with none kept for it, those that take every tier,
+    else any (a call is never left without a scheduler because of its tier). A tailer of
+    every tier (``tier`` None) sends to those that take every tier while one lives."""
+    own = [m for m in members if tier is not None and m.tier == tier]
+    if own and not all(m.spot.full for m in own):
+        return own
+    return own + [m for m in members if m.tier is None] or members
 
 
 #: What a registered address must look like: ``host:port`` (an IPv6 host in brackets).

@@ -108,9 +108,10 @@ def test_schedulers_command_lists_by_region(settings: Settings) -> None:
 def test_tailers_of_a_tier_send_to_its_schedulers_first_then_to_any(
         settings: Settings, redis_client: redis.Redis) -> None:
     """A scheduler kept for a tier (``run scheduler --tier``) gets that tier's calls while
-    it lives; the other tiers' calls (and a tailer of every tier) go to the schedulers of
-    every tier; a tier without a live scheduler of its own falls back to them, and with
-    none of those either, to any. A tier this version does not know reads as every tier."""
+    it lives and has room; the other tiers' calls (and a tailer of every tier) go to the
+    schedulers of every tier; a tier whose own schedulers are down or full falls back to
+    them, and with none of those either, to any. A tier this version does not know reads
+    as every tier."""
     register(settings, [("10.0.0.1:1", "a", 0, 10)])
     register(settings, [("10.0.0.2:1", "a", 0, 10)], tier="urgent")
     urgent = SchedulerDirectory(settings.with_overrides(region="a"), cache_s=0.0,
@@ -129,6 +130,8 @@ def test_tailers_of_a_tier_send_to_its_schedulers_first_then_to_any(
         redis_client.hset(places, "10.0.0.2:1", '{"region": "a", "capacity": 10, '
                                                 '"tier": "someday"}')
         assert sorted(urgent.place()) == ["10.0.0.1:1", "10.0.0.2:1"]
+        register(settings, [("10.0.0.2:1", "a", 10, 10)], tier="urgent")  # it is full
+        assert urgent.place() == ["10.0.0.1:1"]
     finally:
         for directory in (urgent, batch, every):
             directory.close()
