@@ -116,13 +116,8 @@ def run_tailers(settings: Settings, stop: threading.Event, options: TailerOption
              len(manager.bindings),
              ", ".join(manager.bindings) or "none yet (waiting for `asynctier bind`)")
     schedules = _start_schedules(settings, stop)
-
-    def mine() -> dict[str, Binding]:
-        bindings = manager.follower.bindings
-        return bindings if only is None else {k: b for k, b in bindings.items() if only(b)}
-
-    lag = LagCollector(settings, mine, interval_s=5.0)
-    depth = QueueDepthCollector(settings, mine, interval_s=5.0)
+    lag = LagCollector(settings, manager.followed, interval_s=5.0)
+    depth = QueueDepthCollector(settings, manager.followed, interval_s=5.0)
     if export_lag:
         lag.start()
         depth.start()
@@ -279,8 +274,8 @@ def _child_args(component: str, allow: tuple[str, ...], listen: str | None,
 
 
 def _run_all(allow: tuple[str, ...], listen: str | None, metrics_port: int | None,
-             options: TailerOptions, submitter_listen: str | None = None,
-             scheduler_host: str = "127.0.0.1") -> None:
+             options: TailerOptions, submitter_listen: str | None,
+             scheduler_host: str) -> None:
     stop = threading.Event()
     stop_on_signals(stop)
     children: dict[str, subprocess.Popen[bytes]] = {}
@@ -314,9 +309,9 @@ def _run_all(allow: tuple[str, ...], listen: str | None, metrics_port: int | Non
 
 
 #: Who is stopped first: the Submitter, the tailers (together), the delay tailers, then
-#: the scheduler they hand their last outcomes to; each stage waits for the one before.
-STOP_ORDER = (("submitter",), ("tailers urgent", "tailers normal", "tailers batch"),
-              ("delay",), ("scheduler", "scheduler urgent"))
+#: the schedulers they hand their last outcomes to; each stage waits for the one before.
+STOP_ORDER = tuple(tuple(name for name, of, _, _ in CHILDREN if of == component)
+                   for component in ("submitter", "tailers", "delay", "scheduler"))
 
 
 def _how_it_ended(code: int) -> str:

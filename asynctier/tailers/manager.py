@@ -126,6 +126,12 @@ class TailerManager:
         kind = registry.kind_of(binding)
         kind.tailer(self.settings, binding, self.client, self.options, self.hook).run(stop)
 
+    def followed(self) -> dict[str, Binding]:
+        """The bindings of the registry this manager tails (``only``), paused ones too."""
+        bindings = self.follower.bindings
+        return bindings if self.only is None else {
+            name: b for name, b in bindings.items() if self.only(b)}
+
     @property
     def bindings(self) -> list[str]:
         """Names of the bindings whose tailers run."""
