@@ -137,7 +137,7 @@ def local_scheduler(bindings: list[Binding], allow: tuple[str, ...] = ALLOW,
     """A Scheduler without a server, for tests that drive ``process`` on their own loop;
     ``gates``: the order its admission asks its gates in."""
     options = options or SchedulerOptions()
-    runtime = Runtime(FunctionResolver(allow), options.workers,
+    runtime = Runtime(FunctionResolver(allow), options.threads,
                       cpu_bound_item_s=options.cpu_bound_item_s)
     return Scheduler(StaticBindings(bindings), runtime, admission or OpenAdmission(), options,
                      guard=guard, gates=gates)

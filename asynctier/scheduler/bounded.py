@@ -23,7 +23,7 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from asynctier.platform.binding import Binding
@@ -64,6 +64,7 @@ class BoundedQueue:
         self.peak_items = 0
         self._waiting: dict[int, tuple[Chunk, asyncio.Future[None]]] = {}
         self._getters: deque[asyncio.Future[None]] = deque()
+        self._trickle_wanted = asyncio.Event()  # set on every push: get_trickle looks again
         self._seq = itertools.count()
         self.clock = clock  # seconds, monotonic: when firm work came and left (tests move it)
         self.firm_items = 0  # items queued of bindings without --defer-when-busy
@@ -106,7 +107,23 @@ class BoundedQueue:
             finally:
                 if woken in self._getters:
                     self._getters.remove(woken)
-        chunk = self.fair.pop()
+        return self._left(self.fair.pop())
+
+    async def get_trickle(self, running: Mapping[tuple[str, str], int]) -> Chunk:
+        """The chunk of a tenant that trickles in its tier (:meth:`FairQueue.pop_trickle`,
+        chunks ``running`` counted by ``(tier, tenant)``); waits until there is one.
+        :meth:`wake_trickle` says that a count fell to none."""
+        while (chunk := self.fair.pop_trickle(running)) is None:
+            self._trickle_wanted.clear()
+            await self._trickle_wanted.wait()
+        return self._left(chunk)
+
+    def wake_trickle(self) -> None:
+        """Look again for a chunk for :meth:`get_trickle` (a tenant's work ended)."""
+        self._trickle_wanted.set()
+
+    def _left(self, chunk: Chunk) -> Chunk:
+        """``chunk`` was taken out to run."""
         if not chunk.binding.deadlines.defer_when_busy:
             now = self.clock()
             if now - chunk.queued_at >= self.firm_wait_s:
@@ -145,6 +162,7 @@ class BoundedQueue:
             if self.firm_since is None:
                 self.firm_since = self.clock()
             self.firm_items += chunk.cost
+        self._trickle_wanted.set()
         while self._getters:
             getter = self._getters.popleft()
             if not getter.done():

@@ -34,7 +34,7 @@ from asynctier.scheduler.gates import GATES, Admitted, GateContext, GateFactory,
 from asynctier.scheduler.guard import Guard, OpenGuard
 from asynctier.scheduler.limits.breaker import Breakers
 from asynctier.scheduler.limits.bucket import burst_of
-from asynctier.scheduler.options import SchedulerOptions
+from asynctier.scheduler.options import SPARE_WORKERS, SchedulerOptions
 from asynctier.scheduler.outcomes import error_text
 from asynctier.scheduler.runtime import Runtime
 from asynctier.scheduler.sizing import ChunkSizer
@@ -90,14 +90,20 @@ class Dispatcher:
                                        self.claims.answer), gates)
         self.executor = Executor(runtime, sizer, self.claims, self.retry_s)
         self.running_items = 0
+        self.running: dict[tuple[str, str], int] = {}  # chunks running by (tier, tenant)
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        """Start the worker tasks, and the gates, on the running loop."""
+        """Start the worker tasks and the spare ones, and the gates, on the running loop."""
         self._tasks = [supervise_task(
             f"scheduler-worker-{n}", self._work, what=f"scheduler worker {n}",
             hint="The scheduler runs with one worker less meanwhile.",
             on_restart=metrics.count_task_restart) for n in range(self.workers)]
+        self._tasks += [supervise_task(
+            f"scheduler-spare-worker-{n}", lambda: self._work(spare=True),
+            what=f"the scheduler's spare worker {n}",
+            hint="A trickling tenant's work waits for a worker meanwhile.",
+            on_restart=metrics.count_task_restart) for n in range(SPARE_WORKERS)]
         self.gates.start()
 
     async def stop(self) -> None:
@@ -223,13 +229,17 @@ class Dispatcher:
 
     # -- running --------------------------------------------------------------------------
 
-    async def _work(self) -> None:
+    async def _work(self, spare: bool = False) -> None:
+        """Run chunks as they leave the queue; ``spare``: only trickles
+        (:data:`SPARE_WORKERS`)."""
         while True:
-            chunk = await self.queue.get()
+            chunk = await (self.queue.get_trickle(self.running) if spare else self.queue.get())
             metrics.set_queue_depths(self.queue.fair.items_by_tier())
             outcomes: list[Outcome] | None = None
             if not chunk.future.done():  # else its caller went away: it runs when sent again
                 self.running_items += chunk.cost
+                key = (chunk.binding.priority, chunk.binding.tenant)
+                self.running[key] = self.running.get(key, 0) + 1
                 try:
                     outcomes = await self._run(chunk)
                 except Exception as exc:  # a bug here must not lose the items: they come back
@@ -240,7 +250,18 @@ class Dispatcher:
                                 for i in chunk.items]
                 finally:
                     self.running_items -= chunk.cost
+                    self._ended(key)
             self.claims.write_down(chunk, outcomes)
+
+    def _ended(self, key: tuple[str, str]) -> None:
+        """A chunk of ``key`` (tier, tenant) ended: at the last one, the spare worker may
+        take that tenant's next."""
+        left = self.running[key] - 1
+        if left:
+            self.running[key] = left
+        else:
+            del self.running[key]
+            self.queue.wake_trickle()
 
     async def _run(self, chunk: Chunk) -> list[Outcome]:
         binding = chunk.binding

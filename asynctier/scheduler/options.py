@@ -9,12 +9,18 @@ from asynctier.platform.config import Settings
 from asynctier.scheduler.queues import DEFAULT_TIER_WEIGHTS
 from asynctier.scheduler.runtime import CPU_BOUND_ITEM_S
 
+#: Worker tasks beside ``workers`` that take only a tenant's trickle (in its tier, one
+#: chunk queued and none running: :meth:`~.queues.FairQueue.pop_trickle`): it does not
+#: wait for a flood's chunk to end before its own starts, and a backlog never holds them.
+SPARE_WORKERS = 1
+
 
 @dataclass(frozen=True)
 class SchedulerOptions:
     """How many chunks run at once, how much may queue, how work is shared.
 
-    ``workers`` chunk runners run at once; sync functions get as many threads. At most
+    ``workers`` chunk runners run at once, and :data:`SPARE_WORKERS` more for trickles;
+    sync functions get as many threads. At most
     ``max_queued_items`` items wait in the queue (a submit call waits for room beyond
     that). A submitted batch is cut into chunks sized so that one chunk takes about
     ``chunk_target_s`` (between ``min_chunk_items`` and ``max_chunk_items``, learned from
@@ -47,6 +53,11 @@ class SchedulerOptions:
     #: The tier this scheduler is kept for (``run scheduler --tier``), registered in the
     #: membership so that tailers of that tier send to it first; None: every tier.
     tier: str | None = None
+
+    @property
+    def threads(self) -> int:
+        """Sync chunks that may run at once: the workers' and the spare workers'."""
+        return self.workers + SPARE_WORKERS
 
 
 def options_from_settings(settings: Settings,

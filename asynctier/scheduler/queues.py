@@ -85,15 +85,26 @@ class TenantDRR(Generic[T]):
             self._active.rotate(-1)
             self._granted = False
 
+    def lone(self) -> list[str]:
+        """The tenants with one entry queued, in the order of the round."""
+        return [t for t in self._active if len(self._queues[t]) == 1]
+
+    def take(self, tenant: str) -> tuple[str, T, int]:
+        """``tenant``'s next entry out of turn, charged to its deficit; KeyError when it
+        has none queued."""
+        queue = self._queues[tenant]
+        return self._take(tenant, queue, queue[0][3])
+
     def _take(self, tenant: str, queue: list[tuple[float, int, T, int]],
               cost: int) -> tuple[str, T, int]:
         entry = heapq.heappop(queue)[2]
         self._deficit[tenant] -= cost
         self.items -= cost
         if not queue:
-            self._active.popleft()
+            if self._active[0] == tenant:
+                self._granted = False
+            self._active.remove(tenant)
             del self._queues[tenant], self._deficit[tenant]
-            self._granted = False
         return tenant, entry, cost
 
     def remove_where(self, pick: Callable[[T], bool]) -> list[tuple[str, T, int]]:
@@ -187,8 +198,25 @@ class FairQueue(Generic[T]):
         if not busy:
             raise IndexError("pop from an empty queue")
         tier = min(busy, key=lambda t: t.pass_)  # ties: the more urgent tier (dict order)
-        tenant, entry, cost = tier.drr.pop()
         self._vtime = tier.pass_
+        tenant, entry, cost = tier.drr.pop()
+        self._took(tier, tenant, cost)
+        return tier.name, entry
+
+    def pop_trickle(self, running: Mapping[tuple[str, str], int]) -> T | None:
+        """The entry of a tenant that trickles in its tier: one entry queued there and
+        nothing ``running`` (entries counted by ``(tier, tenant)``); the most urgent tier
+        first, its tenants in round order, charged as if popped in turn. None when no
+        tenant trickles (a backlog, even with nothing running, waits for its turn)."""
+        for tier in self._tiers.values():
+            for tenant in tier.drr.lone():
+                if not running.get((tier.name, tenant)):
+                    _, entry, cost = tier.drr.take(tenant)
+                    self._took(tier, tenant, cost)
+                    return entry
+        return None
+
+    def _took(self, tier: _Tier[T], tenant: str, cost: int) -> None:
         tier.pass_ += cost / tier.weight
         self.items -= cost
         self.entries -= 1
@@ -198,7 +226,6 @@ class FairQueue(Generic[T]):
             self._by_tenant[tenant] = left
         else:
             del self._by_tenant[tenant]
-        return tier.name, entry
 
     def remove_where(self, pick: Callable[[T], bool]) -> list[T]:
         """Take out every entry ``pick`` says (from every tier); the others keep their

@@ -108,7 +108,7 @@ async def serve_scheduler(settings: Settings, *, listen: str | None = None,
             await asyncio.to_thread(followed.start)
             source = followed
         registries = RegistryClients(settings.schema_registry)
-        runtime = Runtime(resolver, options.workers,
+        runtime = Runtime(resolver, options.threads,
                           cpu_bound_item_s=options.cpu_bound_item_s, registries=registries)
         scheduler = Scheduler(source, runtime, admission, options, breakers, tenants, guard)
         await _serve(settings, scheduler, listen or settings.scheduler_listen, stop,

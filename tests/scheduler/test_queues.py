@@ -118,6 +118,55 @@ def test_urgent_goes_first_and_an_idle_tier_gets_no_credit() -> None:
     assert sum(o.startswith("u") for o in order) >= 15  # 8:1, no burst of saved-up batch
 
 
+def test_a_trickle_is_a_lone_entry_with_nothing_running() -> None:
+    queue: FairQueue[str] = FairQueue(QUANTUM)
+    for n in range(3):
+        queue.push("batch", "big", f"big{n}", 10)  # a backlog, even with nothing running
+    queue.push("normal", "small", "small0", 1)
+    queue.push("batch", "small", "batch-small0", 1)
+    running = {("normal", "small"): 1}
+    assert queue.pop_trickle(running) == "batch-small0"  # normal's small has one running
+    assert queue.pop_trickle(running) is None
+    assert queue.pop_trickle({}) == "small0"
+    assert queue.pop_trickle({}) is None
+    assert queue.items == 30 and queue.items_of_tenant("small") == 0
+    assert [queue.pop() for _ in range(3)] == ["big0", "big1", "big2"] and not queue
+
+
+@given(st.lists(st.tuples(st.sampled_from(["urgent", "normal", "batch"]),
+                          st.sampled_from(["a", "b", "c"]), st.integers(1, QUANTUM)),
+                max_size=120),
+       st.lists(st.booleans(), max_size=240),
+       st.sets(st.tuples(st.sampled_from(["urgent", "normal", "batch"]),
+                         st.sampled_from(["a", "b", "c"]))))
+def test_trickles_and_turns_serve_everything_once(entries: list[tuple[str, str, int]],
+                                                  trickle_first: list[bool],
+                                                  running: set[tuple[str, str]]) -> None:
+    """Taking trickles between the turns loses nothing, serves nothing twice, keeps each
+    tenant's order in a tier, and takes only lone entries of tenants with none running."""
+    queue: FairQueue[int] = FairQueue(QUANTUM)
+    for n, (tier, tenant, cost) in enumerate(entries):
+        queue.push(tier, tenant, n, cost)
+    busy = {key: 1 for key in running}
+    out = []
+    for trickle in trickle_first + [False] * len(entries):
+        if not queue:
+            break
+        if trickle:
+            queued = Counter(entries[n][:2] for n in range(len(entries)) if n not in out)
+            taken = queue.pop_trickle(busy)
+            if taken is not None:
+                assert queued[entries[taken][:2]] == 1 and entries[taken][:2] not in running
+                out.append(taken)
+            continue
+        out.append(queue.pop())
+    assert sorted(out) == list(range(len(entries)))
+    for key in {e[:2] for e in entries}:
+        mine = [n for n in out if entries[n][:2] == key]
+        assert mine == sorted(mine)
+    assert queue.items == 0 and len(queue) == 0
+
+
 def test_tenant_weights_inside_a_tier() -> None:
     queue: FairQueue[str] = FairQueue(10, tenant_weights={"gold": 3})
     for _ in range(100):

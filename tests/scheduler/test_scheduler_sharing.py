@@ -113,6 +113,41 @@ def test_both_tiers_backlogged_share_8_to_1() -> None:
     assert statistics.median(urgent_starts) < statistics.median(batch_starts)
 
 
+def test_a_trickle_starts_on_the_spare_worker_without_waiting_for_a_flood_chunk() -> None:
+    """One worker, held by tenant A's items of 200 ms each; tenant B's single items, sent
+    one after the other, each start at once on the spare worker. Without it each would
+    wait for A's running item to end (up to 200 ms; the first, for A's first chunk of
+    four)."""
+    bindings = [Binding("flood", Source("kafka", "t"), "tests.funcs.basic:timed", tenant="a"),
+                Binding("trickle", Source("kafka", "t"), "tests.funcs.basic:timed", tenant="b")]
+    basic.reset()
+
+    async def scenario() -> tuple[list[float], bool]:
+        scheduler = local_scheduler(bindings, options=SchedulerOptions(workers=1))
+        scheduler.start()
+        flood = asyncio.create_task(scheduler.process(timed_items("flood", 8, 200)))
+        await until(lambda: "flood" in basic.STARTS, message="the flood runs")
+        waits = []
+        for n in range(6):
+            sent = time.monotonic()
+            outcomes = await scheduler.process(timed_items("trickle", 1, 1, start=n))
+            assert [o["status"] for o in outcomes] == ["ok"]
+            waits.append(basic.STARTS["trickle"][-1][1] - sent)
+        flooding = not flood.done()
+        await flood
+        await scheduler.stop()
+        return waits, flooding
+
+    waits, flooding = asyncio.run(scenario())
+    print(f"\ntenant B's waits for a start: {', '.join(f'{w * 1000:.0f}' for w in waits)} ms")
+    assert max(waits) < 0.1
+    assert flooding, "the flood ended before the trickle did: nothing was measured"
+    in_order = [n for n, _ in sorted(basic.STARTS["flood"], key=lambda s: s[1])]
+    assert in_order[:4] == [0, 1, 2, 3], (
+        f"the flood's second chunk ran beside its first ({in_order}): the spare worker "
+        "took the work of a tenant with a chunk running")
+
+
 def test_a_flooding_tenant_does_not_starve_a_trickle() -> None:
     """Tenant A floods 20,000 items, tenant B sends 500, equal weights, same tier: while
     B's items run, A starts about as many as B (counted, not timed: a count does not move
