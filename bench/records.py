@@ -13,7 +13,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupState,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
 from asynctier.platform.kafka import ensure_topics
@@ -114,6 +121,8 @@ class GroupProgress:
 
     def __init__(self, bootstrap: str, group: str, topic: str) -> None:
         self.topic = topic
+        self.group = group
+        self._bootstrap = bootstrap
         self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
                                    "enable.auto.commit": False})
         meta = self._consumer.list_topics(topic, timeout=10).topics[topic]
@@ -137,6 +146,19 @@ class GroupProgress:
                 if not retriable or time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
+
+    def settled(self, members: int) -> bool:
+        """True when the group is stable with ``members`` members that hold every
+        partition between them (no rebalance under way: records are read at once)."""
+        admin = AdminClient({"bootstrap.servers": self._bootstrap})
+        try:
+            group = admin.describe_consumer_groups([self.group])[self.group].result(timeout=10)
+        except KafkaException:
+            return False
+        held = sum(len(m.assignment.topic_partitions) for m in group.members
+                   if m.assignment is not None)
+        return (group.state == ConsumerGroupState.STABLE and len(group.members) == members
+                and held == len(self._parts))
 
     def end(self) -> int:
         """The sum of the partitions' end offsets."""

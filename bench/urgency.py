@@ -7,8 +7,10 @@
 One ``asynctier run`` per measurement (``--spread``: each component in a process of its
 own, that many schedulers and tailer processes). A *bulk* binding drains a backlog whose function
 waits 2 ms (``time.sleep``), or keeps the CPU busy 0.2 ms (the ``cpu`` case). Once it is
-under way (its group has committed, and the *probe* binding's warm-up records are done)
-and ``--start-after`` seconds more, the probe binding's own topic (4 partitions) receives
+under way, ``--start-after`` seconds after the start and once both bindings' groups are
+stable with every tailers process holding partitions (no rebalance during the window: with
+``--spread``, the second process joins seconds later), the probe binding's own topic (4
+partitions) receives
 ``--rate`` records a second for ``--seconds``, each carrying its due time; the probe
 function notes start minus due time. Each case is measured alone (no bulk binding) and
 under the backlog; the ratio is p99 under the backlog over p99 alone.
@@ -170,8 +172,10 @@ def measure(svc: Services, folder: Path, case: Case, bulk_topic: str | None,
                 run.start()
             check = run.check()
             started = time.monotonic()
-            _wait("the platform's start", lambda: time.monotonic() - started > args.start_after,
-                  args.start_after + 5, check)
+            tailers = args.spread[1] if args.spread else 1
+            groups = [g for g in (probe_group, bulk_group) if g is not None]
+            _wait("the platform's start", lambda: time.monotonic() - started > args.start_after
+                  and all(g.settled(tailers) for g in groups), args.start_after + 60, check)
             before = bulk_group.committed() if bulk_group is not None else 0
             opened = time.monotonic()
             if probe:
