@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 
 from asynctier.dev.process import free_port
+from asynctier.platform.binding import PRIORITIES
 from bench.measure import BenchError, Finder
 from bench.stack import Services
 
@@ -96,14 +97,19 @@ class AsynctierRun:
                 start_new_session=True)
 
     def start_spread(self, schedulers: int, tailers: int) -> None:
-        """``schedulers`` schedulers and ``tailers`` tailer processes (and one of delay
-        tailers), each ``asynctier run COMPONENT`` on its own, as a deployment over
-        several machines would run them: the tailers find the schedulers in Redis."""
-        ports = [free_port() for _ in range(schedulers)]
+        """``schedulers`` schedulers of every tier and as many kept for the urgent tier,
+        ``tailers`` tailers processes per priority tier and one of delay tailers, each
+        ``asynctier run COMPONENT`` on its own, as a bare ``asynctier run`` splits them and
+        a deployment over several machines would run them: the tailers find the
+        schedulers in Redis. Each in a session of its own, so in a CPU autogroup of its
+        own, as each would have a cgroup of its own in a deployment (in one session, the
+        general schedulers' threads outnumber the urgent ones': bench/RESULTS.md)."""
+        ports = [free_port() for _ in range(2 * schedulers)]
         self.extra_env["ASYNCTIER_SCHEDULERS"] = ",".join(f"127.0.0.1:{p}" for p in ports)
-        argvs = [["scheduler", "--allow-module", "bench.noop", "--listen", f"127.0.0.1:{p}"]
-                 for p in ports]
-        argvs += [["tailers"]] * tailers + [["delay"]]
+        argvs = [["scheduler", "--allow-module", "bench.noop", "--listen", f"127.0.0.1:{p}",
+                  *(["--tier", "urgent"] if n % 2 else [])] for n, p in enumerate(ports)]
+        argvs += [["tailers", "--tier", tier] for tier in PRIORITIES for _ in range(tailers)]
+        argvs += [["delay"]]
         with open(self.log, "ab") as out:
             for argv in argvs:
                 self.spread.append((argv[0], subprocess.Popen(

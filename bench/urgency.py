@@ -5,7 +5,8 @@
                             [--spread SCHEDULERS,TAILERS] [--stages] [--out FILE]
 
 One ``asynctier run`` per measurement (``--spread``: each component in a process of its
-own, that many schedulers and tailer processes). A *bulk* binding drains a backlog whose function
+own, S schedulers of every tier and S kept for the urgent tier, T tailers processes per
+priority tier). A *bulk* binding drains a backlog whose function
 waits 2 ms (``time.sleep``), or keeps the CPU busy 0.2 ms (the ``cpu`` case). Once it is
 under way, ``--start-after`` seconds after the start and once both bindings' groups are
 stable with every tailers process holding partitions (no rebalance during the window: with
@@ -264,7 +265,7 @@ def markdown(rows: Sequence[Row], figures: dict[str, float], args: argparse.Name
     """The RESULTS.md section."""
     spread = f" --spread {args.spread[0]},{args.spread[1]}" if args.spread else ""
     title = "Urgent work behind a flood (issue 50)" + (
-        f", {args.spread[0]} schedulers and {args.spread[1]} tailer processes"
+        f", {args.spread[0]} schedulers and {args.spread[1]} tailer processes per tier"
         if args.spread else "")
     out = [f"## {title}", "",
            f"`python -m bench.urgency --backlog {args.backlog} --rate {args.rate:g} "
@@ -319,8 +320,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--start-after", type=float, default=8.0)
     p.add_argument("--spread", type=_spread, metavar="S,T",
-                   help="S schedulers and T tailer processes, each on its own (and one of "
-                        "delay tailers), instead of one default `asynctier run`")
+                   help="S schedulers of every tier and S of the urgent tier, T tailers "
+                        "processes per tier, each on its own (and one of delay tailers), "
+                        "instead of one default `asynctier run`")
     p.add_argument("--stages", action="store_true",
                    help="trace the probe records and show where their time went")
     p.add_argument("--out", type=Path, help="write the section into this file "
