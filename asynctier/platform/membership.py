@@ -176,6 +176,10 @@ def live_schedulers(settings: Settings) -> list[str]:
     return [m.address for m in live_members(settings)]
 
 
+#: How long a tailer's directory keeps the live schedulers it read, in seconds.
+DIRECTORY_CACHE_S = 1.0
+
+
 class SchedulerDirectory:
     """Live schedulers for tailers, cached ``cache_s``; ``settings.schedulers`` when Redis
     fails or none is registered. Pass :meth:`addresses` and :meth:`place` to
@@ -184,7 +188,7 @@ class SchedulerDirectory:
     region while it can (``settings.region``, ``spill_share``, ``spill_window``,
     ``spill_order``)."""
 
-    def __init__(self, settings: Settings, cache_s: float = 1.0,
+    def __init__(self, settings: Settings, cache_s: float = DIRECTORY_CACHE_S,
                  tier: str | None = None) -> None:
         self.settings = settings
         self.cache_s = cache_s

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import redis
 from asynctier.dev.process import free_port
 from asynctier.platform.binding import NICENESS
 from asynctier.platform.config import Settings
+from asynctier.platform.membership import DIRECTORY_CACHE_S, live_members
 from asynctier.platform.status import status_key
 from tests.funcs.whereabouts import ran_in
 from tests.helpers import wait_until
@@ -97,6 +99,13 @@ def test_a_plain_run_tails_each_tier_in_a_process_of_its_own_at_its_niceness(
             [sys.executable, "-m", "asynctier", "run", "--submitter-listen",
              f"127.0.0.1:{free_port()}"], env=env, stdout=out, stderr=out, cwd=REPO)
     try:
+        # a tailer sends to any scheduler while none of its tier's is registered: the
+        # records go out once both are, and the tailers' directories have read them
+        wait_until(lambda: {m.tier for m in live_members(settings)} >= {None, "urgent"}, 60,
+                   "both schedulers registered")
+        registered = time.monotonic()
+        wait_until(lambda: time.monotonic() - registered > DIRECTORY_CACHE_S, 5,
+                   "the tailers' directories read the members again")
         for topic in topics.values():
             produce_json(settings, topic, [{"id": i} for i in range(RECORDS)])
         first = range(RECORDS)
