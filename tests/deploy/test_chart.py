@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from asynctier.cli.console import options_from_env
-from asynctier.cli.run import COMPONENTS
+from asynctier.cli.run import CHILDREN
 from asynctier.console.app import STOP_GRACE_S as CONSOLE_STOP_GRACE_S
 from asynctier.dev.gotools import KUBECHECK
 from asynctier.platform import metrics
@@ -43,15 +43,17 @@ from tests.deploy.chart import (
     template,
 )
 
-#: The roles of the chart: a process of `asynctier run` each, and the console (off by
-#: default: it needs a login token).
-ROLES = (*COMPONENTS, "console")
+#: The chart's Deployments by default: the processes of a bare `asynctier run`
+#: (cli/run.py CHILDREN: "tailers urgent" runs as `tailers-urgent`), as (component, tier).
+PROCESSES = {name.replace(" ", "-"): (component, tier) for name, component, tier, _ in CHILDREN}
+#: The keys under `roles` in values.yaml: a role each, the urgent tier's scheduler, and the
+#: console (off by default: it needs a login token).
+ROLE_VALUES = {"scheduler", "schedulerUrgent", "tailers", "delay", "submitter", "console"}
 
 
-def roles_on(docs: list[dict[str, Any]]) -> list[str]:
-    """The roles the rendering runs (those with a Deployment)."""
-    made = set(of_kind(docs, "Deployment"))
-    return [role for role in ROLES if f"t-asynctier-{role}" in made]
+def made(docs: list[dict[str, Any]]) -> list[str]:
+    """The Deployments a rendering makes, by their names after the release's."""
+    return [name.removeprefix("t-asynctier-") for name in of_kind(docs, "Deployment")]
 
 
 @pytest.fixture(scope="module", params=["default", "all-on"])
@@ -81,7 +83,7 @@ def test_manifests_are_valid_kubernetes_objects(helm: Path) -> None:
         done = subprocess.run([str(kubecheck)], input=out, capture_output=True, text=True,
                               timeout=60, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
-        assert done.stdout.count("ok Deployment") == (5 if values else 4)
+        assert done.stdout.count("ok Deployment") == len(PROCESSES) + (1 if values else 0)
         assert "invalid" not in done.stdout
     planted = out.replace("readOnlyRootFilesystem: true", "readOnlyRootFileSystem: true", 1)
     done = subprocess.run([str(kubecheck)], input=planted, capture_output=True, text=True,
@@ -93,17 +95,31 @@ def test_manifests_are_valid_kubernetes_objects(helm: Path) -> None:
 # ------------------------------------------------------------------------- what pods get
 
 
-def test_a_deployment_per_role_of_asynctier_run(docs: list[dict[str, Any]]) -> None:
-    assert set(VALUES["roles"]) == set(ROLES)
-    assert set(roles_on(docs)) >= set(COMPONENTS)
-    for role in roles_on(docs):
-        container = deployment(docs, role)["spec"]["template"]["spec"]["containers"][0]
-        assert container["args"] == ["run", role]
+def test_a_deployment_per_process_of_a_bare_asynctier_run(docs: list[dict[str, Any]]) -> None:
+    """A tailers Deployment per priority tier and a scheduler kept for the urgent tier, as
+    `asynctier run` starts them (docs/operations.md, "Processes per tier")."""
+    assert set(VALUES["roles"]) == ROLE_VALUES
+    assert set(made(docs)) - {"console"} == set(PROCESSES)
+    for name, (component, tier) in PROCESSES.items():
+        container = deployment(docs, name)["spec"]["template"]["spec"]["containers"][0]
+        assert container["args"] == ["run", component] + (["--tier", tier] if tier else [])
+        assert container["name"] == name
+
+
+def test_tiers_can_be_left_together(helm: Path) -> None:
+    docs = render(helm, sets=("roles.tailers.tiers=null", "roles.schedulerUrgent.enabled=false"))
+    assert set(made(docs)) == {"scheduler", "tailers", "delay", "submitter"}
+    container = deployment(docs, "tailers")["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == ["run", "tailers"]
+    docs = render(helm, sets=("roles.tailers.tiers={batch}",))
+    assert {name for name in made(docs) if name.startswith("tailers")} == {"tailers-batch"}
+    done = template(helm, sets=("roles.tailers.tiers={urgent,bulk}",), check=False)
+    assert done.returncode != 0 and "/roles/tailers/tiers/1" in done.stderr
 
 
 def test_probes_ask_the_paths_and_port_the_processes_serve(docs: list[dict[str, Any]],
                                                           tmp_path: Path) -> None:
-    for role in COMPONENTS:
+    for role in PROCESSES:
         container = deployment(docs, role)["spec"]["template"]["spec"]["containers"][0]
         port = {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"]
         assert rendered_settings(docs, role, tmp_path).metrics_port == port
@@ -182,7 +198,7 @@ def test_every_container_is_non_root_read_only_with_resources(
         tmp = next(m for m in container["volumeMounts"] if m["mountPath"] == "/tmp")
         assert {"name": tmp["name"], "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
         found += 1
-    assert found == len(roles_on(docs))
+    assert found == len(made(docs))
 
 
 def mebibytes(quantity: str) -> float:
@@ -199,6 +215,7 @@ def test_memory_follows_the_measured_peaks() -> None:
             for line in table.splitlines()[2:]]
     peaks = {"tailers": max(float(r[2]) for r in rows),
              "scheduler": max(float(r[3]) for r in rows)}
+    peaks["schedulerUrgent"] = peaks["scheduler"]
     console = re.search(r"The console process's peak RSS[^*]*\*\*(\d+) MiB", text)
     assert console, "RESULTS.md's console section gives no peak RSS"
     peaks["console"] = float(console.group(1)) * 1.048  # MiB, as the table's MB
@@ -235,9 +252,11 @@ def test_grace_follows_the_drain_and_the_longest_binding_timeout(
     stop_grace = options_from_settings(
         rendered_settings(docs, "scheduler", tmp_path)).stop_grace_s
     assert stop_grace == max(SchedulerOptions().stop_grace_s, longest)
-    assert grace(docs, "scheduler") == pre_stop + stop_grace + margin
+    assert grace(docs, "scheduler") == grace(docs, "scheduler-urgent") == \
+        pre_stop + stop_grace + margin
     assert grace(docs, "submitter") == pre_stop + SUBMITTER_STOP_GRACE_S + margin
-    assert grace(docs, "tailers") == grace(docs, "delay") == TAILERS_STOP_S + margin
+    for name in ("tailers-urgent", "tailers-normal", "tailers-batch", "delay"):
+        assert grace(docs, name) == TAILERS_STOP_S + margin
     assert grace(docs, "console") == CONSOLE_STOP_GRACE_S + margin
     for role in ("scheduler", "submitter"):
         hook = deployment(docs, role)["spec"]["template"]["spec"]["containers"][0].get(
@@ -261,7 +280,7 @@ def test_secrets_reach_the_processes_and_no_config_map(helm: Path, tmp_path: Pat
         for doc in docs:
             if doc["kind"] != "Secret":
                 assert marker not in yaml.safe_dump(doc), f"{marker} is in a {doc['kind']}"
-    for role in COMPONENTS:
+    for role in PROCESSES:
         settings = rendered_settings(docs, role, tmp_path)
         assert "redis-secret-1" in settings.redis_url
         assert len(settings.queue_shards) == 2
@@ -299,7 +318,7 @@ def test_a_password_in_the_kafka_config_is_refused(helm: Path) -> None:
 
 def test_plaintext_rpc_mounts_no_certificates(helm: Path, tmp_path: Path) -> None:
     docs = render(helm, sets=("rpc.insecure=true",))
-    assert rendered_settings(docs, "tailers", tmp_path).rpc.insecure is True
+    assert rendered_settings(docs, "tailers-normal", tmp_path).rpc.insecure is True
     for pod, _ in containers(docs):
         assert "rpc-tls" not in {v["name"] for v in pod["volumes"]}
 
@@ -321,7 +340,7 @@ def test_a_secret_of_ones_own_is_named_not_made(helm: Path) -> None:
 def test_services_reach_the_grpc_servers_and_the_console(docs: list[dict[str, Any]]) -> None:
     services = of_kind(docs, "Service")
     assert set(services) == {f"t-asynctier-{r}" for r in ("scheduler", "submitter",
-                                                           "console") if r in roles_on(docs)}
+                                                           "console") if r in made(docs)}
     assert services["t-asynctier-scheduler"]["spec"]["ports"][0]["port"] == int(
         DEFAULT_SCHEDULER.rsplit(":", 1)[1])
     for name, service in services.items():
@@ -330,11 +349,15 @@ def test_services_reach_the_grpc_servers_and_the_console(docs: list[dict[str, An
         assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
         assert service["spec"]["ports"][0]["targetPort"] in {
             p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+    # the schedulers' Service is the fallback of every tier's tailers: it leaves out the one
+    # kept for the urgent tier
+    urgent = deployment(docs, "scheduler-urgent")["spec"]["template"]["metadata"]["labels"]
+    assert not services["t-asynctier-scheduler"]["spec"]["selector"].items() <= urgent.items()
 
 
 def test_a_disruption_budget_per_role(docs: list[dict[str, Any]]) -> None:
     budgets = of_kind(docs, "PodDisruptionBudget")
-    for role in COMPONENTS:
+    for role in PROCESSES:
         budget = budgets[f"t-asynctier-{role}"]["spec"]
         labels = deployment(docs, role)["spec"]["template"]["metadata"]["labels"]
         assert budget["maxUnavailable"] == 1
@@ -350,26 +373,40 @@ def test_keda_objects_only_when_enabled(helm: Path) -> None:
     assert all("replicas" in d["spec"] for d in of_kind(docs, "Deployment").values())
 
 
-def test_tailers_scale_on_their_bindings_lag_up_to_the_partitions(helm: Path) -> None:
+def test_tailers_scale_per_tier_on_their_bindings_lag_up_to_the_partitions(
+        helm: Path) -> None:
     docs = render(helm, ALL_ON)
     scaled = of_kind(docs, "ScaledObject")
-    tailers = scaled["t-asynctier-tailers"]["spec"]
     keda = ALL_ON_VALUES["autoscaling"]["keda"]["tailers"]
-    partitions = max(b["partitions"] for b in keda["bindings"])
-    assert tailers["maxReplicaCount"] == min(keda["maxReplicas"], partitions) == 12
     names = Names(ALL_ON_VALUES["config"]["prefix"])
-    groups = {t["metadata"]["consumerGroup"]: t["metadata"] for t in tailers["triggers"]}
-    assert set(groups) == {names.group(b["name"]) for b in keda["bindings"]}
-    for trigger in groups.values():
-        assert trigger["lagThreshold"] == str(keda["lagThreshold"])
-        assert trigger["allowIdleConsumers"] == "false"
-    # KEDA owns the replica count of what it scales; helm leaves it alone
-    assert "replicas" not in deployment(docs, "tailers")["spec"]
+    tiers = {b.get("tier", "normal") for b in keda["bindings"]}
+    assert tiers == {"urgent", "normal"}  # all-on leaves batch without a binding to scale on
+    for tier in tiers:
+        tailers = scaled[f"t-asynctier-tailers-{tier}"]["spec"]
+        assert tailers["scaleTargetRef"]["name"] == f"t-asynctier-tailers-{tier}"
+        bindings = [b for b in keda["bindings"] if b.get("tier", "normal") == tier]
+        partitions = max(b["partitions"] for b in bindings)
+        assert tailers["maxReplicaCount"] == min(keda["maxReplicas"], partitions)
+        groups = {t["metadata"]["consumerGroup"]: t["metadata"] for t in tailers["triggers"]}
+        assert set(groups) == {names.group(b["name"]) for b in bindings}
+        for trigger in groups.values():
+            assert trigger["lagThreshold"] == str(keda["lagThreshold"])
+            assert trigger["allowIdleConsumers"] == "false"
+        # KEDA owns the replica count of what it scales; helm leaves it alone
+        assert "replicas" not in deployment(docs, f"tailers-{tier}")["spec"]
+    assert "t-asynctier-tailers-batch" not in scaled
+    assert deployment(docs, "tailers-batch")["spec"]["replicas"] == VALUES["roles"][
+        "tailers"]["replicas"]
     assert "replicas" not in deployment(docs, "scheduler")["spec"]
+    assert deployment(docs, "scheduler-urgent")["spec"]["replicas"] == 1
     assert deployment(docs, "delay")["spec"]["replicas"] == 1
     fewer = render(helm, ALL_ON, sets=("autoscaling.keda.tailers.maxReplicas=4",))
-    assert of_kind(fewer, "ScaledObject")["t-asynctier-tailers"]["spec"][
+    assert of_kind(fewer, "ScaledObject")["t-asynctier-tailers-normal"]["spec"][
         "maxReplicaCount"] == 4
+    together = render(helm, ALL_ON, sets=("roles.tailers.tiers=null",))
+    tailers = of_kind(together, "ScaledObject")["t-asynctier-tailers"]["spec"]
+    assert len(tailers["triggers"]) == len(keda["bindings"])
+    assert tailers["maxReplicaCount"] == 12
 
 
 def test_schedulers_scale_on_a_metric_they_export(helm: Path) -> None:
@@ -403,7 +440,7 @@ def test_the_chart_runs_the_image_the_dockerfile_builds() -> None:
     assert dockerfile_user(ROOT / "Dockerfile") == VALUES["podSecurityContext"]["runAsUser"]
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     assert compose["x-platform"]["image"].split(":")[0] == VALUES["image"]["repository"]
-    for role in ("scheduler", "tailers", "delay"):
+    for role in ("scheduler", "delay", "submitter"):
         assert compose["services"][role]["command"] == ["run", role]
     compose_toml = tomllib.loads((ROOT / "deploy" / "asynctier" / "compose.toml").read_text())
     assert compose_toml["asynctier"]["metrics_port"] == VALUES["ports"]["metrics"]

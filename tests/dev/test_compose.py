@@ -10,9 +10,13 @@ import pytest
 import yaml
 
 from asynctier import dev as devstack
-from asynctier.platform.config import DEFAULT_SCHEDULER, Settings
+from asynctier.cli.run import CHILDREN
+from asynctier.platform.config import DEFAULT_SCHEDULER, DEFAULT_SUBMITTER, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The platform's services: the processes of a bare `asynctier run` (cli/run.py CHILDREN:
+#: "tailers urgent" runs as `tailers-urgent`), as (component, tier).
+PROCESSES = {name.replace(" ", "-"): (component, tier) for name, component, tier, _ in CHILDREN}
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +40,8 @@ def mounts(service: dict[str, Any]) -> list[tuple[Path, str]]:
 
 
 def test_every_service_is_there(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) >= {"kafka", "redis", "postgres", "prometheus",
-                                        "grafana", "scheduler", "tailers", "delay"}
+    assert set(compose["services"]) == {"kafka", "redis", "postgres", "registry",
+                                        "prometheus", "grafana", *PROCESSES}
 
 
 def test_ports_agree_with_the_defaults(compose: dict[str, Any]) -> None:
@@ -49,6 +53,7 @@ def test_ports_agree_with_the_defaults(compose: dict[str, Any]) -> None:
     assert host_ports(services["grafana"]) == {3000}
     scheduler_port = int(DEFAULT_SCHEDULER.rsplit(":", 1)[1])
     assert host_ports(services["scheduler"]) == {scheduler_port} == {50051}
+    assert host_ports(services["submitter"]) == {int(DEFAULT_SUBMITTER.rsplit(":", 1)[1])}
     assert Settings().kafka_bootstrap.endswith(":9092")
     assert Settings().redis_url.startswith("redis://127.0.0.1:6379")
 
@@ -80,10 +85,15 @@ def test_mounted_files_exist(compose: dict[str, Any]) -> None:
 
 
 def test_platform_processes_run_the_cli(compose: dict[str, Any]) -> None:
+    """A service per process of a bare `asynctier run`: a tailers process per priority tier
+    and a scheduler kept for the urgent tier (docs/operations.md, "Processes per tier")."""
     services = compose["services"]
-    for name in ("scheduler", "tailers", "delay"):
-        assert services[name]["command"] == ["run", name]
+    for name, (component, tier) in PROCESSES.items():
+        assert services[name]["command"] == ["run", component] + (
+            ["--tier", tier] if tier else [])
         assert services[name]["build"] == "."
+    # a scheduler listening on 0.0.0.0 registers its host name: the urgent one's is its own
+    assert services["scheduler-urgent"]["hostname"] == "scheduler-urgent"
     assert (ROOT / "Dockerfile").is_file()
     assert 'ENTRYPOINT ["asynctier"]' in (ROOT / "Dockerfile").read_text()
 
@@ -94,7 +104,8 @@ def test_platform_config_points_inside_the_network(compose: dict[str, Any]) -> N
     assert "kafka:19092" in compose["services"]["kafka"]["environment"][
         "KAFKA_ADVERTISED_LISTENERS"]
     assert settings.redis_url == "redis://redis:6379/0"
-    assert settings.scheduler_listen.endswith(":50051")
+    assert settings.scheduler_listen == "0.0.0.0:50051"
+    assert settings.submitter_listen == "0.0.0.0:50061"
     assert settings.metrics_port > 0
 
 
@@ -102,12 +113,12 @@ def test_prometheus_scrapes_every_platform_process(compose: dict[str, Any]) -> N
     prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     port = tomllib.loads((ROOT / "deploy" / "asynctier" / "compose.toml").read_text())[
         "asynctier"]["metrics_port"]
-    for name in ("scheduler", "tailers", "delay"):
+    for name in PROCESSES:
         env = compose["services"][name]["environment"]
         assert int(env["ASYNCTIER_METRICS_PORT"]) == port
     targets = {t for job in prom["scrape_configs"] for sc in job["static_configs"]
                for t in sc["targets"]}
-    assert {f"scheduler:{port}", f"tailers:{port}", f"delay:{port}"} <= targets
+    assert {f"{name}:{port}" for name in PROCESSES} <= targets
 
 
 def test_grafana_is_provisioned() -> None:
@@ -129,7 +140,7 @@ def test_postgres_is_the_official_image_and_the_platform_uses_it(
     assert (env["POSTGRES_USER"], env["POSTGRES_DB"]) == ("asynctier", "asynctier")
     assert "pg_isready" in " ".join(postgres["healthcheck"]["test"])
     assert "postgres-data" in compose["volumes"]
-    for name in ("scheduler", "tailers", "delay"):
+    for name in PROCESSES:
         service = services[name]
         shards = service["environment"]["ASYNCTIER_QUEUE_SHARDS"]
         assert "@postgres:5432/asynctier" in shards

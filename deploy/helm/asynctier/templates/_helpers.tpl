@@ -60,3 +60,33 @@ endpoints drop it before it refuses calls. */}}
 {{- define "asynctier.grace" -}}
 {{- add (include "asynctier.preStop" . | int) (include "asynctier.stopBound" . | int) (int .root.Values.drain.marginSeconds) -}}
 {{- end -}}
+
+{{/* The chart's Deployments as a JSON list, one entry per Deployment: its name, the role
+it runs (`asynctier run <role>`), its priority tier ("" for every tier), the key of its
+values under `roles`, whether KEDA owns its replica count, and (tailers) the KEDA bindings
+it scales on. Beside the roles: a tailers Deployment per `roles.tailers.tiers` entry
+(`run tailers --tier T`, its bindings those of `tier` T, "normal" when unsaid) and the
+scheduler kept for the urgent tier (`roles.schedulerUrgent`). */}}
+{{- define "asynctier.units" -}}
+{{- $keda := $.Values.autoscaling.keda -}}
+{{- $units := list -}}
+{{- range $key := list "scheduler" "schedulerUrgent" "tailers" "delay" "submitter" "console" -}}
+{{- $r := index $.Values.roles $key -}}
+{{- if $r.enabled -}}
+{{- if eq $key "schedulerUrgent" -}}
+{{- $units = append $units (dict "name" "scheduler-urgent" "role" "scheduler" "tier" "urgent" "key" $key "scaled" false) -}}
+{{- else if and (eq $key "tailers") $r.tiers -}}
+{{- range $tier := $r.tiers -}}
+{{- $bindings := list -}}
+{{- range $keda.tailers.bindings -}}
+{{- if eq (.tier | default "normal") $tier -}}{{- $bindings = append $bindings . -}}{{- end -}}
+{{- end -}}
+{{- $units = append $units (dict "name" (printf "tailers-%s" $tier) "role" $key "tier" $tier "key" $key "scaled" (and $keda.enabled (gt (len $bindings) 0)) "bindings" $bindings) -}}
+{{- end -}}
+{{- else -}}
+{{- $units = append $units (dict "name" $key "role" $key "tier" "" "key" $key "scaled" (and $keda.enabled (has $key (list "scheduler" "tailers"))) "bindings" $keda.tailers.bindings) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $units -}}
+{{- end -}}
