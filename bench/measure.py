@@ -75,7 +75,8 @@ def _vm_hwm(pid: int) -> int:
 class _Group:
     find: Finder
     cpu_by_pid: dict[int, float] = field(default_factory=dict)
-    peak_rss: int = 0
+    peak_rss: int = 0  # of the group's processes together
+    peak_each: int = 0  # of its largest process (VmHWM: between samples too)
 
     def sample(self) -> None:
         total_rss = 0
@@ -84,7 +85,9 @@ class _Group:
             with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                 times = proc.cpu_times()
                 self.cpu_by_pid[proc.pid] = times.user + times.system
-                total_rss += proc.memory_info().rss
+                rss = proc.memory_info().rss
+                total_rss += rss
+                self.peak_each = max(self.peak_each, rss, _vm_hwm(proc.pid))
         if len(procs) == 1:
             total_rss = max(total_rss, _vm_hwm(procs[0].pid))
         self.peak_rss = max(self.peak_rss, total_rss)
@@ -113,6 +116,11 @@ class Meter:
         """The highest RSS (bytes) each group had at a sample (VmHWM for single processes)."""
         return {name: g.peak_rss for name, g in self._groups.items()}
 
+    def peak_rss_each(self) -> dict[str, int]:
+        """The highest RSS (bytes) of any one process of each group (what a container of
+        one process needs)."""
+        return {name: g.peak_each for name, g in self._groups.items()}
+
 
 @dataclass(frozen=True)
 class Drain:
@@ -122,6 +130,7 @@ class Drain:
     seconds: float
     cpu_s: Mapping[str, float]
     peak_rss: Mapping[str, int]
+    peak_rss_each: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -150,7 +159,8 @@ def watch_drain(progress: Callable[[], int], total: int, meter: Meter, timeout_s
         if done >= total and start is not None:
             cpu_end = meter.cpu()
             cpu = {k: cpu_end[k] - start[2].get(k, 0.0) for k in cpu_end}
-            return Drain(done - start[1], now - start[0], cpu, meter.peak_rss())
+            return Drain(done - start[1], now - start[0], cpu, meter.peak_rss(),
+                         meter.peak_rss_each())
         if now > deadline:
             raise BenchError(f"only {done:,} of {total:,} done after {timeout_s:g} s")
         if check is not None:

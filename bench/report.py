@@ -452,8 +452,9 @@ How it is measured:
   thrown away (`--warmup-rounds`, 1 in a full run): the broker started by the run keeps
   compiling its hot paths for minutes, the flood's produce path first met in the first
   flood run.
-- **memory**: the kernel's peak RSS (VmHWM) of the tailer and scheduler processes while
-  draining a preloaded backlog of each size, each in a fresh platform.
+- **memory**: the kernel's peak RSS (VmHWM) of the largest tailers process and the largest
+  scheduler process (a bare run has one per tier and two) while draining a preloaded
+  backlog of each size, each in a fresh platform; the throughput table's RSS column too.
 - Kafka + Redis CPU is counted when their process ids are known (this run's own stack,
   or a local one found by its port).
 - Everything runs on one machine, loopback only, at the same time as nothing else of the

@@ -177,7 +177,9 @@ def drain_asynctier(services: Services, run: AsynctierRun, topic: str, n: int,
 def _row(name: str, services: Services, drain: Drain, note: str = "") -> Row:
     own = ("run", *COMPONENTS)
     cpu = sum(drain.cpu_s.get(k, 0.0) for k in own)
-    rss = {k: drain.peak_rss.get(k, 0) for k in ("tailers", "scheduler")}
+    # per process: a bare run has a tailers process per tier and two schedulers, and
+    # each is a container of its own when deployed
+    rss = {k: drain.peak_rss_each.get(k, 0) for k in ("tailers", "scheduler")}
     detail = {f"cpu_s.{k}": drain.cpu_s.get(k, 0.0) for k in own}
     return Row(name, drain.items, drain.seconds, cpu, _broker_cpu(services, drain), rss,
                note, detail)

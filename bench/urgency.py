@@ -2,7 +2,8 @@
 
     python -m bench.urgency [--cases all|same,tenant,...] [--backlog 300000]
                             [--rate 30] [--seconds 10] [--start-after 8]
-                            [--spread SCHEDULERS,TAILERS] [--stages] [--out FILE]
+                            [--spread SCHEDULERS,TAILERS] [--stages] [--cpu-waits]
+                            [--out FILE]
 
 One ``asynctier run`` per measurement (``--spread``: each component in a process of its
 own, S schedulers of every tier and S kept for the urgent tier, T tailers processes per
@@ -22,7 +23,9 @@ carries a sampled ``traceparent``; the sample ratio is 0 for the rest), from the
 produce to the tailer adding them to a call (``read`` span starts), the call sent (it
 ends), the scheduler taking them (``process`` starts) and the function's start (``run``).
 
-The final line is for scripts::
+``--cpu-waits``: how long each process of the machine waited for a core in the window,
+from the kernel's scheduler statistics (:mod:`bench.cpu_waits`). The final line is for
+scripts::
 
     urgent_p99_ratio=1.4 urgent_p99_ratio_cpu=2.1 tenant_p99_ratio=1.2 deadline_met=1.000 \
         drain_ratio=0.97
@@ -47,6 +50,7 @@ from pathlib import Path
 
 from asynctier.dev.jaeger import JaegerNode
 from asynctier.dev.testing import start_test_jaeger
+from bench import cpu_waits
 from bench.measure import BenchError, python_speed, write_section
 from bench.pickup_stages import TRACING_ENV, percentile, read_stages, step_times
 from bench.records import GroupProgress, create_topic, open_loop, preload, warm_producer
@@ -100,6 +104,7 @@ class Measured:
     bulk_rate: float | None = None  # records/s committed by the bulk group in the window
     bulk_left: int | None = None  # bulk records not committed when the window closed
     stages: list[list[float]] | None = None  # --stages: ms to each of STAGES, per record
+    waits: list[str] = field(default_factory=list)  # --cpu-waits: the window's table
 
 
 #: The probe's stages with ``--stages`` (the steps between them are what the table shows).
@@ -178,6 +183,7 @@ def measure(svc: Services, folder: Path, case: Case, bulk_topic: str | None,
             _wait("the platform's start", lambda: time.monotonic() - started > args.start_after
                   and all(g.settled(tailers) for g in groups), args.start_after + 60, check)
             before = bulk_group.committed() if bulk_group is not None else 0
+            counters = cpu_waits.snapshot() if args.cpu_waits else None
             opened = time.monotonic()
             if probe:
                 produced = open_loop(producer, topic, args.rate, args.seconds,
@@ -186,6 +192,8 @@ def measure(svc: Services, folder: Path, case: Case, bulk_topic: str | None,
                 time.sleep(args.seconds)
                 produced = 0
             window = time.monotonic() - opened
+            waits = [] if counters is None else cpu_waits.lines(
+                cpu_waits.between(counters, cpu_waits.snapshot()), window)
             after = bulk_group.committed() if bulk_group is not None else 0
             _wait("the probe's records", lambda: probe_group.committed() >= WARM + produced,
                   300, check)
@@ -200,8 +208,8 @@ def measure(svc: Services, folder: Path, case: Case, bulk_topic: str | None,
     if probe and len(latency.samples) < produced:
         raise BenchError(f"{label}: {len(latency.samples)} samples of {produced} records")
     if bulk_group is None:
-        return Measured(latency, stages=stages)
-    return Measured(latency, (after - before) / window, backlog - after, stages)
+        return Measured(latency, stages=stages, waits=waits)
+    return Measured(latency, (after - before) / window, backlog - after, stages, waits)
 
 
 def run_cases(svc: Services, folder: Path, cases: Sequence[Case], args: argparse.Namespace,
@@ -218,6 +226,10 @@ def run_cases(svc: Services, folder: Path, cases: Sequence[Case], args: argparse
         row = Row(case, alone, loaded)
         rows.append(row)
         print(_line(row), flush=True)
+        for name, measured in (("alone", alone), ("under the backlog", loaded)):
+            if measured.waits:
+                print(f"  waits for a core in the window, {name}:", *measured.waits,
+                      sep="\n", flush=True)
         if case.key == "same":
             bulk_alone = measure(svc, folder, case, bulk_topic, args.backlog, args,
                                  probe=False)
@@ -325,6 +337,9 @@ def main(argv: list[str]) -> int:
                         "instead of one default `asynctier run`")
     p.add_argument("--stages", action="store_true",
                    help="trace the probe records and show where their time went")
+    p.add_argument("--cpu-waits", action="store_true",
+                   help="show how long each process waited for a core in the window "
+                        "(the kernel's schedstat: bench/cpu_waits.py)")
     p.add_argument("--out", type=Path, help="write the section into this file "
                    "(e.g. bench/RESULTS.md)")
     args = p.parse_args(argv)

@@ -1,11 +1,15 @@
 """The bench's machine-speed figure: the best of its tries, in millions of loops a second
-(pure logic: a fake clock, no services); and a section written into RESULTS.md."""
+(pure logic: a fake clock, no services); a section written into RESULTS.md; the peak RSS
+of a group of processes."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bench import measure
@@ -34,3 +38,27 @@ def test_a_section_written_in_place_keeps_a_blank_line_before_the_next(tmp_path:
     assert results.read_text().endswith("```\n\n## B\n\nnew b\n")
     measure.write_section(results, "## C\n\nc")
     assert results.read_text().endswith("## B\n\nnew b\n\n## C\n\nc")
+
+
+def test_a_group_keeps_its_largest_process_peak_apart_from_their_sum() -> None:
+    """Three real child processes, one holding 60 MB more than the others: the group's
+    peak is their sum, its largest process's peak the one that holds it (a container of
+    one process needs that, not the sum)."""
+    hold = ("import sys; b = bytearray(int(sys.argv[1]) * 2**20); "
+            "b[::4096] = b'x' * len(b[::4096]); print('ok', flush=True); sys.stdin.read()")
+    procs = [subprocess.Popen([sys.executable, "-c", hold, str(mb)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for mb in (0, 0, 60)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ok"
+        meter = measure.Meter({"g": lambda: [psutil.Process(p.pid) for p in procs]})
+        meter.sample()
+        rss = [psutil.Process(p.pid).memory_info().rss for p in procs]
+        each, total = meter.peak_rss_each()["g"], meter.peak_rss()["g"]
+        assert each >= max(rss) >= each - 2**20 * 4  # VmHWM: the process's own peak
+        assert each - min(rss) > 50 * 2**20
+        assert total == pytest.approx(sum(rss), rel=0.01)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
