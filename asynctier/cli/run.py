@@ -4,7 +4,9 @@ processes (``console``: the operator console, configured by ``ASYNCTIER_CONSOLE_
 
 With no component named, they run as child processes of this one (:data:`CHILDREN`: the
 scheduler and one kept for the urgent tier, a tailers process per priority tier, the delay
-tailers and the Submitter); SIGTERM or Ctrl-C stops the Submitter (it finishes the calls
+tailers and the Submitter; the schedulers start first, the others once they are
+registered, so that no tier's first calls go to another tier's scheduler); SIGTERM or
+Ctrl-C stops the Submitter (it finishes the calls
 under way), the tailers (they finish and commit their in-flight batches), then the
 schedulers, and exits 0. A tier's tailers process (``run tailers --tier T``) runs the
 tailers of that tier's bindings only, at the tier's CPU niceness
@@ -273,17 +275,57 @@ def _child_args(component: str, allow: tuple[str, ...], listen: str | None,
     return args
 
 
-def _run_all(allow: tuple[str, ...], listen: str | None, metrics_port: int | None,
-             options: TailerOptions, submitter_listen: str | None,
+#: How long a bare run waits for its schedulers to register before it starts the other
+#: processes anyway.
+SCHEDULERS_START_S = 30.0
+
+
+def _await_schedulers(settings: Settings, children: dict[str, subprocess.Popen[bytes]],
+                      stop: threading.Event) -> None:
+    """Return once a scheduler of every tier and one of each tier kept by a child are
+    registered (:data:`CHILDREN`), a child has died, or after :data:`SCHEDULERS_START_S`.
+    Before that a tailer would send its tier's calls to whichever registered first: an
+    urgent scheduler would take a batch backlog's first calls, and hold them."""
+    from asynctier.platform.errors import ServiceError
+    from asynctier.platform.membership import live_members
+
+    wanted = {tier for _, component, tier, _ in CHILDREN if component == "scheduler"}
+    deadline = time.monotonic() + SCHEDULERS_START_S
+    while not stop.is_set() and all(c.poll() is None for c in children.values()):
+        try:
+            if wanted <= {m.tier for m in live_members(settings)}:
+                return
+        except ServiceError:
+            pass  # the schedulers cannot register either: the deadline says it
+        if time.monotonic() > deadline:
+            log.warning("the schedulers did not register in Redis at %s within %.0f s; "
+                        "starting the tailers anyway (a tier's calls go to any scheduler "
+                        "registered until its own is): see the schedulers' log above",
+                        settings.redis_display, SCHEDULERS_START_S)
+            return
+        stop.wait(0.1)
+
+
+def _run_all(settings: Settings, allow: tuple[str, ...], listen: str | None,
+             metrics_port: int | None, options: TailerOptions, submitter_listen: str | None,
              scheduler_host: str) -> None:
     stop = threading.Event()
     stop_on_signals(stop)
     children: dict[str, subprocess.Popen[bytes]] = {}
-    for name, component, tier, offset in CHILDREN:
+
+    def start(name: str, component: str, tier: str | None, offset: int) -> None:
         port = None if metrics_port is None else (metrics_port + offset if metrics_port else 0)
         where = f"{scheduler_host}:0" if component == "scheduler" and tier else listen
         children[name] = subprocess.Popen(
             _child_args(component, allow, where, port, options, submitter_listen, tier))
+
+    for entry in CHILDREN:  # the schedulers first, the others once they serve
+        if entry[1] == "scheduler":
+            start(*entry)
+    _await_schedulers(settings, children, stop)
+    for entry in CHILDREN:
+        if entry[1] != "scheduler" and not stop.is_set():
+            start(*entry)
     log.info("asynctier running: %s",
              ", ".join(f"{name} (pid {child.pid})" for name, child in children.items()))
     code = 0
@@ -299,7 +341,8 @@ def _run_all(allow: tuple[str, ...], listen: str | None, metrics_port: int | Non
                 stop.set()
         stop.wait(0.5)
     for stage in STOP_ORDER:
-        running = [name for name in stage if children[name].poll() is None]
+        running = [name for name in stage
+                   if name in children and children[name].poll() is None]
         for name in running:
             children[name].send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 60.0
@@ -399,7 +442,7 @@ def run(ctx: click.Context, component: str | None, allow: tuple[str, ...], liste
     options = TailerOptions(batch_size=batch_size, max_in_flight=max_in_flight)
     if component is None:
         host = (listen or settings.scheduler_listen).rsplit(":", 1)[0]
-        _run_all(allow, listen, metrics_port, options, submitter_listen, host)
+        _run_all(settings, allow, listen, metrics_port, options, submitter_listen, host)
     else:
         with tracing.running(settings.tracing, component):  # [tracing]: spans of this process
             _run_one(settings, component, allow, listen, metrics_port, options,

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import redis
 from asynctier.dev.process import free_port
 from asynctier.platform.binding import NICENESS
 from asynctier.platform.config import Settings
-from asynctier.platform.membership import DIRECTORY_CACHE_S, live_members
+from asynctier.platform.membership import live_members
 from asynctier.platform.status import status_key
 from tests.funcs.whereabouts import ran_in
 from tests.helpers import wait_until
@@ -94,20 +93,19 @@ def test_a_plain_run_tails_each_tier_in_a_process_of_its_own_at_its_niceness(
     env = {**platform.env(), "ASYNCTIER_SCHEDULER_LISTEN": address,
            "ASYNCTIER_SCHEDULERS": address}
     log = platform.folder / "run.log"
+    for topic in topics.values():  # waiting when the tailers start
+        produce_json(settings, topic, [{"id": i} for i in range(RECORDS)])
     with open(log, "ab") as out:
         run = subprocess.Popen(
             [sys.executable, "-m", "asynctier", "run", "--submitter-listen",
              f"127.0.0.1:{free_port()}"], env=env, stdout=out, stderr=out, cwd=REPO)
     try:
         # a tailer sends to any scheduler while none of its tier's is registered: the
-        # records go out once both are, and the tailers' directories have read them
-        wait_until(lambda: {m.tier for m in live_members(settings)} >= {None, "urgent"}, 60,
-                   "both schedulers registered")
-        registered = time.monotonic()
-        wait_until(lambda: time.monotonic() - registered > DIRECTORY_CACHE_S, 5,
-                   "the tailers' directories read the members again")
-        for topic in topics.values():
-            produce_json(settings, topic, [{"id": i} for i in range(RECORDS)])
+        # tailers start once both schedulers are
+        wait_until(lambda: any("tailers" in c.cmdline()
+                               for c in psutil.Process(run.pid).children()), 60,
+                   "a tailers process started")
+        assert {m.tier for m in live_members(settings)} >= {None, "urgent"}
         first = range(RECORDS)
         wait_until(lambda: all(pids_of(platform, b, first) for b in topics),
                    120, "both bindings' records ran")
