@@ -38,7 +38,8 @@ class Waits:
 
 def label(proc: psutil.Process) -> str:
     """A process's name for the table: the component of ``asynctier run`` it runs (with
-    its tier), a worker process of one, the Kafka broker, Redis, or its own name."""
+    its tier), a child process of one (a scheduler's worker process), the Kafka broker,
+    or its own name."""
     try:
         argv = proc.cmdline()
         if "run" in argv and "asynctier" in argv:
@@ -46,11 +47,11 @@ def label(proc: psutil.Process) -> str:
             component = words[0] if words and not words[0].startswith("-") else "run"
             tier = words[words.index("--tier") + 1] if "--tier" in words[:-1] else ""
             return f"{component} {tier}".strip()
-        if any("multiprocessing" in part for part in argv):
-            parent = proc.parent()
-            return "worker" if parent is None else f"worker of {label(parent)}"
         if any(part.endswith("kafka.Kafka") for part in argv):
             return "kafka broker"
+        parent = proc.parent()
+        if parent is not None and label(parent) != parent.name():
+            return f"worker of {label(parent)}"  # a scheduler's worker process
         return proc.name()
     except psutil.Error:
         return "gone"

@@ -53,3 +53,20 @@ def test_counters_are_taken_per_process_so_a_renamed_one_is_not_counted_whole() 
     assert (rows["kworker/b"].cpu_ms, rows["kworker/b"].wait_ms, rows["kworker/b"].slices) \
         == (5e-6, 6e-6, 2)
     assert rows["new"].slices == 1  # started in the window: all of it counts
+
+
+def test_a_child_of_a_component_is_named_after_it() -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys; c = subprocess.Popen([sys.executable, '-c', "
+         "'import time; time.sleep(30)']); print(c.pid, flush=True); c.wait()",
+         "asynctier", "run", "scheduler", "--tier", "urgent"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = psutil.Process(int(parent.stdout.readline()))
+        assert cpu_waits.label(child) == "worker of scheduler urgent"
+    finally:
+        for proc in psutil.Process(parent.pid).children():
+            proc.kill()
+        parent.kill()
+        parent.wait()
