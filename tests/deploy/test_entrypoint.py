@@ -52,7 +52,8 @@ def ready(port: int) -> int:
 def test_sigterm_to_the_image_command_drains_and_commits(
         helm: Path, settings: Settings, tmp_path: Path,
         unique_topic: Callable[..., str]) -> None:
-    command, grace_s = image_command(helm, "tailers")
+    # the binding is of the default tier, normal: its Deployment's command runs it
+    command, grace_s = image_command(helm, "tailers-normal")
     plat = FaultPlatform(settings, tmp_path)
     topic = unique_topic()
     port = free_port()
