@@ -50,8 +50,9 @@ def label(proc: psutil.Process) -> str:
         if any(part.endswith("kafka.Kafka") for part in argv):
             return "kafka broker"
         parent = proc.parent()
-        if parent is not None and label(parent) != parent.name():
-            return f"worker of {label(parent)}"  # a scheduler's worker process
+        owner = label(parent) if parent is not None else ""
+        if parent is not None and owner != parent.name():
+            return f"worker of {owner}"  # a scheduler's worker process
         return proc.name()
     except psutil.Error:
         return "gone"

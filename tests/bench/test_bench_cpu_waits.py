@@ -37,8 +37,10 @@ def test_a_busy_process_shows_its_cpu_and_a_label_per_asynctier_component() -> N
 
 
 def test_labels_name_the_component_and_tier_of_asynctier_run() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)",
-                             "asynctier", "run", "tailers", "--tier", "batch"])
+    # alive until killed: it blocks on its standard input
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()",
+                             "asynctier", "run", "tailers", "--tier", "batch"],
+                            stdin=subprocess.PIPE)
     try:
         assert cpu_waits.label(psutil.Process(proc.pid)) == "tailers batch"
     finally:
@@ -59,7 +61,8 @@ def test_a_child_of_a_component_is_named_after_it() -> None:
     parent = subprocess.Popen(
         [sys.executable, "-c",
          "import subprocess, sys; c = subprocess.Popen([sys.executable, '-c', "
-         "'import time; time.sleep(30)']); print(c.pid, flush=True); c.wait()",
+         "'import sys; sys.stdin.read()'], stdin=subprocess.PIPE); "
+         "print(c.pid, flush=True); c.wait()",
          "asynctier", "run", "scheduler", "--tier", "urgent"], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout is not None

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from asynctier.cli.run import CHILDREN
 from asynctier.platform.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,6 +19,10 @@ ALL_ON = CHART / "ci" / "all-on-values.yaml"
 EXAMPLE = ROOT / "deploy" / "helm" / "example"
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 ALL_ON_VALUES = yaml.safe_load(ALL_ON.read_text())
+#: The processes of a bare `asynctier run` (cli/run.py CHILDREN) by the name the chart's
+#: Deployments and compose's services give them ("tailers urgent" runs as
+#: `tailers-urgent`), as (component, tier).
+PROCESSES = {name.replace(" ", "-"): (component, tier) for name, component, tier, _ in CHILDREN}
 
 
 def template(helm: Path, *values: Path, sets: tuple[str, ...] = (),

@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from asynctier.cli.console import options_from_env
-from asynctier.cli.run import CHILDREN
 from asynctier.console.app import STOP_GRACE_S as CONSOLE_STOP_GRACE_S
 from asynctier.dev.gotools import KUBECHECK
 from asynctier.platform import metrics
@@ -32,6 +31,7 @@ from tests.deploy.chart import (
     ALL_ON_VALUES,
     CHART,
     EXAMPLE,
+    PROCESSES,
     ROOT,
     VALUES,
     containers,
@@ -43,9 +43,6 @@ from tests.deploy.chart import (
     template,
 )
 
-#: The chart's Deployments by default: the processes of a bare `asynctier run`
-#: (cli/run.py CHILDREN: "tailers urgent" runs as `tailers-urgent`), as (component, tier).
-PROCESSES = {name.replace(" ", "-"): (component, tier) for name, component, tier, _ in CHILDREN}
 #: The keys under `roles` in values.yaml: a role each, the urgent tier's scheduler, and the
 #: console (off by default: it needs a login token).
 ROLE_VALUES = {"scheduler", "schedulerUrgent", "tailers", "delay", "submitter", "console"}

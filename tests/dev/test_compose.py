@@ -10,13 +10,10 @@ import pytest
 import yaml
 
 from asynctier import dev as devstack
-from asynctier.cli.run import CHILDREN
 from asynctier.platform.config import DEFAULT_SCHEDULER, DEFAULT_SUBMITTER, Settings
+from tests.deploy.chart import PROCESSES
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The platform's services: the processes of a bare `asynctier run` (cli/run.py CHILDREN:
-#: "tailers urgent" runs as `tailers-urgent`), as (component, tier).
-PROCESSES = {name.replace(" ", "-"): (component, tier) for name, component, tier, _ in CHILDREN}
 
 
 @pytest.fixture(scope="module")
