@@ -25,9 +25,11 @@ from collections.abc import Callable
 from typing import Any
 
 import psutil
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Producer
 
+from asynctier.platform.kafka import PRODUCER_DEFAULTS
 from bench.measure import _vm_hwm
+from bench.records import create_topic
 
 BATCH = 1000
 #: How long the latency loop lets a batch fill (asynctier's tailer lingers as long): with
@@ -51,9 +53,46 @@ def _client_batch(consumer: Consumer, messages: list[Any]) -> int:
     return len(messages)
 
 
-LOOPS: dict[str, Callable[[Consumer, list[Any]], int]] = {
-    "raw": _raw_batch, "client": _client_batch,
-}
+def fail(payload: Any) -> None:
+    """The function of the raw flood: it always fails, as ``bench.noop:fail`` does."""
+    raise RuntimeError("bench: this function always fails")
+
+
+class RawFlood:
+    """``raw_flood``: the raw loop whose function always fails. Each failed record is
+    written to a retry topic with one header saying where it came from, when it is due and
+    why it failed (about what asynctier's delay record carries), through a producer with
+    asynctier's settings (acks=all, idempotent, lz4); the batch's writes are flushed, then
+    the batch is committed: the least an at-least-once consumer with a retry topic does."""
+
+    def __init__(self, bootstrap: str, retry_topic: str) -> None:
+        self.retry_topic = retry_topic
+        self.producer = Producer({**PRODUCER_DEFAULTS, "bootstrap.servers": bootstrap,
+                                  "delivery.report.only.error": True})
+
+    def __call__(self, consumer: Consumer, messages: list[Any]) -> int:
+        loads, produce, topic = json.loads, self.producer.produce, self.retry_topic
+        due = str(int(time.time() * 1000) + 30_000)
+        for msg in messages:
+            try:
+                fail(loads(msg.value()))
+            except Exception as exc:  # the function always fails: that is the point
+                header = (f"attempt=2 due={due} origin={msg.topic()}/{msg.partition()}/"
+                          f"{msg.offset()} error={type(exc).__name__}: {exc}").encode()
+                produce(topic, msg.value(), msg.key(), headers=[("retry", header)])
+        if self.producer.flush(30) != 0:
+            raise RuntimeError(f"the raw flood's writes to {topic} were not delivered")
+        consumer.commit(asynchronous=False)
+        return len(messages)
+
+
+def _loop(mode: str, bootstrap: str, topic: str,
+          group: str) -> Callable[[Consumer, list[Any]], int]:
+    if mode == "raw_flood":
+        retry_topic = f"{group}.retry"
+        create_topic(bootstrap, retry_topic)
+        return RawFlood(bootstrap, retry_topic)
+    return {"raw": _raw_batch, "client": _client_batch}[mode]
 
 
 def _cpu() -> float:
@@ -64,7 +103,7 @@ def _cpu() -> float:
 def run(mode: str, bootstrap: str, topic: str, group: str, n: int,
         timeout_s: float = 300.0) -> dict[str, float]:
     """Drain ``n`` records of ``topic`` in a fresh group; the measured window."""
-    handle = LOOPS[mode]
+    handle = _loop(mode, bootstrap, topic, group)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     consumer.subscribe([topic])

@@ -132,6 +132,7 @@ class Results:
             "raw_p99_ms": self.p99(self.raw_latency),
             "p99_ms_idempotent": self.p99(self.idempotent_latency),
             "flood_ratio": self.ratio("flood", "asynctier"),
+            "raw_flood_ratio": self.ratio("raw_flood", "raw"),
             "flood_ratio_idempotent": self.ratio("flood_idempotent", "idempotent"),
             "run_once_cost": self.ratio("asynctier", "idempotent"),
             "limiter_ratio": self.ratio("limiter", "asynctier"),
@@ -266,16 +267,17 @@ def _rounds_table(results: Results) -> list[str]:
     if len(results.rounds) < 2:
         return []
     lines = ["## Rounds", "",
-             f"The asynctier scenarios ran in {len(results.rounds)} interleaved rounds "
-             "(no-op, limiter, flood, the --idempotent no-op and flood, then the same in "
-             "reverse order, and so on). The "
+             f"The raw loop and the asynctier scenarios ran in {len(results.rounds)} "
+             "interleaved rounds (raw loop, raw flood, no-op, limiter, flood, the "
+             "--idempotent no-op and flood, then the same in reverse order, and so on). The "
              "throughput table shows each "
-             "scenario's median round; the flood and limiter targets take the median of "
-             "the rounds' ratios.", "",
-             "| round | no-op records/s | limiter records/s | flood records/s "
+             "scenario's median round; the ratios take the median of the rounds' ratios.",
+             "",
+             "| round | raw loop records/s | raw flood records/s | raw flood / raw "
+             "| no-op records/s | limiter records/s | flood records/s "
              "| limiter / no-op | flood / no-op | no-op --idempotent | flood --idempotent "
              "| flood / no-op, --idempotent | guarded no-op / --idempotent |",
-             "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+             "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for i, r in enumerate(results.rounds, 1):
         def rate(key: str, r: dict[str, Row] = r) -> str:
             return f"{r[key].rate:,.0f}" if key in r else "n/a"
@@ -285,7 +287,9 @@ def _rounds_table(results: Results) -> list[str]:
                 return f"{r[key].rate / r[over].rate:.2f}"
             return "n/a"
 
-        lines.append(f"| {i} | {rate('asynctier')} | {rate('limiter')} | {rate('flood')} "
+        lines.append(f"| {i} | {rate('raw')} | {rate('raw_flood')} "
+                     f"| {share('raw_flood', 'raw')} "
+                     f"| {rate('asynctier')} | {rate('limiter')} | {rate('flood')} "
                      f"| {share('limiter')} | {share('flood')} | {rate('idempotent')} "
                      f"| {rate('flood_idempotent')} "
                      f"| {share('flood_idempotent', 'idempotent')} "
@@ -441,7 +445,14 @@ How it is measured:
   rounds' asynctier / peer. Neither peer retries later, dead-letters, rate-limits or
   guards against a second run.
 - **retry flood**: the same topic bound to a function that always raises; the main topic
-  drains into the 30 s delay topic. Measured like the success run.
+  drains into the 30 s delay topic. Measured like the success run. Beside it, the raw
+  loop's own flood (`raw_flood`): the raw loop whose function always raises, each record
+  written to a retry topic with one header (origin, due time, error) through a producer
+  with asynctier's settings (acks=all, idempotent, lz4), the batch's writes flushed before
+  its synchronous commit: what writing every record again costs the client and the
+  broker on this machine. `raw_flood_ratio` is its drain over the raw loop's, the median
+  of the rounds' ratios; the raw loop runs in the rounds too, so `ratio_vs_raw` is a
+  median of rounds' ratios as well.
 - **run-once guard**: the no-op and the flood are bound as a user binds by default (not
   `--idempotent`: the scheduler claims every record in Redis before it runs and writes
   its success down after; README, "Run once"), and again bound `--idempotent` (no guard).

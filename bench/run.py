@@ -1,9 +1,10 @@
 """``make bench`` / ``python bench/run.py [--quick]``: the benchmarks of issue 7, in one run.
 
-Preloads the records, measures the references (raw loop, client only), asynctier (no-op,
-never-binding rate limit, retry flood; the no-op and the flood again bound ``--idempotent``,
-without the run-once guard; latency at half load, memory at two backlogs) and
-the peers (Celery, Dramatiq), then writes ``bench/RESULTS.md`` (not in ``--quick``,
+Preloads the records, measures the client-only reference, then in rounds the raw loop,
+the raw loop's retry flood and asynctier (no-op, never-binding rate limit, retry flood;
+the no-op and the flood again bound ``--idempotent``, without the run-once guard), then
+asynctier's latency at half load, memory at two backlogs and the peers (Celery,
+Dramatiq), then writes ``bench/RESULTS.md`` (not in ``--quick``,
 unless ``--out`` says where) and prints the final line::
 
     ratio_vs_raw=0.34 ratio_vs_celery=52.0 ratio_vs_dramatiq=12.4 p99_ms=12.0 flood_ratio=0.90 ...
@@ -39,11 +40,12 @@ from bench.records import preload  # noqa: E402
 from bench.report import Results  # noqa: E402
 from bench.stack import Services, machine, services  # noqa: E402
 
-SCENARIOS = ("raw", "client", "asynctier", "limiter", "flood", "idempotent",
+SCENARIOS = ("raw", "raw_flood", "client", "asynctier", "limiter", "flood", "idempotent",
              "flood_idempotent", "latency", "quix", "faust", "pc", "io", "celery", "dramatiq",
              "memory", "profile")
 #: The scenarios run in interleaved rounds.
-ROUND_KEYS = ("asynctier", "limiter", "flood", "idempotent", "flood_idempotent")
+ROUND_KEYS = ("raw", "raw_flood", "asynctier", "limiter", "flood", "idempotent",
+              "flood_idempotent")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -157,7 +159,6 @@ class Runner:
         a, s, f, n = self.args, self.svc, self.folder, self.args.records
         seconds = preload(s.kafka_bootstrap, self.topic, n)
         print(f"preloaded {n:,} records into {self.topic} in {seconds:.1f} s", flush=True)
-        self.step("raw", lambda: self.row("raw", scenarios.kafka_loop(s, self.topic, n, "raw")))
         self.step("client", lambda: self.row(
             "client", scenarios.kafka_loop(s, self.topic, n, "client")))
         self._warm_up()
@@ -166,6 +167,10 @@ class Runner:
                 print(f"-- round {round_ + 1} of {a.rounds}", flush=True)
             self.results.rounds.append({})
             steps: list[tuple[str, Callable[[], None]]] = [
+                ("raw", lambda: self.row(
+                    "raw", scenarios.kafka_loop(s, self.topic, n, "raw"))),
+                ("raw_flood", lambda: self.row(
+                    "raw_flood", scenarios.kafka_loop(s, self.topic, n, "raw_flood"))),
                 ("asynctier", lambda: self.row(
                     "asynctier", scenarios.asynctier_noop(s, f, self.topic, n))),
                 ("limiter", self._limiter),

@@ -115,7 +115,8 @@ def _timeout(items: int, per_s: float) -> float:
 
 
 def kafka_loop(services: Services, topic: str, n: int, mode: str) -> Row:
-    """The raw loop (``raw``) or the client-only loop (``client``) in its own process."""
+    """The raw loop (``raw``), its retry flood (``raw_flood``) or the client-only loop
+    (``client``) in its own process."""
     group = f"bench-{mode}-{uuid.uuid4().hex[:6]}"
     done = subprocess.run(
         [sys.executable, "-m", "bench.kafka_loops", mode, services.kafka_bootstrap, topic,
@@ -127,7 +128,8 @@ def kafka_loop(services: Services, topic: str, n: int, mode: str) -> Row:
     if int(got["items"]) < n:
         raise BenchError(f"the {mode} loop read {int(got['items'])} of {n} records")
     names = {"raw": "raw confluent-kafka loop (the limit)",
-             "client": "confluent-kafka client only (consume, nothing else)"}
+             "client": "confluent-kafka client only (consume, nothing else)",
+             "raw_flood": "raw loop, 100% failures (each written to a retry topic)"}
     return Row(names[mode], int(got["items"]), got["seconds"], got["cpu_s"], None,
                {"process": int(got["peak_rss"])})
 

@@ -98,3 +98,18 @@ def test_p99_ratios_divide_by_the_raw_loop_of_the_same_round() -> None:
     assert head["p99_ratio_vs_raw"] == 1.5  # 2.0, 1.1, 1.5
     assert head["p99_ratio_vs_raw_idempotent"] == 1.0  # 1.1, 1.0, 1.0
     assert "p99_ratio_vs_raw=1.50" in final_line(results)
+
+
+def test_the_raw_floods_ratio_is_the_median_of_its_rounds_and_shown_per_round() -> None:
+    results = Results(Machine("cpu", 2, 24.0, "3.11", "today"), "python bench/run.py", {})
+    results.rounds = [{k: _row(k, v) for k, v in r.items()} for r in (
+        {"raw": 100.0, "raw_flood": 70.0, "asynctier": 130.0, "flood": 90.0},
+        {"raw": 110.0, "raw_flood": 88.0, "asynctier": 140.0, "flood": 84.0},
+        {"raw": 90.0, "raw_flood": 54.0, "asynctier": 120.0, "flood": 84.0})]
+    results.keep_median_rows()
+    head = results.headline()
+    assert head["raw_flood_ratio"] == 0.7  # 0.7, 0.8, 0.6
+    assert head["ratio_vs_raw"] == 1.3  # 1.3, 1.27, 1.33: a round's pair, not 130 / 100
+    assert "raw_flood_ratio=0.70" in final_line(results).split()
+    text = render(results)
+    assert "| 2 | 110 | 88 | 0.80 | 140 | n/a | 84 | n/a | 0.60 |" in text
