@@ -220,8 +220,8 @@ def _rss(row: Row) -> str:
 #: The contenders of the peer rounds, as ``<contender>.<work>`` keys, in table order.
 PEER_KEYS = tuple(f"{c}.{w}" for w in ("noop", "sleep", "asleep")
                   for c in ("asynctier", "quix", "faust", "pc"))
-ORDER = ("raw", "client", "asynctier", "limiter", "flood", "idempotent", "flood_idempotent",
-         *PEER_KEYS, "celery", "dramatiq")
+ORDER = ("raw", "raw_flood", "client", "asynctier", "limiter", "flood", "idempotent",
+         "flood_idempotent", *PEER_KEYS, "celery", "dramatiq")
 
 
 def _same_work(results: Results, key: str) -> str:
