@@ -122,15 +122,25 @@ class Meter:
         return {name: g.peak_each for name, g in self._groups.items()}
 
 
+def machine_busy_s() -> float:
+    """CPU seconds every core of the machine has spent busy so far (not idle, not waiting
+    for I/O), whoever used them."""
+    t = psutil.cpu_times()
+    return sum(getattr(t, name, 0.0)
+               for name in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
 @dataclass(frozen=True)
 class Drain:
-    """One measured drain: ``items`` done in ``seconds``; CPU seconds per group."""
+    """One measured drain: ``items`` done in ``seconds``; CPU seconds per group, and the
+    share of the machine's cores busy in the window (anyone's work: the broker's too)."""
 
     items: int
     seconds: float
     cpu_s: Mapping[str, float]
     peak_rss: Mapping[str, int]
     peak_rss_each: Mapping[str, int] = field(default_factory=dict)
+    cores_busy: float | None = None
 
     @property
     def rate(self) -> float:
@@ -148,19 +158,22 @@ def watch_drain(progress: Callable[[], int], total: int, meter: Meter, timeout_s
     ``total`` is not reached within ``timeout_s``.
     """
     deadline = time.monotonic() + timeout_s
-    start: tuple[float, int, dict[str, float]] | None = None
+    start: tuple[float, int, dict[str, float], float] | None = None
     done = 0
     while True:
         now = time.monotonic()
         done = progress()
         meter.sample()
         if start is None and done > 0:
-            start = (now, done, meter.cpu())
+            start = (now, done, meter.cpu(), machine_busy_s())
         if done >= total and start is not None:
             cpu_end = meter.cpu()
             cpu = {k: cpu_end[k] - start[2].get(k, 0.0) for k in cpu_end}
-            return Drain(done - start[1], now - start[0], cpu, meter.peak_rss(),
-                         meter.peak_rss_each())
+            seconds = now - start[0]
+            busy = ((machine_busy_s() - start[3]) / (seconds * (psutil.cpu_count() or 1))
+                    if seconds > 0 else None)
+            return Drain(done - start[1], seconds, cpu, meter.peak_rss(),
+                         meter.peak_rss_each(), busy)
         if now > deadline:
             raise BenchError(f"only {done:,} of {total:,} done after {timeout_s:g} s")
         if check is not None:

@@ -209,6 +209,10 @@ def missed(results: Results) -> list[str]:
     return out
 
 
+def _percent(share: float | None) -> str:
+    return "n/a" if share is None else f"{share:.0%}"
+
+
 def _mb(n: int) -> str:
     return f"{n / 2**20:,.0f}"
 
@@ -235,8 +239,8 @@ def _same_work(results: Results, key: str) -> str:
 def _throughput_table(results: Results) -> list[str]:
     lines = ["| contender | records | seconds | records/s | x raw loop | x Celery | x Dramatiq "
              "| asynctier / this, same work | CPU-s / 1k records (its processes) "
-             "| CPU-s / 1k (Kafka + Redis) | peak RSS (MB) |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+             "| CPU-s / 1k (Kafka + Redis) | cores busy | peak RSS (MB) |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for key in ORDER:
         row = results.rows.get(key)
         if row is None:
@@ -246,7 +250,8 @@ def _throughput_table(results: Results) -> list[str]:
             f"| {_num(results.ratio(key, 'raw'))} | {_num(results.ratio(key, 'celery'), 1)} "
             f"| {_num(results.ratio(key, 'dramatiq'), 1)} | {_same_work(results, key)} "
             f"| {row.cpu_per_1k:.3f} "
-            f"| {_num(row.broker_cpu_per_1k, 3)} | {_rss(row)} |")
+            f"| {_num(row.broker_cpu_per_1k, 3)} | {_percent(row.cores_busy)} "
+            f"| {_rss(row)} |")
     return lines
 
 
@@ -466,6 +471,10 @@ How it is measured:
 - **memory**: the kernel's peak RSS (VmHWM) of the largest tailers process and the largest
   scheduler process (a bare run has one per tier and two) while draining a preloaded
   backlog of each size, each in a fresh platform; the throughput table's RSS column too.
+- **cores busy**: the share of all the machine's cores busy in the drain's window
+  (`psutil.cpu_times()`: user, nice, system, irq, softirq, steal), whoever used them:
+  the contender, the broker, Redis, the bench's own polling. n/a for the loops measured
+  inside their own process (raw, client).
 - Kafka + Redis CPU is counted when their process ids are known (this run's own stack,
   or a local one found by its port).
 - Everything runs on one machine, loopback only, at the same time as nothing else of the

@@ -46,6 +46,7 @@ class Row:
     peak_rss: dict[str, int]
     note: str = ""
     detail: dict[str, float] = field(default_factory=dict)
+    cores_busy: float | None = None  # the machine's, in the window (None: not measured)
 
     @property
     def rate(self) -> float:
@@ -184,7 +185,7 @@ def _row(name: str, services: Services, drain: Drain, note: str = "") -> Row:
     rss = {k: drain.peak_rss_each.get(k, 0) for k in ("tailers", "scheduler")}
     detail = {f"cpu_s.{k}": drain.cpu_s.get(k, 0.0) for k in own}
     return Row(name, drain.items, drain.seconds, cpu, _broker_cpu(services, drain), rss,
-               note, detail)
+               note, detail, drain.cores_busy)
 
 
 IDEMPOTENT_NOTE = "bound --idempotent: no run-once guard"

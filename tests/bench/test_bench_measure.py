@@ -1,11 +1,12 @@
 """The bench's machine-speed figure: the best of its tries, in millions of loops a second
 (pure logic: a fake clock, no services); a section written into RESULTS.md; the peak RSS
-of a group of processes."""
+of a group of processes; how busy the cores were in a drain's window."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import psutil
 import pytest
 
 from bench import measure
+from bench.measure import Meter, watch_drain
 
 
 def test_python_speed_is_the_fastest_try(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,3 +64,21 @@ def test_a_group_keeps_its_largest_process_peak_apart_from_their_sum() -> None:
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def test_a_drain_says_how_busy_the_cores_were_in_its_window() -> None:
+    done = 0
+
+    def progress() -> int:  # one core kept busy between polls
+        nonlocal done
+        until = time.thread_time() + 0.05
+        while time.thread_time() < until:
+            pass
+        done += 1
+        return done
+
+    drain = watch_drain(progress, 6, Meter({}), timeout_s=30, poll_s=0.001)
+    cores = psutil.cpu_count() or 1
+    assert drain.cores_busy is not None
+    # this thread alone kept one core busy for most of the window
+    assert 0.5 / cores < drain.cores_busy <= 1.0

@@ -114,3 +114,4 @@ def test_the_raw_floods_ratio_is_the_median_of_its_rounds_and_shown_per_round() 
     text = render(results)
     assert "| 2 | 110 | 88 | 0.80 | 140 | n/a | 84 | n/a | 0.60 |" in text
     assert "| raw_flood | 700 | 10.00 | 70 | 0.70 |" in text  # its median round, the rounds' ratio
+    assert "| cores busy | peak RSS (MB) |" in text
