@@ -1,8 +1,11 @@
-"""The references: a raw confluent-kafka loop and a client-only loop, one process each.
+"""The references: a raw confluent-kafka loop, its retry flood and a client-only loop, one
+process each.
 
 ``raw``: consume 1000 at a time, ``json.loads`` each value, call a no-op, commit the batch
-(synchronously) - the least an at-least-once Python consumer does. ``client``: consume
-only, nothing else - what the Kafka client alone can deliver to Python.
+(synchronously) - the least an at-least-once Python consumer does. ``raw_flood``: the same
+with a function that always fails, each record written to a retry topic
+(:class:`RawFlood`). ``client``: consume only, nothing else - what the Kafka client alone
+can deliver to Python.
 
 Run as ``python -m bench.kafka_loops MODE BOOTSTRAP TOPIC GROUP N``; it prints one JSON
 line: items, seconds (from the first batch received to the last one done), the process's
@@ -67,8 +70,14 @@ class RawFlood:
 
     def __init__(self, bootstrap: str, retry_topic: str) -> None:
         self.retry_topic = retry_topic
+        self.failed: list[str] = []  # delivery errors, reported at the next flush
         self.producer = Producer({**PRODUCER_DEFAULTS, "bootstrap.servers": bootstrap,
-                                  "delivery.report.only.error": True})
+                                  "delivery.report.only.error": True,
+                                  "on_delivery": self._delivered})
+
+    def _delivered(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.failed.append(str(err))
 
     def __call__(self, consumer: Consumer, messages: list[Any]) -> int:
         loads, produce, topic = json.loads, self.producer.produce, self.retry_topic
@@ -80,14 +89,14 @@ class RawFlood:
                 header = (f"attempt=2 due={due} origin={msg.topic()}/{msg.partition()}/"
                           f"{msg.offset()} error={type(exc).__name__}: {exc}").encode()
                 produce(topic, msg.value(), msg.key(), headers=[("retry", header)])
-        if self.producer.flush(30) != 0:
-            raise RuntimeError(f"the raw flood's writes to {topic} were not delivered")
+        if self.producer.flush(30) != 0 or self.failed:
+            raise RuntimeError(f"the raw flood's writes to {topic} were not delivered: "
+                               f"{self.failed[:3]}")
         consumer.commit(asynchronous=False)
         return len(messages)
 
 
-def _loop(mode: str, bootstrap: str, topic: str,
-          group: str) -> Callable[[Consumer, list[Any]], int]:
+def _loop(mode: str, bootstrap: str, group: str) -> Callable[[Consumer, list[Any]], int]:
     if mode == "raw_flood":
         retry_topic = f"{group}.retry"
         create_topic(bootstrap, retry_topic)
@@ -103,7 +112,7 @@ def _cpu() -> float:
 def run(mode: str, bootstrap: str, topic: str, group: str, n: int,
         timeout_s: float = 300.0) -> dict[str, float]:
     """Drain ``n`` records of ``topic`` in a fresh group; the measured window."""
-    handle = _loop(mode, bootstrap, topic, group)
+    handle = _loop(mode, bootstrap, group)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     consumer.subscribe([topic])
