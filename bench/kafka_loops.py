@@ -57,7 +57,8 @@ def _client_batch(consumer: Consumer, messages: list[Any]) -> int:
 
 
 def fail(payload: Any) -> None:
-    """The function of the raw flood: it always fails, as ``bench.noop:fail`` does."""
+    """The function every flood calls per record (the raw flood, and asynctier's through
+    ``bench.noop:fail``): it always fails."""
     raise RuntimeError("bench: this function always fails")
 
 

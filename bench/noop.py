@@ -15,6 +15,7 @@ import time
 from array import array
 from typing import Any
 
+from bench.kafka_loops import fail as _fail
 from bench.kafka_loops import noop as _noop
 from bench.work import asleep_1ms, sleep_1ms
 
@@ -26,7 +27,7 @@ def noop(payload: Any, ctx: Any) -> None:
 
 def fail(payload: Any, ctx: Any) -> None:
     """Fail every time (a plain exception: it retries along the ladder)."""
-    raise RuntimeError("bench: this function always fails")
+    _fail(payload)
 
 
 class _Samples:
